@@ -1,0 +1,72 @@
+"""What every benchmark records with its figures: device, versions, clocks, date, and its own command.
+
+Results are JSON files under benchmarks/results/, one object per run: {"env": ..., "command": ...,
+"figures": ...}, so results from different days and GPUs can be compared.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+
+def environment(device_index: int = 0) -> dict:
+    import torch
+
+    from torch_l2topo.device import device_info
+    from torch_l2topo.version import __version__
+
+    info = device_info(device_index)
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    return {"gpu": info.name, "uuid_hash": info.uuid_hash, "cc": list(info.cc), "sm_count": info.sm_count,
+            "l2_bytes": info.l2_bytes, "driver": info.driver, "torch": torch.__version__,
+            "cuda": torch.version.cuda, "triton": triton_version, "torch_l2topo": __version__,
+            "clocks": _smi_clocks(device_index),
+            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+
+
+def _smi_clocks(index: int) -> dict:
+    """SM/memory clocks as nvidia-smi reports them now (best effort; empty if nvidia-smi is missing)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "-i", str(index), "--query-gpu=clocks.sm,clocks.mem,clocks.max.sm",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10)
+        sm, mem, max_sm = (int(x) for x in out.stdout.strip().split(","))
+        return {"sm_mhz": sm, "mem_mhz": mem, "max_sm_mhz": max_sm}
+    except Exception:
+        return {}
+
+
+def quantiles(values) -> dict:
+    v = np.asarray(values, dtype=float)
+    return {"p20": float(np.quantile(v, 0.2)), "p50": float(np.median(v)), "p80": float(np.quantile(v, 0.8)),
+            "n": int(v.size)}
+
+
+def command_line() -> str:
+    return "python " + " ".join(shlex.quote(a) for a in sys.argv)
+
+
+def write_result(path, figures: dict, device_index: int = 0) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"command": command_line(), "env": environment(device_index), "figures": figures}
+    path.write_text(json.dumps(doc, indent=1, default=_jsonable) + "\n")
+    return path
+
+
+def _jsonable(x):
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    raise TypeError(f"not JSON serializable: {type(x).__name__}")

@@ -1,0 +1,68 @@
+// torch bindings of the probe launchers: ops l2topo::chain_probe and l2topo::line_probe, CUDA only.
+// Shape checks live in torch_l2topo/probes.py (one place for both backends); here only what would
+// make a launch unsafe is checked.
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "l2_probes.h"
+
+namespace l2topo {
+namespace {
+
+void check_int64_cuda(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor");
+  TORCH_CHECK(t.scalar_type() == at::kLong, name, " must be int64");
+  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
+}
+
+ProbeLaunch make_launch(at::Tensor& ctrl, int64_t n_sm, int64_t grid, int64_t timeout_ns, bool serialized) {
+  check_int64_cuda(ctrl, "ctrl");
+  TORCH_CHECK(ctrl.numel() >= CLAIMS + n_sm, "ctrl is too short for ", n_sm, " SMs");
+  TORCH_CHECK(n_sm > 0 && grid >= n_sm, "need grid >= n_sm > 0, got grid=", grid, " n_sm=", n_sm);
+  return ProbeLaunch{ctrl.data_ptr<int64_t>(), n_sm, grid, timeout_ns, serialized};
+}
+
+void chain_probe(at::Tensor ctrl, at::Tensor starts, at::Tensor out, int64_t n_loads, int64_t n_sm,
+                 int64_t grid, int64_t timeout_ns, bool serialized) {
+  const c10::cuda::CUDAGuard guard(ctrl.device());
+  const ProbeLaunch launch = make_launch(ctrl, n_sm, grid, timeout_ns, serialized);
+  check_int64_cuda(starts, "starts");
+  check_int64_cuda(out, "out");
+  TORCH_CHECK(starts.numel() >= n_sm && out.numel() >= n_sm * OUT_WORDS, "starts/out too short");
+  C10_CUDA_CHECK(launch_chain_probe(launch, starts.data_ptr<int64_t>(), out.data_ptr<int64_t>(), n_loads,
+                                    c10::cuda::getCurrentCUDAStream()));
+}
+
+void line_probe(at::Tensor ctrl, at::Tensor lines, at::Tensor cycles, at::Tensor per_sm, int64_t n_lines,
+                int64_t n_warm, int64_t n_timed, int64_t n_sm, int64_t grid, int64_t timeout_ns,
+                bool serialized) {
+  const c10::cuda::CUDAGuard guard(ctrl.device());
+  const ProbeLaunch launch = make_launch(ctrl, n_sm, grid, timeout_ns, serialized);
+  check_int64_cuda(lines, "lines");
+  check_int64_cuda(cycles, "cycles");
+  check_int64_cuda(per_sm, "per_sm");
+  TORCH_CHECK(lines.numel() >= n_lines * LINE_WORDS && cycles.numel() >= n_sm * n_lines &&
+                  per_sm.numel() >= n_sm * OUT_WORDS,
+              "lines/cycles/per_sm too short");
+  C10_CUDA_CHECK(launch_line_probe(launch, lines.data_ptr<int64_t>(), cycles.data_ptr<int64_t>(),
+                                   per_sm.data_ptr<int64_t>(), n_lines, n_warm, n_timed,
+                                   c10::cuda::getCurrentCUDAStream()));
+}
+
+}  // namespace
+
+TORCH_LIBRARY(l2topo, m) {
+  m.def("chain_probe(Tensor(a!) ctrl, Tensor starts, Tensor(b!) out, int n_loads, int n_sm, int grid, "
+        "int timeout_ns, bool serialized) -> ()");
+  m.def("line_probe(Tensor(a!) ctrl, Tensor lines, Tensor(b!) cycles, Tensor(c!) per_sm, int n_lines, "
+        "int n_warm, int n_timed, int n_sm, int grid, int timeout_ns, bool serialized) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(l2topo, CUDA, m) {
+  m.impl("chain_probe", &chain_probe);
+  m.impl("line_probe", &line_probe);
+}
+
+}  // namespace l2topo

@@ -1,0 +1,75 @@
+// CUDA backend of the per-SM L2 probes: the chain probe and the line probe.
+// Semantics match triton_kernels/l2_probes.py; torch_l2topo/probes.py launches either.
+// One warp per CTA, lane 0 does all the work: the probes are single dependent load chains.
+#include "l2_probes.h"
+#include "probe_sync.cuh"
+
+namespace l2topo {
+
+// Per SM: one warm pass over the ring, then a timed pass. out[sm] = (clock64 cycles, globaltimer ns,
+// final address) of the timed pass; after a whole pass the chase is back at its start, which the host checks.
+__global__ void __launch_bounds__(32) chain_probe_kernel(ProbeLaunch launch, const int64_t* starts,
+                                                         int64_t* out, int64_t n_loads) {
+  if (threadIdx.x != 0) return;
+  const int64_t sm = own_sm(launch.ctrl, launch.n_sm, launch.n_sm, launch.timeout_ns, launch.serialized);
+  if (sm < 0) return;
+  int64_t p = starts[sm];
+  for (int64_t i = 0; i < n_loads; ++i) p = chase(p);
+  const int64_t t0 = clock_after(p);
+  const int64_t g0 = global_ns();
+  for (int64_t i = 0; i < n_loads; ++i) p = chase(p);
+  const int64_t t1 = clock_after(p);
+  const int64_t g1 = global_ns();
+  out[sm * OUT_WORDS + 0] = t1 - t0;
+  out[sm * OUT_WORDS + 1] = g1 - g0;
+  out[sm * OUT_WORDS + 2] = p;
+  pass_turn(launch.ctrl, launch.serialized);
+}
+
+// Per SM and line: n_warm loads, then n_timed dependent loads timed with clock64. Each line holds its own
+// address, so the chase stays on one line. SMs start at different lines (rotation by SM id) so concurrent
+// SMs do not all load the same line at once. per_sm[sm] = (cycles, ns, lines whose chase left the line).
+__global__ void __launch_bounds__(32) line_probe_kernel(ProbeLaunch launch, const int64_t* lines,
+                                                        int64_t* cycles, int64_t* per_sm, int64_t n_lines,
+                                                        int64_t n_warm, int64_t n_timed) {
+  if (threadIdx.x != 0) return;
+  const int64_t sm = own_sm(launch.ctrl, launch.n_sm, launch.n_sm, launch.timeout_ns, launch.serialized);
+  if (sm < 0) return;
+  const int64_t rot = (sm * n_lines) / launch.n_sm;
+  const int64_t g_start = global_ns();
+  const int64_t c_start = clock_after(g_start);
+  int64_t broken = 0;
+  for (int64_t j = 0; j < n_lines; ++j) {
+    const int64_t k = (j + rot) % n_lines;
+    const int64_t home = reinterpret_cast<int64_t>(lines + k * LINE_WORDS);
+    int64_t p = home;
+    for (int64_t w = 0; w < n_warm; ++w) p = chase(p);
+    const int64_t t0 = clock_after(p);
+    for (int64_t r = 0; r < n_timed; ++r) p = chase(p);
+    const int64_t t1 = clock_after(p);
+    cycles[sm * n_lines + k] = t1 - t0;
+    broken += (p != home);
+  }
+  const int64_t c_end = clock_after(broken);
+  const int64_t g_end = global_ns();
+  per_sm[sm * OUT_WORDS + 0] = c_end - c_start;
+  per_sm[sm * OUT_WORDS + 1] = g_end - g_start;
+  per_sm[sm * OUT_WORDS + 2] = broken;
+  pass_turn(launch.ctrl, launch.serialized);
+}
+
+cudaError_t launch_chain_probe(const ProbeLaunch& launch, const int64_t* starts, int64_t* out,
+                               int64_t n_loads, cudaStream_t stream) {
+  chain_probe_kernel<<<static_cast<unsigned>(launch.grid), 32, 0, stream>>>(launch, starts, out, n_loads);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_line_probe(const ProbeLaunch& launch, const int64_t* lines, int64_t* cycles,
+                              int64_t* per_sm, int64_t n_lines, int64_t n_warm, int64_t n_timed,
+                              cudaStream_t stream) {
+  line_probe_kernel<<<static_cast<unsigned>(launch.grid), 32, 0, stream>>>(launch, lines, cycles, per_sm,
+                                                                           n_lines, n_warm, n_timed);
+  return cudaGetLastError();
+}
+
+}  // namespace l2topo

@@ -1,0 +1,93 @@
+// Device-side helpers shared by the probe kernels: timers, the dependent L2 load, and the SM claim,
+// start barrier and turn protocol with its %globaltimer watchdog. Mirrors triton_kernels/l2_probes.py.
+#pragma once
+#include <cstdint>
+#include "probe_layout.h"
+
+namespace l2topo {
+
+__device__ __forceinline__ int64_t sm_id() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(r));
+  return r;
+}
+
+__device__ __forceinline__ int64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t) :: "memory");
+  return static_cast<int64_t>(t);
+}
+
+// `dep` keeps the read after the value it names in program order, as in the Triton backend.
+__device__ __forceinline__ int64_t clock_after(int64_t dep) {
+  int64_t t;
+  asm volatile("mov.u64 %0, %%clock64;" : "=l"(t) : "l"(dep) : "memory");
+  return t;
+}
+
+// One dependent L2 load: ld.global.cg skips L1, and the next address is the loaded value.
+__device__ __forceinline__ int64_t chase(int64_t addr) {
+  int64_t next;
+  asm volatile("ld.global.cg.u64 %0, [%1];" : "=l"(next) : "l"(addr) : "memory");
+  return next;
+}
+
+__device__ __forceinline__ int64_t volatile_read(const int64_t* p) {
+  return *reinterpret_cast<const volatile int64_t*>(p);
+}
+
+__device__ __forceinline__ void fail(int64_t* ctrl, int64_t code, int64_t detail) {
+  // First error wins; its detail is written by the same winner only.
+  if (atomicCAS(reinterpret_cast<unsigned long long*>(ctrl + ERROR), 0ull,
+                static_cast<unsigned long long>(code)) == 0ull) {
+    atomicExch(reinterpret_cast<unsigned long long*>(ctrl + ERROR_DETAIL),
+               static_cast<unsigned long long>(detail));
+  }
+}
+
+// Spin until ctrl[word] >= target. The watchdog restarts whenever the word moves, so a long serialized
+// run is fine while a stalled one fails after timeout_ns. False on timeout or on another CTA's error.
+__device__ bool wait_until_at_least(int64_t* ctrl, int word, int64_t target, int64_t timeout_ns,
+                                    int64_t code) {
+  int64_t last = volatile_read(ctrl + word);
+  int64_t since = global_ns();
+  while (true) {
+    const int64_t seen = volatile_read(ctrl + word);
+    const int64_t now = global_ns();
+    if (seen >= target) return true;
+    if (volatile_read(ctrl + ERROR) != 0) return false;
+    if (seen != last) {
+      last = seen;
+      since = now;
+    } else if (now - since > timeout_ns) {
+      fail(ctrl, code, seen);
+      return false;
+    }
+  }
+}
+
+// Claim this CTA's SM; wait until every SM is claimed and (serialized) for this SM's turn.
+// Returns the SM id when this CTA may measure, -1 otherwise (it lost the claim, or a wait failed).
+__device__ int64_t own_sm(int64_t* ctrl, int64_t capacity, int64_t n_sm, int64_t timeout_ns,
+                          bool serialized) {
+  const int64_t sm = sm_id();
+  if (sm >= capacity) {
+    fail(ctrl, ERR_SMID_RANGE, sm);
+    return -1;
+  }
+  if (atomicCAS(reinterpret_cast<unsigned long long*>(ctrl + CLAIMS + sm), 0ull, 1ull) != 0ull) return -1;
+  atomicAdd(reinterpret_cast<unsigned long long*>(ctrl + ARRIVALS), 1ull);
+  if (!wait_until_at_least(ctrl, ARRIVALS, n_sm, timeout_ns, ERR_BARRIER_TIMEOUT)) return -1;
+  // Turns run through SM ids 0..n_sm-1; each owner passes the turn on when done.
+  if (serialized && !wait_until_at_least(ctrl, TURN, sm, timeout_ns, ERR_TURN_TIMEOUT)) return -1;
+  return sm;
+}
+
+__device__ __forceinline__ void pass_turn(int64_t* ctrl, bool serialized) {
+  if (serialized) {
+    __threadfence();
+    atomicAdd(reinterpret_cast<unsigned long long*>(ctrl + TURN), 1ull);
+  }
+}
+
+}  // namespace l2topo

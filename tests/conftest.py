@@ -1,0 +1,38 @@
+"""Shared fixtures. GPU tests carry the `gpu` marker and are skipped where no usable CUDA device exists."""
+import os
+
+import pytest
+
+
+def _have_gpu() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available() and torch.cuda.get_device_capability(0) >= (8, 0)
+    except Exception:
+        return False
+
+
+HAVE_GPU = _have_gpu()
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAVE_GPU:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU of compute capability >= 8.0")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    """An empty calibration cache for one test (never the user's real cache)."""
+    d = tmp_path / "cache"
+    monkeypatch.setenv("TORCH_L2TOPO_CACHE", str(d))
+    return d
+
+
+@pytest.fixture
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")

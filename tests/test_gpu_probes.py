@@ -1,0 +1,131 @@
+"""GPU tests of the probes and calibrate(): coverage, noise, backend and mode agreement, watchdogs.
+
+Thresholds here are loose sanity bounds (a few cycles); the tight targets are benchmark figures
+(benchmarks/bench_calibrate.py), never timed or noise-critical assertions in unit tests.
+"""
+import time
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+N_LINES = 128  # small line sets keep the GPU tests fast; calibrate() defaults to 512
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    import torch
+
+    from torch_l2topo.device import device_info
+    from torch_l2topo.probes import warm_clocks
+
+    dev = torch.device("cuda", 0)
+    warm_clocks(dev, 50)
+    return dev, device_info(0).sm_count
+
+
+def _chain(gpu, backend, mode="concurrent", repeats=1):
+    from torch_l2topo.plans import ring_plan
+    from torch_l2topo.probes import run_chain
+
+    dev, n_sm = gpu
+    return run_chain(dev, n_sm, ring_plan(4096, n_sm, seed=1), backend, mode, timeout_s=2.0, repeats=repeats)
+
+
+def _lines(gpu, backend, mode="concurrent"):
+    from torch_l2topo.probes import run_lines
+
+    dev, n_sm = gpu
+    return run_lines(dev, n_sm, N_LINES, 2, 8, backend, mode, timeout_s=2.0)[0]
+
+
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+def test_every_sm_measured_once_with_plausible_latency(gpu, backend):
+    _, n_sm = gpu
+    r = _chain(gpu, backend)[0]
+    assert r.cycles.shape == (n_sm,)
+    # L2 hits on any cc >= 8.0 GPU take roughly 150-700 cycles; DRAM misses would be far above.
+    assert np.all((r.cycles > 100) & (r.cycles < 1000)), r.cycles
+    clock_ghz = r.cycles / r.ns
+    assert np.all((clock_ghz > 0.3) & (clock_ghz < 3.5)), clock_ghz
+    lines = _lines(gpu, backend)
+    assert lines.cycles.shape == (n_sm, N_LINES)
+    assert np.all((lines.cycles > 100) & (lines.cycles < 1000))
+
+
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+def test_repeat_noise_is_small(gpu, backend):
+    a, b = _chain(gpu, backend, repeats=2)
+    assert np.max(np.abs(a.cycles - b.cycles)) < 2.0
+
+
+def test_backends_agree_after_constant_offset(gpu):
+    t, c = _chain(gpu, "triton")[0], _chain(gpu, "cuda")[0]
+    diff = t.cycles - c.cycles
+    assert np.max(np.abs(diff - np.median(diff))) < 3.0
+    lt, lc = _lines(gpu, "triton"), _lines(gpu, "cuda")
+    d = lt.cycles - lc.cycles
+    assert np.median(np.abs(d - np.median(d))) < 3.0
+
+
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+def test_serialized_and_concurrent_agree(gpu, backend):
+    s, c = _chain(gpu, backend, "serialized")[0], _chain(gpu, backend, "concurrent")[0]
+    assert np.max(np.abs(s.cycles - c.cycles)) < 3.0
+
+
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+def test_watchdog_fires_when_some_sms_are_taken(gpu, backend):
+    import torch
+
+    from torch_l2topo.errors import ProbeError, ProbeTimeout
+    from torch_l2topo.triton_kernels.occupy import BLOCKS_PER_SM, occupy_sms
+
+    dev, n_sm = gpu
+    taken = list(range(0, n_sm, 2))
+    stream, held = occupy_sms(dev, taken, seconds=4.0)
+    time.sleep(0.2)  # let the occupying CTAs on the other SMs exit
+    t0 = time.monotonic()
+    with pytest.raises(ProbeError) as err:
+        _chain(gpu, backend)
+    assert not isinstance(err.value, ProbeTimeout)
+    assert time.monotonic() - t0 < 4.0
+    assert f"SMs not reached: {taken[0]}, {taken[1]}" in str(err.value)
+    stream.synchronize()
+    assert held.cpu().tolist() == [BLOCKS_PER_SM if sm in taken else 0 for sm in range(n_sm)]
+    torch.cuda.synchronize()
+    _chain(gpu, backend)  # the GPU is usable again
+
+
+def test_host_deadline_when_every_sm_is_taken(gpu, monkeypatch):
+    import torch
+
+    from torch_l2topo import probes
+    from torch_l2topo.errors import ProbeTimeout
+    from torch_l2topo.triton_kernels.occupy import occupy_sms
+
+    dev, n_sm = gpu
+    monkeypatch.setattr(probes, "HOST_SLACK_S", 0.5)
+    stream, _ = occupy_sms(dev, range(n_sm), seconds=5.0)
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    with pytest.raises(ProbeTimeout, match="did not finish"):
+        _chain(gpu, "triton")
+    assert time.monotonic() - t0 < 4.0
+    stream.synchronize()
+    torch.cuda.synchronize()  # the queued probe ran and exited once the SMs were free
+
+
+def test_calibrate_then_cached(gpu, cache_dir):
+    import torch_l2topo
+
+    t0 = time.perf_counter()
+    a = torch_l2topo.calibrate(0, n_lines=N_LINES)
+    t1 = time.perf_counter()
+    b = torch_l2topo.calibrate(0, n_lines=N_LINES)
+    t2 = time.perf_counter()
+    assert a.n_sm == gpu[1] and a.n_lines == N_LINES
+    np.testing.assert_array_equal(a.line_cycles, b.line_cycles)
+    assert t2 - t1 < t1 - t0
+    assert len(list(cache_dir.glob("*.npz"))) == 1

@@ -1,0 +1,34 @@
+"""Real H200 calibrations shipped in the package (torch_l2topo/data/*.npz), for CPU use and tests.
+
+Each file's metadata says which device (uuid hashed), when, with which backend, mode and command it was
+measured. Names are the file stems; "h200" is the default example.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .topology import Topology
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+DEFAULT_EXAMPLE = "h200"
+
+
+def list_examples() -> list[str]:
+    return sorted(p.stem for p in DATA_DIR.glob("*.npz"))
+
+
+def example_path(name: str = DEFAULT_EXAMPLE) -> Path:
+    """The file of a bundled calibration. "h200" means the first H200 calibration (sorted by name)."""
+    names = list_examples()
+    if name in names:
+        return DATA_DIR / f"{name}.npz"
+    matches = [n for n in names if n.startswith(name + "-") or n.startswith(name + "_")]
+    if matches:
+        return DATA_DIR / f"{matches[0]}.npz"
+    raise ValueError(f"no bundled calibration named {name!r}; available: {', '.join(names) or 'none'}")
+
+
+def load_example(name: str = DEFAULT_EXAMPLE) -> Topology:
+    topo = Topology.load(example_path(name))
+    topo.meta.setdefault("source", f"bundled example {example_path(name).stem}")
+    return topo

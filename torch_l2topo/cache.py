@@ -1,0 +1,67 @@
+"""The calibration cache: where calibrations live, what key identifies one, and safe reads and writes.
+
+One file per GPU and probe configuration under $TORCH_L2TOPO_CACHE (default: $XDG_CACHE_HOME/torch_l2topo
+or ~/.cache/torch_l2topo). The key holds everything that invalidates a calibration: the GPU's uuid, SM
+count, MIG flag, driver, the package version and the probe configuration. A file that is corrupt or was
+written under another key is reported in one line and replaced, never trusted.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+
+from .errors import TopologyFormatError
+from .topology import Topology
+
+log = logging.getLogger("torch_l2topo")
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("TORCH_L2TOPO_CACHE")
+    if root:
+        return Path(root).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "torch_l2topo"
+
+
+def cache_key(device: dict, config: dict, package_version: str, backend: str, mode: str) -> dict:
+    """The fields that must match for a cached calibration to be reused."""
+    return {"uuid": device["uuid"], "sm_count": device["sm_count"], "mig": device["mig"],
+            "driver": device["driver"], "package_version": package_version, "backend": backend,
+            "mode": mode, "config": config}
+
+
+def key_digest(key: dict) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def cache_path(key: dict) -> Path:
+    safe_uuid = "".join(ch if ch.isalnum() or ch == "-" else "_" for ch in key["uuid"])
+    return cache_dir() / f"{safe_uuid}-{key_digest(key)}.npz"
+
+
+def lock_path(key: dict) -> Path:
+    return cache_path(key).with_suffix(".lock")
+
+
+def load_cached(key: dict) -> Topology | None:
+    """The cached calibration for `key`, or None (missing, corrupt or mismatched: the latter two logged)."""
+    path = cache_path(key)
+    if not path.exists():
+        return None
+    try:
+        topo = Topology.load(path)
+    except TopologyFormatError as exc:
+        log.warning("torch_l2topo: ignoring corrupt cached calibration (%s); recalibrating", exc)
+        return None
+    if topo.meta.get("cache_key") != key:
+        log.warning("torch_l2topo: cached calibration %s was made under another key; recalibrating", path)
+        return None
+    return topo
+
+
+def store(topo: Topology, key: dict) -> Path:
+    topo.meta["cache_key"] = key
+    return topo.save(cache_path(key))

@@ -1,0 +1,103 @@
+"""calibrate(): measure the per-SM L2 map of a GPU, or load it from the cache."""
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import time
+
+import numpy as np
+
+from . import cache
+from .device import device_info, resolve_device
+from .filelock import exclusive
+from .probes import BACKENDS, MODES, ProbeConfig, measure
+from .topology import Topology
+from .version import __version__
+
+CALIBRATION_LOCK_TIMEOUT_S = 120.0  # another process calibrating the same GPU takes well under this
+
+
+def calibrate(device=None, *, backend: str = "auto", mode: str = "concurrent", force: bool = False,
+              use_cache: bool = True, **config) -> Topology:
+    """Measure (or load from the cache) the per-SM L2 latency map of a CUDA device.
+
+    device: None (current), an index, "cuda:N" or a torch.device. backend: "auto" (Triton, else the CUDA
+    extension), "triton" or "cuda". mode: "concurrent" (all SMs at once; fast) or "serialized" (one SM at a
+    time; the reference). force: measure even if a cached calibration exists. use_cache: read and write
+    the cache at all. config: ProbeConfig fields (chain_bytes, n_lines, line_warm, line_timed, repeats,
+    seed, timeout_s, warmup_ms).
+
+    Two processes calibrating one GPU at once take turns on a per-GPU lock (measurements would disturb
+    each other); the second then finds the first's fresh result in the cache.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
+    if backend not in ("auto", *BACKENDS):
+        raise ValueError(f"backend must be one of auto, {', '.join(BACKENDS)}; got {backend!r}")
+    unknown = set(config) - {f.name for f in dataclasses.fields(ProbeConfig)}
+    if unknown:
+        raise TypeError(f"calibrate() got unknown options {sorted(unknown)}")
+    index = resolve_device(device)
+    info = device_info(index)
+    cfg = ProbeConfig(**config).validate(info.l2_bytes)
+    backend = _resolve_backend(backend)
+    key = cache.cache_key(info.as_dict(), dataclasses.asdict(cfg), __version__, backend, mode)
+    if not use_cache:
+        return _measure(index, info, cfg, backend, mode)
+    if not force:
+        hit = cache.load_cached(key)
+        if hit is not None:
+            return hit
+    with exclusive(cache.lock_path(key), CALIBRATION_LOCK_TIMEOUT_S, "calibration"):
+        if not force:  # another process may have finished while we waited for the lock
+            hit = cache.load_cached(key)
+            if hit is not None:
+                return hit
+        topo = _measure(index, info, cfg, backend, mode)
+        cache.store(topo, key)
+    return topo
+
+
+def _resolve_backend(backend: str) -> str:
+    if backend != "auto":
+        return backend
+    try:
+        import triton  # noqa: F401  (Triton compiles in about a second; the CUDA extension takes a minute)
+
+        return "triton"
+    except ImportError:
+        return "cuda"
+
+
+def _measure(index: int, info, cfg: ProbeConfig, backend: str, mode: str) -> Topology:
+    import torch
+
+    device = torch.device("cuda", index)
+    t0 = time.perf_counter()
+    with torch.cuda.device(index):
+        chains, lines = measure(device, info.sm_count, cfg, backend, mode)
+    wall = time.perf_counter() - t0
+    chain_cycles = np.stack([c.cycles for c in chains])
+    line_cycles = np.stack([r.cycles for r in lines])
+    versions = {"torch_l2topo": __version__, "torch": torch.__version__, "cuda": torch.version.cuda,
+                "triton": _triton_version()}
+    meta = {
+        "device": info.as_dict(), "uuid_hash": info.uuid_hash, "backend": backend, "mode": mode,
+        "config": dataclasses.asdict(cfg), "versions": versions,
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "wall_s": wall, "probe_s": {"chain": [c.elapsed_s for c in chains], "lines": [r.elapsed_s for r in lines]},
+    }
+    return Topology(
+        chain_cycles=chain_cycles.mean(axis=0), chain_ns=np.stack([c.ns for c in chains]).mean(axis=0),
+        line_cycles=line_cycles.mean(axis=0).astype(np.float32), line_addresses=lines[0].line_addresses,
+        chain_noise=np.ptp(chain_cycles, axis=0), line_noise=np.median(np.ptp(line_cycles, axis=0), axis=1),
+        sm_clock_ghz=np.stack([r.sm_clock_ghz for r in lines]).mean(axis=0), meta=meta)
+
+
+def _triton_version() -> str | None:
+    try:
+        import triton
+
+        return triton.__version__
+    except ImportError:
+        return None

@@ -1,0 +1,94 @@
+"""Command line: `python -m torch_l2topo [calibrate|show] ...`. Thin: parse, call the library, print."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+
+from .bundled import DEFAULT_EXAMPLE, list_examples, load_example
+from .errors import L2TopoError
+
+
+def _topology_json(topo) -> str:
+    return json.dumps({"meta": topo.meta, "chain_cycles": np.round(topo.chain_cycles, 3).tolist(),
+                       "chain_ns": np.round(topo.chain_ns, 3).tolist(),
+                       "sm_clock_ghz": np.round(topo.sm_clock_ghz, 4).tolist(),
+                       "line_mean_cycles": np.round(topo.line_cycles.mean(axis=0), 3).tolist()}, indent=1)
+
+
+def _emit(topo, as_json: bool) -> None:
+    print(_topology_json(topo) if as_json else topo.summary())
+
+
+def cmd_calibrate(args) -> int:
+    from .calibrate import calibrate
+
+    topo = calibrate(args.device, backend=args.backend, mode=args.mode, force=args.force)
+    if args.out:
+        topo.save(args.out)
+    _emit(topo, args.json)
+    return 0
+
+
+def cmd_show(args) -> int:
+    from .topology import Topology
+
+    topo = Topology.load(args.file) if args.file else load_example(args.example)
+    _emit(topo, args.json)
+    return 0
+
+
+def cmd_main_job(args) -> int:
+    """No subcommand: calibrate the local GPU; without one, show the bundled H200 calibration and say so."""
+    import torch
+
+    if torch.cuda.is_available():
+        return cmd_calibrate(argparse.Namespace(device=None, backend="auto", mode="concurrent", force=False,
+                                                out=None, json=False))
+    topo = load_example(DEFAULT_EXAMPLE)
+    dev = topo.meta["device"]
+    print(f"No CUDA GPU on this machine: showing bundled data, a real calibration of an {dev['name']} "
+          f"(uuid-hash {topo.meta['uuid_hash']}) measured {topo.meta['date']} "
+          f"[{topo.meta['backend']}, {topo.meta['mode']}].\n")
+    print(topo.summary())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m torch_l2topo",
+                                description="Per-SM L2 latency maps of NVIDIA GPUs. Without a command: "
+                                            "calibrate the local GPU, or show bundled H200 data without one.")
+    sub = p.add_subparsers(dest="command")
+    c = sub.add_parser("calibrate", help="measure (or load from the cache) this GPU's map and summarize it")
+    c.add_argument("--device", type=int, default=None, help="CUDA device index (default: current)")
+    c.add_argument("--backend", choices=("auto", "cuda", "triton"), default="auto")
+    c.add_argument("--mode", choices=("concurrent", "serialized"), default="concurrent")
+    c.add_argument("--force", action="store_true", help="measure even if a cached calibration exists")
+    c.add_argument("--out", help="also save the calibration to this .npz file")
+    c.add_argument("--json", action="store_true", help="print JSON instead of the text summary")
+    c.set_defaults(func=cmd_calibrate)
+    s = sub.add_parser("show", help="summarize a saved or bundled calibration")
+    s.add_argument("file", nargs="?", help="a saved calibration (.npz); default: a bundled example")
+    s.add_argument("--example", default=DEFAULT_EXAMPLE,
+                   help=f"bundled calibration to show (default {DEFAULT_EXAMPLE}); see `examples`")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_show)
+    e = sub.add_parser("examples", help="list the bundled calibrations")
+    e.set_defaults(func=lambda args: print("\n".join(list_examples())) or 0)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    func = getattr(args, "func", cmd_main_job)
+    try:
+        return func(args)
+    except (L2TopoError, ValueError, FileNotFoundError) as exc:
+        print(f"torch_l2topo: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""Which GPU to probe, whether it can be probed, and what identifies it (name, uuid, driver, MIG)."""
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import asdict, dataclass
+
+from .errors import DeviceError
+
+MIN_COMPUTE_CAPABILITY = (8, 0)
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    index: int
+    name: str
+    uuid: str
+    cc: tuple[int, int]
+    sm_count: int
+    l2_bytes: int
+    total_memory: int
+    driver: str
+    mig: bool
+
+    @property
+    def uuid_hash(self) -> str:
+        """A short stable hash of the uuid, for result files that should not carry the raw identifier."""
+        return uuid_hash(self.uuid)
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["cc"] = list(self.cc)
+        return d
+
+
+def uuid_hash(uuid: str) -> str:
+    return hashlib.sha256(uuid.encode()).hexdigest()[:12]
+
+
+def resolve_device(device=None) -> int:
+    """Map None / int / "cuda:N" / torch.device to a CUDA device index, with clear errors."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise DeviceError("no CUDA device is available (torch.cuda.is_available() is False); "
+                          "`python -m torch_l2topo show` displays the bundled H200 calibration instead")
+    if device is None:
+        index = torch.cuda.current_device()
+    elif isinstance(device, bool):
+        raise DeviceError(f"device must be an index, 'cuda:N' or a torch.device, not {device!r}")
+    elif isinstance(device, int):
+        index = device
+    else:
+        try:
+            dev = torch.device(device)
+        except (RuntimeError, TypeError) as exc:
+            raise DeviceError(f"cannot parse device {device!r}: {exc}") from None
+        if dev.type != "cuda":
+            raise DeviceError(f"device must be a CUDA device, got {dev}")
+        index = torch.cuda.current_device() if dev.index is None else dev.index
+    count = torch.cuda.device_count()
+    if not 0 <= index < count:
+        raise DeviceError(f"CUDA device index {index} is out of range: this machine has {count} "
+                          f"device(s), 0..{count - 1}")
+    return index
+
+
+def device_info(index: int) -> DeviceInfo:
+    """Read the identity and geometry of CUDA device `index` and check that it can be probed."""
+    import torch
+
+    props = torch.cuda.get_device_properties(index)
+    cc = (props.major, props.minor)
+    uuid = str(getattr(props, "uuid", "")) or f"unknown-{index}"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    mig = "MIG" in props.name or uuid.startswith("MIG-") or "MIG-" in visible
+    info = DeviceInfo(index=index, name=props.name, uuid=uuid, cc=cc,
+                      sm_count=props.multi_processor_count, l2_bytes=int(getattr(props, "L2_cache_size", 0)),
+                      total_memory=props.total_memory, driver=driver_version(), mig=mig)
+    if cc < MIN_COMPUTE_CAPABILITY:
+        raise DeviceError(f"{info.name} (device {index}) has compute capability {cc[0]}.{cc[1]}; the probes "
+                          f"need {MIN_COMPUTE_CAPABILITY[0]}.{MIN_COMPUTE_CAPABILITY[1]} or newer")
+    return info
+
+
+def driver_version() -> str:
+    """The kernel driver's version (e.g. 580.159.04), read without requiring NVML."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            v = pynvml.nvmlSystemGetDriverVersion()
+            return v.decode() if isinstance(v, bytes) else str(v)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # NVML is optional; fall through to the procfs file and then to the CUDA API number
+        pass
+    try:
+        with open("/proc/driver/nvidia/version") as f:
+            for word in f.readline().split():
+                if word.count(".") >= 1 and word.replace(".", "").isdigit():
+                    return word
+    except OSError:
+        pass
+    import torch
+
+    return f"cuda-api-{torch._C._cuda_getDriverVersion()}"

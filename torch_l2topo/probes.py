@@ -1,0 +1,251 @@
+"""One Python API over both probe backends (Triton and the CUDA extension): buffers in, raw arrays out.
+
+The kernels live in triton_kernels/l2_probes.py and cuda_ext/l2_probes.cu; this module builds their
+buffers from a plan (plans.py), launches them, waits with a host-side deadline, decodes the control block
+into clear errors, and checks the invariants the kernels report (every SM claimed once, every chase back
+where it started).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import probe_layout as L
+from .errors import ProbeError, ProbeTimeout
+from .plans import ChainPlan, ring_plan
+
+BACKENDS = ("triton", "cuda")
+MODES = ("concurrent", "serialized")
+GRID_FACTOR = 4          # CTAs per SM launched: one wave of 1-warp CTAs, so every SM is offered several
+HOST_SLACK_S = 5.0       # host deadline beyond the expected run time: launch, lazy module load
+WORST_LOAD_S = 2e-6      # a pessimistic bound on one dependent L2 load, for the host deadline only
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """What to measure. Defaults: 2 MiB ring (L2-resident on any cc >= 8.0 GPU), 512 consecutive lines."""
+
+    chain_bytes: int = 2 << 20
+    n_lines: int = 512
+    line_warm: int = 2
+    line_timed: int = 8
+    repeats: int = 2
+    seed: int = 0
+    timeout_s: float = 2.0
+    warmup_ms: float = 50.0
+
+    def validate(self, l2_bytes: int | None = None) -> "ProbeConfig":
+        for name in ("chain_bytes", "n_lines", "line_warm", "line_timed", "repeats", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise ValueError(f"{name} must be an integer, got {value!r}")
+            low = 0 if name in ("line_warm", "seed") else 1
+            if value < low:
+                raise ValueError(f"{name} must be >= {low}, got {value}")
+        for name in ("timeout_s", "warmup_ms"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) \
+                    or value < 0 or (name == "timeout_s" and value == 0):
+                raise ValueError(f"{name} must be a positive number, got {value!r}")
+        if self.chain_bytes % L.LINE_BYTES or self.chain_bytes < 2 * L.LINE_BYTES:
+            raise ValueError(f"chain_bytes must be a multiple of {L.LINE_BYTES} and at least two lines, "
+                             f"got {self.chain_bytes}")
+        if l2_bytes and self.chain_bytes > l2_bytes // 2:
+            raise ValueError(f"chain_bytes={self.chain_bytes} is over half the L2 ({l2_bytes} bytes): the "
+                             "ring would not stay L2-resident and the probe would measure DRAM")
+        return self
+
+    @property
+    def chain_lines(self) -> int:
+        return self.chain_bytes // L.LINE_BYTES
+
+
+@dataclass(frozen=True)
+class ChainResult:
+    cycles: np.ndarray      # (n_sm,) clock64 cycles per load
+    ns: np.ndarray          # (n_sm,) globaltimer ns per load
+    elapsed_s: float        # host wall time of the launch, including the wait
+
+
+@dataclass(frozen=True)
+class LineResult:
+    cycles: np.ndarray        # (n_sm, n_lines) clock64 cycles per load
+    sm_clock_ghz: np.ndarray  # (n_sm,) clock64 cycles / globaltimer ns over each SM's whole run
+    line_addresses: np.ndarray  # (n_lines,) virtual address of each probed line
+    elapsed_s: float
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+
+
+def _launch(backend: str, kind: str, **kw) -> None:
+    """Launch one probe kernel on the current stream. kw: tensors and sizes named as in the kernels."""
+    import torch
+
+    serialized = kw.pop("serialized")
+    grid = GRID_FACTOR * kw["n_sm"]
+    if backend == "triton":
+        from torch_l2topo.triton_kernels import l2_probes as tk
+
+        if kind == "chain":
+            tk.chain_probe_kernel[(grid,)](kw["ctrl"], kw["starts"], kw["out"], kw["n_loads"], kw["n_sm"],
+                                           kw["n_sm"], kw["timeout_ns"], SERIALIZED=serialized, num_warps=1)
+        else:
+            tk.line_probe_kernel[(grid,)](kw["ctrl"], kw["lines"], kw["cycles"], kw["per_sm"], kw["n_lines"],
+                                          kw["n_warm"], kw["n_timed"], kw["n_sm"], kw["n_sm"], kw["timeout_ns"],
+                                          SERIALIZED=serialized, LINE_WORDS=L.LINE_WORDS, num_warps=1)
+        return
+    from torch_l2topo import cuda_ext
+
+    ops = cuda_ext.load(torch.cuda.get_device_capability(kw["ctrl"].device))
+    if kind == "chain":
+        ops.chain_probe(kw["ctrl"], kw["starts"], kw["out"], kw["n_loads"], kw["n_sm"], grid,
+                        kw["timeout_ns"], serialized)
+    else:
+        ops.line_probe(kw["ctrl"], kw["lines"], kw["cycles"], kw["per_sm"], kw["n_lines"], kw["n_warm"],
+                       kw["n_timed"], kw["n_sm"], grid, kw["timeout_ns"], serialized)
+
+
+def _wait(device, deadline_s: float, what: str) -> None:
+    """Wait for the work queued so far on the current stream, polling, for at most deadline_s."""
+    import torch
+
+    done = torch.cuda.Event()
+    done.record()
+    start = time.monotonic()
+    while not done.query():
+        if time.monotonic() - start > deadline_s:
+            raise ProbeTimeout(
+                f"the {what} probe on cuda:{device.index} did not finish within {deadline_s:.1f} s: other work "
+                "is occupying the GPU, so the probe's CTAs cannot start. The kernel stays queued and exits by "
+                "its own watchdog once it runs; calibrate again when the GPU is free")
+        time.sleep(2e-4)
+
+
+def _check_control(ctrl: np.ndarray, n_sm: int, timeout_s: float, what: str) -> None:
+    """Turn the control block's error code and claims into a clear exception, or return if all is well."""
+    code, detail = int(ctrl[L.ERROR]), int(ctrl[L.ERROR_DETAIL])
+    claims = ctrl[L.CLAIMS:L.CLAIMS + n_sm]
+    missing = np.flatnonzero(claims == 0).tolist()
+    if code == L.ERR_SMID_RANGE:
+        raise ProbeError(f"{what} probe: a CTA ran on SM id {detail}, but the device reports {n_sm} SMs "
+                         "(%smid is not contiguous here: a MIG instance or a restricted context?). "
+                         "Calibrate a full GPU")
+    if code == L.ERR_BARRIER_TIMEOUT:
+        raise ProbeError(f"{what} probe: only {detail} of {n_sm} SMs got a probe CTA within {timeout_s:g} s; "
+                         f"SMs not reached: {_ids(missing)}. Other work is occupying them (another kernel or "
+                         "process on this GPU)")
+    if code == L.ERR_TURN_TIMEOUT:
+        raise ProbeError(f"{what} probe (serialized): the turn stalled at SM {detail} for over {timeout_s:g} s")
+    if code != 0:
+        raise ProbeError(f"{what} probe: unknown error code {code} (detail {detail})")
+    if missing:
+        raise ProbeError(f"{what} probe: no CTA measured SMs {_ids(missing)}")
+
+
+def _ids(ids: list[int]) -> str:
+    return ", ".join(map(str, ids[:16])) + (f" ... ({len(ids)} in all)" if len(ids) > 16 else "")
+
+
+def _deadline(per_sm_loads: int, n_sm: int, serialized: bool, timeout_s: float) -> float:
+    loads = per_sm_loads * (n_sm if serialized else 1)
+    return loads * WORST_LOAD_S + timeout_s + HOST_SLACK_S
+
+
+def run_chain(device, n_sm: int, plan: ChainPlan, backend: str, mode: str, timeout_s: float,
+              repeats: int = 1) -> list[ChainResult]:
+    """`repeats` launches of the chain probe over one ring: a warm and a timed pass on every SM each."""
+    import torch
+
+    _check_choice("backend", backend, BACKENDS)
+    _check_choice("mode", mode, MODES)
+    ring = torch.zeros(plan.n_lines * L.LINE_WORDS, dtype=torch.int64, device=device)
+    base = ring.data_ptr()
+    ring.view(plan.n_lines, L.LINE_WORDS)[:, 0] = torch.from_numpy(base + plan.successor * L.LINE_BYTES).to(device)
+    starts_np = base + plan.start_line * L.LINE_BYTES
+    starts = torch.from_numpy(starts_np).to(device)
+    out = torch.zeros(n_sm * L.OUT_WORDS, dtype=torch.int64, device=device)
+    ctrl = torch.zeros(L.control_words(n_sm), dtype=torch.int64, device=device)
+    deadline = _deadline(2 * plan.n_lines, n_sm, mode == "serialized", timeout_s)
+    results = []
+    for _ in range(repeats):
+        ctrl.zero_()
+        t0 = time.perf_counter()
+        _launch(backend, "chain", ctrl=ctrl, starts=starts, out=out, n_loads=plan.n_lines, n_sm=n_sm,
+                timeout_ns=int(timeout_s * 1e9), serialized=(mode == "serialized"))
+        _wait(device, deadline, "chain")
+        elapsed = time.perf_counter() - t0
+        _check_control(ctrl.cpu().numpy(), n_sm, timeout_s, "chain")
+        o = out.view(n_sm, L.OUT_WORDS).cpu().numpy()
+        broken = np.flatnonzero(o[:, 2] != starts_np).tolist()
+        if broken:
+            raise ProbeError(f"chain probe: the chase did not return to its start on SMs {_ids(broken)}: the "
+                             "ring was corrupted or a load returned wrong data")
+        results.append(ChainResult(cycles=o[:, 0] / plan.n_lines, ns=o[:, 1] / plan.n_lines, elapsed_s=elapsed))
+    return results
+
+
+def run_lines(device, n_sm: int, n_lines: int, n_warm: int, n_timed: int, backend: str, mode: str,
+              timeout_s: float, repeats: int = 1) -> list[LineResult]:
+    """`repeats` launches of the line probe over one buffer: every SM times loads of each of `n_lines` lines."""
+    import torch
+
+    _check_choice("backend", backend, BACKENDS)
+    _check_choice("mode", mode, MODES)
+    lines = torch.zeros(n_lines * L.LINE_WORDS, dtype=torch.int64, device=device)
+    addresses = lines.data_ptr() + np.arange(n_lines, dtype=np.int64) * L.LINE_BYTES
+    lines.view(n_lines, L.LINE_WORDS)[:, 0] = torch.from_numpy(addresses).to(device)
+    cycles = torch.zeros(n_sm * n_lines, dtype=torch.int64, device=device)
+    per_sm = torch.zeros(n_sm * L.OUT_WORDS, dtype=torch.int64, device=device)
+    ctrl = torch.zeros(L.control_words(n_sm), dtype=torch.int64, device=device)
+    deadline = _deadline(n_lines * (n_warm + n_timed), n_sm, mode == "serialized", timeout_s)
+    results = []
+    for _ in range(repeats):
+        ctrl.zero_()
+        t0 = time.perf_counter()
+        _launch(backend, "lines", ctrl=ctrl, lines=lines, cycles=cycles, per_sm=per_sm, n_lines=n_lines,
+                n_warm=n_warm, n_timed=n_timed, n_sm=n_sm, timeout_ns=int(timeout_s * 1e9),
+                serialized=(mode == "serialized"))
+        _wait(device, deadline, "line")
+        elapsed = time.perf_counter() - t0
+        _check_control(ctrl.cpu().numpy(), n_sm, timeout_s, "line")
+        s = per_sm.view(n_sm, L.OUT_WORDS).cpu().numpy()
+        broken = np.flatnonzero(s[:, 2] != 0).tolist()
+        if broken:
+            raise ProbeError(f"line probe: a self-pointing line returned another address on SMs {_ids(broken)}")
+        results.append(LineResult(cycles=cycles.view(n_sm, n_lines).cpu().numpy() / n_timed,
+                                  sm_clock_ghz=s[:, 0] / np.maximum(s[:, 1], 1), line_addresses=addresses,
+                                  elapsed_s=elapsed))
+    return results
+
+
+def warm_clocks(device, ms: float) -> None:
+    """Keep every SM busy for about `ms` milliseconds so the SM clock leaves its idle state first."""
+    import torch
+
+    if ms <= 0:
+        return
+    a = torch.randn(2048, 2048, device=device, dtype=torch.float16)
+    start = time.perf_counter()
+    while (time.perf_counter() - start) * 1e3 < ms:
+        for _ in range(8):  # ~17 GFLOP a product: each batch is a few hundred microseconds of work
+            a = a @ a
+            a = a / a.abs().amax().clamp_min(1)
+        torch.cuda.synchronize(device)
+
+
+def measure(device, n_sm: int, config: ProbeConfig, backend: str, mode: str):
+    """Warm the clocks, then run the chain and line probes `config.repeats` times each.
+
+    Returns (list[ChainResult], list[LineResult]) in run order.
+    """
+    warm_clocks(device, config.warmup_ms)
+    plan = ring_plan(config.chain_lines, n_sm, config.seed)
+    chains = run_chain(device, n_sm, plan, backend, mode, config.timeout_s, config.repeats)
+    lines = run_lines(device, n_sm, config.n_lines, config.line_warm, config.line_timed, backend, mode,
+                      config.timeout_s, config.repeats)
+    return chains, lines

@@ -1,0 +1,198 @@
+"""Topology: one calibration of one GPU (per-SM arrays, the SM x line matrix, device metadata).
+
+Saved as a compressed .npz of plain numeric arrays plus the metadata as UTF-8 JSON bytes, loaded with
+allow_pickle=False: no pickle anywhere. A SHA-256 of the arrays is stored in the metadata, so a corrupt or
+hand-edited file is detected on load rather than analysed.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tempfile
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .errors import TopologyFormatError
+
+FORMAT_VERSION = 1
+_META_KEY = "meta_json"
+_PER_SM = ("chain_cycles", "chain_ns", "chain_noise", "line_noise", "sm_clock_ghz")
+
+
+@dataclass
+class Topology:
+    """A per-SM L2 latency map. Arrays are indexed by SM id (%smid) and, for lines, by probed line.
+
+    chain_cycles/chain_ns: mean latency per dependent load over the random 2 MiB ring, per SM.
+    line_cycles: cycles per load, SM x line. line_addresses: virtual address of each probed line.
+    chain_noise: per SM, max - min of chain_cycles over the repeats. line_noise: per SM, median over lines
+    of max - min over the repeats. sm_clock_ghz: clock64 cycles / globaltimer ns while probing.
+    extras: further named arrays recorded with the calibration by later probes (e.g. cluster ground truth).
+    """
+
+    chain_cycles: np.ndarray
+    chain_ns: np.ndarray
+    line_cycles: np.ndarray
+    line_addresses: np.ndarray
+    chain_noise: np.ndarray
+    line_noise: np.ndarray
+    sm_clock_ghz: np.ndarray
+    meta: dict
+    extras: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.validate()
+
+    # ---- shape and sanity -------------------------------------------------------------------------
+    @property
+    def n_sm(self) -> int:
+        return len(self.chain_cycles)
+
+    @property
+    def n_lines(self) -> int:
+        return self.line_cycles.shape[1]
+
+    def validate(self) -> None:
+        n = self.n_sm
+        for name in _PER_SM:
+            arr = getattr(self, name)
+            if not isinstance(arr, np.ndarray) or arr.shape != (n,):
+                raise TopologyFormatError(f"{name} must be an array of shape ({n},), got "
+                                          f"{getattr(arr, 'shape', type(arr).__name__)}")
+        if self.line_cycles.ndim != 2 or self.line_cycles.shape[0] != n:
+            raise TopologyFormatError(f"line_cycles must have shape ({n}, n_lines), got {self.line_cycles.shape}")
+        if self.line_addresses.shape != (self.n_lines,):
+            raise TopologyFormatError(f"line_addresses must have shape ({self.n_lines},)")
+        for name in ("chain_cycles", "chain_ns", "line_cycles", "sm_clock_ghz"):
+            if not np.all(np.isfinite(getattr(self, name))):
+                raise TopologyFormatError(f"{name} holds NaN or infinite values")
+        if not isinstance(self.meta, dict):
+            raise TopologyFormatError("meta must be a dict")
+
+    # ---- persistence -------------------------------------------------------------------------------
+    def _arrays(self) -> dict[str, np.ndarray]:
+        arrays = {name: getattr(self, name) for name in _PER_SM}
+        arrays["line_cycles"] = self.line_cycles.astype(np.float32)
+        arrays["line_addresses"] = self.line_addresses.astype(np.int64)
+        arrays.update({f"extra_{k}": np.asarray(v) for k, v in self.extras.items()})
+        return arrays
+
+    def save(self, path) -> Path:
+        """Write atomically (temp file + rename in the same directory): readers never see half a file."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        arrays = self._arrays()
+        meta = dict(self.meta, format_version=FORMAT_VERSION, checksum=_checksum(arrays))
+        buf = io.BytesIO()
+        np.savez_compressed(buf, **arrays, **{_META_KEY: np.frombuffer(json.dumps(meta).encode(), np.uint8)})
+        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(buf.getvalue())
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return path
+
+    @classmethod
+    def load(cls, path) -> "Topology":
+        """Read a saved calibration; raise TopologyFormatError naming what is wrong with a bad file."""
+        path = Path(path)
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                data = {k: z[k] for k in z.files}
+        except FileNotFoundError:
+            raise
+        except (OSError, ValueError, zipfile.BadZipFile, EOFError, KeyError) as exc:
+            raise TopologyFormatError(f"{path} is not a readable calibration: {exc}") from None
+        except Exception as exc:  # zlib.error and friends from a damaged member
+            raise TopologyFormatError(f"{path} is damaged: {type(exc).__name__}: {exc}") from None
+        if _META_KEY not in data:
+            raise TopologyFormatError(f"{path} has no metadata")
+        try:
+            meta = json.loads(data.pop(_META_KEY).tobytes().decode())
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise TopologyFormatError(f"{path}: metadata is not valid JSON ({exc})") from None
+        if meta.get("format_version") != FORMAT_VERSION:
+            raise TopologyFormatError(f"{path} has format version {meta.get('format_version')}, this "
+                                      f"torch_l2topo reads {FORMAT_VERSION}")
+        if meta.pop("checksum", None) != _checksum(data):
+            raise TopologyFormatError(f"{path}: checksum mismatch, the arrays were altered or damaged")
+        meta.pop("format_version")
+        missing = [k for k in (*_PER_SM, "line_cycles", "line_addresses") if k not in data]
+        if missing:
+            raise TopologyFormatError(f"{path} lacks arrays {missing}")
+        extras = {k[len("extra_"):]: v for k, v in data.items() if k.startswith("extra_")}
+        return cls(**{k: data[k] for k in (*_PER_SM, "line_cycles", "line_addresses")}, meta=meta, extras=extras)
+
+    def export_copy(self, **meta_updates) -> "Topology":
+        """A copy fit to share: the device uuid replaced by its hash, the local cache key dropped."""
+        meta = json.loads(json.dumps(self.meta))
+        meta.pop("cache_key", None)
+        if "device" in meta:
+            meta["device"]["uuid"] = "sha256:" + meta.get("uuid_hash", "?")
+        meta.update(meta_updates)
+        return Topology(**{name: getattr(self, name).copy() for name in (*_PER_SM, "line_cycles", "line_addresses")},
+                        meta=meta, extras={k: np.array(v) for k, v in self.extras.items()})
+
+    # ---- views -------------------------------------------------------------------------------------
+    def to_frame(self, kind: str = "sm"):
+        """Tidy pandas views. kind="sm": one row per SM. kind="lines": one row per (SM, line)."""
+        import pandas as pd
+
+        if kind == "sm":
+            return pd.DataFrame({"sm": np.arange(self.n_sm), **{name: getattr(self, name) for name in _PER_SM},
+                                 "line_mean_cycles": self.line_cycles.mean(axis=1)})
+        if kind == "lines":
+            sm, line = np.meshgrid(np.arange(self.n_sm), np.arange(self.n_lines), indexing="ij")
+            return pd.DataFrame({"sm": sm.ravel(), "line": line.ravel(),
+                                 "address": np.broadcast_to(self.line_addresses, sm.shape).ravel(),
+                                 "cycles": self.line_cycles.ravel()})
+        raise ValueError(f"kind must be 'sm' or 'lines', got {kind!r}")
+
+    def summary(self) -> str:
+        """A one-screen text summary: device, provenance, and the spread of each map."""
+        m = self.meta
+        dev = m.get("device", {})
+        c, lc = self.chain_cycles, self.line_cycles
+        fastest, slowest = int(np.argmin(c)), int(np.argmax(c))
+        line_means = lc.mean(axis=0)
+        lines = [
+            f"{dev.get('name', '?')}  cc {'.'.join(map(str, dev.get('cc', [])))}  {self.n_sm} SMs  "
+            f"L2 {dev.get('l2_bytes', 0) / 2**20:.0f} MiB  driver {dev.get('driver', '?')}  "
+            f"uuid-hash {m.get('uuid_hash', '?')}",
+            f"measured {m.get('date', '?')}  backend {m.get('backend', '?')}  mode {m.get('mode', '?')}  "
+            f"torch {m.get('versions', {}).get('torch', '?')}  triton {m.get('versions', {}).get('triton', '?')}",
+            f"SM clock while probing: {np.median(self.sm_clock_ghz):.3f} GHz (median; "
+            f"{self.sm_clock_ghz.min():.3f}-{self.sm_clock_ghz.max():.3f})",
+            f"chain ({m.get('config', {}).get('chain_bytes', 0) // 1024} KiB random ring), cycles per load: "
+            f"min {c.min():.2f} (SM {fastest})  mean {c.mean():.2f}  max {c.max():.2f} (SM {slowest})  "
+            f"spread {100 * (c.max() - c.min()) / c.min():.1f}%",
+            f"chain in ns per load: {self.chain_ns.min():.1f}-{self.chain_ns.max():.1f}  "
+            f"repeat noise: max {self.chain_noise.max():.3f} cycles, median {np.median(self.chain_noise):.3f}",
+            f"lines ({self.n_lines} x 128 B), cycles per load: min {lc.min():.1f}  median {np.median(lc):.1f}  "
+            f"max {lc.max():.1f}; per-line mean over SMs {line_means.min():.1f}-{line_means.max():.1f}; "
+            f"repeat noise median {np.median(self.line_noise):.3f}",
+        ]
+        if m.get("source"):
+            lines.append(f"source: {m['source']}")
+        return "\n".join(lines)
+
+
+def _checksum(arrays: dict[str, np.ndarray]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name])
+        h.update(name.encode())
+        h.update(str(a.dtype).encode())
+        h.update(str(a.shape).encode())
+        h.update(a.tobytes())
+    return h.hexdigest()

@@ -1,0 +1,167 @@
+"""Triton backend of the per-SM L2 probes: the chain probe and the line probe.
+
+Semantics match cuda_ext/l2_probes.cu line for line; torch_l2topo/probes.py launches either.
+
+Each program is one warp doing scalar work (launch with num_warps=1: inline asm repeats per replicated
+element). A program reads %smid and claims its SM in the control block; losers exit at once, so exactly
+one program measures per SM. The control block layout and error codes live in torch_l2topo/probe_layout.py
+(mirrored in cuda_ext/probe_layout.h; a test checks that they agree).
+
+Every wait is bounded by a %globaltimer watchdog that resets whenever the awaited counter moves: when no
+progress is seen for `timeout_ns`, the waiter sets an error code and exits, and every other waiter exits as
+soon as it sees the error. A probe never hangs the GPU.
+"""
+import triton
+import triton.language as tl
+
+from torch_l2topo import probe_layout as _layout
+
+# Triton kernels may only read module globals that are constexpr.
+ERROR = tl.constexpr(_layout.ERROR)
+ERROR_DETAIL = tl.constexpr(_layout.ERROR_DETAIL)
+ARRIVALS = tl.constexpr(_layout.ARRIVALS)
+TURN = tl.constexpr(_layout.TURN)
+CLAIMS = tl.constexpr(_layout.CLAIMS)
+ERR_SMID_RANGE = tl.constexpr(_layout.ERR_SMID_RANGE)
+ERR_BARRIER_TIMEOUT = tl.constexpr(_layout.ERR_BARRIER_TIMEOUT)
+ERR_TURN_TIMEOUT = tl.constexpr(_layout.ERR_TURN_TIMEOUT)
+OUT_WORDS = tl.constexpr(_layout.OUT_WORDS)
+
+
+@triton.jit
+def _clock64(dep):
+    # `dep` is unused by the instruction; passing the last loaded value keeps the read after it in
+    # program order (the asm is not pure, so it is neither hoisted nor merged).
+    return tl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,l", [dep], dtype=tl.int64,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
+def _chase(addr):
+    # One dependent L2 load: ld.global.cg skips L1, and the next address is the loaded value. Written as
+    # asm rather than tl.load so that the emitted instruction is exactly the CUDA backend's.
+    return tl.inline_asm_elementwise("ld.global.cg.u64 $0, [$1];", "=l,l", [addr], dtype=tl.int64,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
+def _i64(x):
+    # The control block is int64; atomics need operands of exactly that type.
+    return tl.full((), x, tl.int64)
+
+
+@triton.jit
+def _fail(ctrl_ptr, code, detail):
+    # First error wins; its detail is written by the same winner only.
+    if tl.atomic_cas(ctrl_ptr + ERROR, _i64(0), _i64(code)) == 0:
+        tl.atomic_xchg(ctrl_ptr + ERROR_DETAIL, detail.to(tl.int64))
+
+
+@triton.jit
+def _wait_until_at_least(ctrl_ptr, word, target, timeout_ns, code):
+    """Spin until ctrl[word] >= target. Returns 1 on success, 0 on timeout or another program's error."""
+    last = tl.load(ctrl_ptr + word, volatile=True)
+    since = tl.extra.cuda.globaltimer()
+    state = 0  # 0 waiting, 1 reached, 2 gave up
+    while state == 0:
+        seen = tl.load(ctrl_ptr + word, volatile=True)
+        now = tl.extra.cuda.globaltimer()
+        if seen >= target:
+            state = 1
+        elif tl.load(ctrl_ptr + ERROR, volatile=True) != 0:
+            state = 2
+        elif seen != last:
+            last = seen
+            since = now
+        elif now - since > timeout_ns:
+            _fail(ctrl_ptr, code, seen)
+            state = 2
+    return state == 1
+
+
+@triton.jit
+def _own_sm(ctrl_ptr, capacity, n_sm, timeout_ns, SERIALIZED: tl.constexpr):
+    """Claim this program's SM; wait until every SM is claimed and (serialized) for this SM's turn.
+
+    Returns (sm, go): go is true for exactly one program per SM once it may measure.
+    """
+    sm = tl.extra.cuda.smid().to(tl.int64)
+    go = False
+    if sm >= capacity:
+        _fail(ctrl_ptr, ERR_SMID_RANGE, sm)
+    elif tl.atomic_cas(ctrl_ptr + CLAIMS + sm, _i64(0), _i64(1)) == 0:
+        tl.atomic_add(ctrl_ptr + ARRIVALS, 1)
+        go = _wait_until_at_least(ctrl_ptr, ARRIVALS, n_sm, timeout_ns, ERR_BARRIER_TIMEOUT)
+        if SERIALIZED:
+            if go:
+                # Turns run through SM ids 0..n_sm-1; each owner passes the turn on when done.
+                go = _wait_until_at_least(ctrl_ptr, TURN, sm, timeout_ns, ERR_TURN_TIMEOUT)
+    return sm, go
+
+
+@triton.jit
+def _pass_turn(ctrl_ptr, SERIALIZED: tl.constexpr):
+    if SERIALIZED:
+        tl.atomic_add(ctrl_ptr + TURN, 1, sem="release")
+
+
+@triton.jit
+def chain_probe_kernel(ctrl_ptr, starts_ptr, out_ptr, n_loads, capacity, n_sm, timeout_ns,
+                       SERIALIZED: tl.constexpr):
+    """Per SM: one warm pass over the ring, then a timed pass.
+
+    out[sm] = (clock64 cycles, globaltimer ns, final address) of the timed pass; after a whole pass the
+    chase is back at its start address, which the host checks.
+    """
+    sm, go = _own_sm(ctrl_ptr, capacity, n_sm, timeout_ns, SERIALIZED)
+    if go:
+        p = tl.load(starts_ptr + sm)
+        for _ in range(n_loads):
+            p = _chase(p)
+        t0 = _clock64(p)
+        g0 = tl.extra.cuda.globaltimer()
+        for _ in range(n_loads):
+            p = _chase(p)
+        end = p
+        t1 = _clock64(end)
+        g1 = tl.extra.cuda.globaltimer()
+        tl.store(out_ptr + sm * OUT_WORDS + 0, t1 - t0)
+        tl.store(out_ptr + sm * OUT_WORDS + 1, g1 - g0)
+        tl.store(out_ptr + sm * OUT_WORDS + 2, end)
+        _pass_turn(ctrl_ptr, SERIALIZED)
+
+
+@triton.jit
+def line_probe_kernel(ctrl_ptr, lines_ptr, cycles_ptr, per_sm_ptr, n_lines, n_warm, n_timed,
+                      capacity, n_sm, timeout_ns, SERIALIZED: tl.constexpr, LINE_WORDS: tl.constexpr):
+    """Per SM and line: n_warm loads, then n_timed dependent loads timed with clock64.
+
+    Each line holds its own address, so the chase stays on one line. SMs start at different lines
+    (rotation by SM id) so that concurrent SMs do not all load the same line at the same moment.
+    cycles[sm, line] = clock64 cycles of the timed run; per_sm[sm] = (cycles, ns, lines whose chase left
+    the line) over the whole SM's run.
+    """
+    sm, go = _own_sm(ctrl_ptr, capacity, n_sm, timeout_ns, SERIALIZED)
+    if go:
+        rot = (sm * n_lines) // n_sm
+        g_start = tl.extra.cuda.globaltimer()
+        c_start = _clock64(g_start)
+        broken = 0
+        for j in range(n_lines):
+            k = (j + rot) % n_lines
+            home = lines_ptr.to(tl.int64, bitcast=True) + k * (LINE_WORDS * 8)
+            p = home
+            for _ in range(n_warm):
+                p = _chase(p)
+            t0 = _clock64(p)
+            for _ in range(n_timed):
+                p = _chase(p)
+            t1 = _clock64(p)
+            tl.store(cycles_ptr + sm * n_lines + k, t1 - t0)
+            broken += (p != home).to(tl.int32)
+        c_end = _clock64(broken)
+        g_end = tl.extra.cuda.globaltimer()
+        tl.store(per_sm_ptr + sm * OUT_WORDS + 0, c_end - c_start)
+        tl.store(per_sm_ptr + sm * OUT_WORDS + 1, g_end - g_start)
+        tl.store(per_sm_ptr + sm * OUT_WORDS + 2, broken.to(tl.int64))
+        _pass_turn(ctrl_ptr, SERIALIZED)
