@@ -73,6 +73,7 @@ def main(argv=None) -> dict:
                 "sm_covered": int(b.n_sm), "chain_min": float(c.min()), "chain_mean": float(c.mean()),
                 "chain_max": float(c.max()), "chain_ns_mean": float(b.chain_ns.mean()),
                 "sm_clock_ghz_median": float(np.median(b.sm_clock_ghz)),
+                "sm_clock_ghz_median_per_run": [float(np.median(r.sm_clock_ghz)) for r in runs],
                 "line_min": float(b.line_cycles.min()), "line_median": float(np.median(b.line_cycles)),
                 "line_max": float(b.line_cycles.max()),
                 "pair_2i_2i1_abs_diff_median": float(np.median(twins)), "pair_2i_2i1_abs_diff_max": float(twins.max()),

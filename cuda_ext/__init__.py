@@ -18,6 +18,7 @@ SOURCES = ("l2_probes.cu", "bindings.cpp")
 BUILD_LOCK_TIMEOUT_S = 600.0  # a cold build of the bindings takes about a minute on a busy machine
 
 _loaded: dict[str, object] = {}
+_failed: dict[str, str] = {}  # a failed build is not retried in the same process: torch would load a stale .so
 
 
 class ExtensionUnavailable(RuntimeError):
@@ -48,6 +49,8 @@ def load(cc: tuple[int, int]):
     name = extension_name(cc)
     if name in _loaded:
         return _loaded[name]
+    if name in _failed:
+        raise ExtensionUnavailable(_failed[name])
     if torch.version.cuda is None:
         raise ExtensionUnavailable("this torch build has no CUDA support; the CUDA backend needs one")
     from torch.utils import cpp_extension
@@ -72,7 +75,8 @@ def load(cc: tuple[int, int]):
                 verbose=False,
             )
         except Exception as exc:  # the compiler's message is long; keep it, but lead with what failed
-            raise ExtensionUnavailable(f"building the CUDA extension {name} failed: {exc}") from exc
+            _failed[name] = f"building the CUDA extension {name} failed: {exc}"
+            raise ExtensionUnavailable(_failed[name]) from exc
         finally:
             if previous is None:
                 os.environ.pop("TORCH_CUDA_ARCH_LIST", None)

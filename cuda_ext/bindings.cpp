@@ -7,6 +7,7 @@
 #include <torch/library.h>
 
 #include "l2_probes.h"
+#include "probe_layout.h"
 
 namespace l2topo {
 namespace {

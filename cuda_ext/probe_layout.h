@@ -14,6 +14,8 @@ constexpr int ERR_SMID_RANGE = 1;       // %smid was >= the SM slot capacity
 constexpr int ERR_BARRIER_TIMEOUT = 2;  // not every SM got a CTA within the watchdog timeout
 constexpr int ERR_TURN_TIMEOUT = 3;     // serialized: the turn stopped moving
 
+constexpr int POLL_BACKOFF_NS = 2000;  // sleep between polls of a waiting CTA (see probe_layout.py)
+
 constexpr int LINE_BYTES = 128;
 constexpr int LINE_WORDS = LINE_BYTES / 8;
 constexpr int OUT_WORDS = 3;

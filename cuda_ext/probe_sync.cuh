@@ -56,6 +56,7 @@ __device__ bool wait_until_at_least(int64_t* ctrl, int word, int64_t target, int
     const int64_t now = global_ns();
     if (seen >= target) return true;
     if (volatile_read(ctrl + ERROR) != 0) return false;
+    __nanosleep(POLL_BACKOFF_NS);
     if (seen != last) {
       last = seen;
       since = now;

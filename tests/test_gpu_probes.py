@@ -25,11 +25,13 @@ def gpu():
     return dev, device_info(0).sm_count
 
 
-def _chain(gpu, backend, mode="concurrent", repeats=1):
+def _chain(gpu, backend, mode="concurrent", repeats=1, warm=True):
     from torch_l2topo.plans import ring_plan
-    from torch_l2topo.probes import run_chain
+    from torch_l2topo.probes import run_chain, warm_clocks
 
     dev, n_sm = gpu
+    if warm:
+        warm_clocks(dev, 20)  # latency in SM cycles depends on the SM clock: never measure an idle-clocked GPU
     return run_chain(dev, n_sm, ring_plan(4096, n_sm, seed=1), backend, mode, timeout_s=2.0, repeats=repeats)
 
 
@@ -85,14 +87,16 @@ def test_watchdog_fires_when_some_sms_are_taken(gpu, backend):
     dev, n_sm = gpu
     taken = list(range(0, n_sm, 2))
     stream, held = occupy_sms(dev, taken, seconds=4.0)
-    time.sleep(0.2)  # let the occupying CTAs on the other SMs exit
-    t0 = time.monotonic()
-    with pytest.raises(ProbeError) as err:
-        _chain(gpu, backend)
-    assert not isinstance(err.value, ProbeTimeout)
-    assert time.monotonic() - t0 < 4.0
-    assert f"SMs not reached: {taken[0]}, {taken[1]}" in str(err.value)
-    stream.synchronize()
+    try:
+        time.sleep(0.2)  # let the occupying CTAs on the other SMs exit
+        t0 = time.monotonic()
+        with pytest.raises(ProbeError) as err:
+            _chain(gpu, backend, warm=False)
+        assert not isinstance(err.value, ProbeTimeout)
+        assert time.monotonic() - t0 < 4.0
+        assert f"SMs not reached: {taken[0]}, {taken[1]}" in str(err.value)
+    finally:
+        stream.synchronize()
     assert held.cpu().tolist() == [BLOCKS_PER_SM if sm in taken else 0 for sm in range(n_sm)]
     torch.cuda.synchronize()
     _chain(gpu, backend)  # the GPU is usable again
@@ -108,13 +112,15 @@ def test_host_deadline_when_every_sm_is_taken(gpu, monkeypatch):
     dev, n_sm = gpu
     monkeypatch.setattr(probes, "HOST_SLACK_S", 0.5)
     stream, _ = occupy_sms(dev, range(n_sm), seconds=5.0)
-    time.sleep(0.2)
-    t0 = time.monotonic()
-    with pytest.raises(ProbeTimeout, match="did not finish"):
-        _chain(gpu, "triton")
-    assert time.monotonic() - t0 < 4.0
-    stream.synchronize()
-    torch.cuda.synchronize()  # the queued probe ran and exited once the SMs were free
+    try:
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        with pytest.raises(ProbeTimeout, match="did not finish"):
+            _chain(gpu, "triton", warm=False)
+        assert time.monotonic() - t0 < 4.0
+    finally:
+        stream.synchronize()
+        torch.cuda.synchronize()  # the queued probe runs and exits once the SMs are free
 
 
 def test_calibrate_then_cached(gpu, cache_dir):

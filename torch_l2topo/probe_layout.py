@@ -14,6 +14,10 @@ ERR_SMID_RANGE = 1       # %smid was >= the SM slot capacity
 ERR_BARRIER_TIMEOUT = 2  # not every SM got a program within the watchdog timeout
 ERR_TURN_TIMEOUT = 3     # serialized: the turn stopped moving
 
+# Waiting CTAs sleep this long between polls: without it, 131 SMs polling one control word keep its L2
+# slice busy and disturb the SM that is measuring (seen on the H200 in serialized mode).
+POLL_BACKOFF_NS = 2000
+
 LINE_BYTES = 128           # an L2 line (four 32-byte sectors)
 LINE_WORDS = LINE_BYTES // 8  # int64 words per line: pointers are stored in the first word of a line
 OUT_WORDS = 3              # per-SM output words: cycles, ns, and (chain) end address / (lines) broken count

@@ -68,6 +68,11 @@ class ChainResult:
     ns: np.ndarray          # (n_sm,) globaltimer ns per load
     elapsed_s: float        # host wall time of the launch, including the wait
 
+    @property
+    def clock_ghz(self) -> np.ndarray:
+        """Each SM's clock during its timed pass: clock64 cycles / globaltimer ns."""
+        return self.cycles / self.ns
+
 
 @dataclass(frozen=True)
 class LineResult:

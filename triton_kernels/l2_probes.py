@@ -26,6 +26,7 @@ ERR_SMID_RANGE = tl.constexpr(_layout.ERR_SMID_RANGE)
 ERR_BARRIER_TIMEOUT = tl.constexpr(_layout.ERR_BARRIER_TIMEOUT)
 ERR_TURN_TIMEOUT = tl.constexpr(_layout.ERR_TURN_TIMEOUT)
 OUT_WORDS = tl.constexpr(_layout.OUT_WORDS)
+POLL_BACKOFF_NS = tl.constexpr(_layout.POLL_BACKOFF_NS)
 
 
 @triton.jit
@@ -42,6 +43,12 @@ def _chase(addr):
     # asm rather than tl.load so that the emitted instruction is exactly the CUDA backend's.
     return tl.inline_asm_elementwise("ld.global.cg.u64 $0, [$1];", "=l,l", [addr], dtype=tl.int64,
                                      is_pure=False, pack=1)
+
+
+@triton.jit
+def _nanosleep(ns):
+    tl.inline_asm_elementwise("nanosleep.u32 $1; mov.u32 $0, 0;", "=r,r", [ns], dtype=tl.int32,
+                              is_pure=False, pack=1)
 
 
 @triton.jit
@@ -76,6 +83,8 @@ def _wait_until_at_least(ctrl_ptr, word, target, timeout_ns, code):
         elif now - since > timeout_ns:
             _fail(ctrl_ptr, code, seen)
             state = 2
+        if state == 0:
+            _nanosleep(tl.full((), POLL_BACKOFF_NS, tl.int32))
     return state == 1
 
 
