@@ -1,6 +1,6 @@
 """Calibration cost and quality on the local GPU: the figures of the foundation issue.
 
-For each backend (triton, cuda) and mode (concurrent, serialized): one-time compile cost, cold calibration
+For each backend (triton, cuda) and mode (waves, serialized, concurrent): one-time compile cost, cold calibration
 wall time (kernels compiled, nothing cached), two calibrations for repeat noise; then CUDA vs Triton and
 concurrent vs serialized agreement, the cached calibrate() time, chain-map min/mean/max and SM coverage.
 Optionally saves every calibration (uuid hashed) for bundling.
@@ -21,7 +21,7 @@ import numpy as np
 from common import command_line, quantiles, write_result
 
 BACKENDS = ("triton", "cuda")
-MODES = ("concurrent", "serialized")
+MODES = ("waves", "serialized", "concurrent")
 
 
 def main(argv=None) -> dict:
@@ -83,18 +83,18 @@ def main(argv=None) -> dict:
                 stem = f"h200-{b.meta['uuid_hash'][:6]}-{backend}-{mode}"
                 b.export_copy(command=command_line()).save(Path(args.save_dir) / f"{stem}.npz")
 
-    figures["agreement"] = {
-        "cuda_vs_triton_concurrent": {"chain": compare_maps(tops["cuda/concurrent"].chain_cycles,
-                                                            tops["triton/concurrent"].chain_cycles),
-                                      "lines": compare_maps(tops["cuda/concurrent"].line_cycles,
-                                                            tops["triton/concurrent"].line_cycles)},
-        "cuda_vs_triton_serialized": {"chain": compare_maps(tops["cuda/serialized"].chain_cycles,
-                                                            tops["triton/serialized"].chain_cycles)},
-    }
+    figures["agreement"] = {}
+    for mode in MODES:
+        a, b = tops[f"cuda/{mode}"], tops[f"triton/{mode}"]
+        figures["agreement"][f"cuda_vs_triton_{mode}"] = {
+            "chain": compare_maps(a.chain_cycles, b.chain_cycles), "lines": compare_maps(a.line_cycles, b.line_cycles)}
     for backend in BACKENDS:
-        s, c = tops[f"{backend}/serialized"], tops[f"{backend}/concurrent"]
-        figures["agreement"][f"serialized_vs_concurrent_{backend}"] = {
-            "chain": compare_maps(s.chain_cycles, c.chain_cycles), "lines": compare_maps(s.line_cycles, c.line_cycles)}
+        s = tops[f"{backend}/serialized"]
+        for mode in ("waves", "concurrent"):
+            c = tops[f"{backend}/{mode}"]
+            figures["agreement"][f"serialized_vs_{mode}_{backend}"] = {
+                "chain": compare_maps(s.chain_cycles, c.chain_cycles),
+                "lines": compare_maps(s.line_cycles, c.line_cycles)}
 
     torch_l2topo.calibrate(dev)  # fill the cache with the default calibration
     cached = []
@@ -117,9 +117,10 @@ def _print_table(f: dict) -> None:
               f"{m['chain_max']:.2f}  repeat max {r['max_abs_diff']:.3f} med {r['median_abs_diff']:.3f}  "
               f"clock {m['sm_clock_ghz_median']:.3f} GHz")
     for name, a in f["agreement"].items():
-        ch = a["chain"]
+        ch, li = a["chain"], a["lines"]
         print(f"{name:32s} chain offset {ch['offset']:+.2f} max|d-off| {ch['max_after_offset']:.3f} "
-              f"spearman {ch['spearman']:.3f}")
+              f"spearman {ch['spearman']:.3f} | lines med|d-off| {li['median_after_offset']:.3f} "
+              f"max {li['max_after_offset']:.2f}")
 
 
 if __name__ == "__main__":

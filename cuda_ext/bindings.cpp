@@ -18,17 +18,18 @@ void check_int64_cuda(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
 }
 
-ProbeLaunch make_launch(at::Tensor& ctrl, int64_t n_sm, int64_t grid, int64_t timeout_ns, bool serialized) {
+ProbeLaunch make_launch(at::Tensor& ctrl, int64_t n_sm, int64_t grid, int64_t wave, int64_t timeout_ns) {
   check_int64_cuda(ctrl, "ctrl");
   TORCH_CHECK(ctrl.numel() >= CLAIMS + n_sm, "ctrl is too short for ", n_sm, " SMs");
   TORCH_CHECK(n_sm > 0 && grid >= n_sm, "need grid >= n_sm > 0, got grid=", grid, " n_sm=", n_sm);
-  return ProbeLaunch{ctrl.data_ptr<int64_t>(), n_sm, grid, timeout_ns, serialized};
+  TORCH_CHECK(wave >= 1 && wave <= n_sm, "need 1 <= wave <= n_sm, got wave=", wave);
+  return ProbeLaunch{ctrl.data_ptr<int64_t>(), n_sm, grid, timeout_ns, wave};
 }
 
 void chain_probe(at::Tensor ctrl, at::Tensor starts, at::Tensor out, int64_t n_loads, int64_t n_sm,
-                 int64_t grid, int64_t timeout_ns, bool serialized) {
+                 int64_t grid, int64_t wave, int64_t timeout_ns) {
   const c10::cuda::CUDAGuard guard(ctrl.device());
-  const ProbeLaunch launch = make_launch(ctrl, n_sm, grid, timeout_ns, serialized);
+  const ProbeLaunch launch = make_launch(ctrl, n_sm, grid, wave, timeout_ns);
   check_int64_cuda(starts, "starts");
   check_int64_cuda(out, "out");
   TORCH_CHECK(starts.numel() >= n_sm && out.numel() >= n_sm * OUT_WORDS, "starts/out too short");
@@ -37,10 +38,10 @@ void chain_probe(at::Tensor ctrl, at::Tensor starts, at::Tensor out, int64_t n_l
 }
 
 void line_probe(at::Tensor ctrl, at::Tensor lines, at::Tensor cycles, at::Tensor per_sm, int64_t n_lines,
-                int64_t n_warm, int64_t n_timed, int64_t n_sm, int64_t grid, int64_t timeout_ns,
-                bool serialized) {
+                int64_t n_warm, int64_t n_timed, int64_t n_sm, int64_t grid, int64_t wave,
+                int64_t timeout_ns) {
   const c10::cuda::CUDAGuard guard(ctrl.device());
-  const ProbeLaunch launch = make_launch(ctrl, n_sm, grid, timeout_ns, serialized);
+  const ProbeLaunch launch = make_launch(ctrl, n_sm, grid, wave, timeout_ns);
   check_int64_cuda(lines, "lines");
   check_int64_cuda(cycles, "cycles");
   check_int64_cuda(per_sm, "per_sm");
@@ -56,9 +57,9 @@ void line_probe(at::Tensor ctrl, at::Tensor lines, at::Tensor cycles, at::Tensor
 
 TORCH_LIBRARY(l2topo, m) {
   m.def("chain_probe(Tensor(a!) ctrl, Tensor starts, Tensor(b!) out, int n_loads, int n_sm, int grid, "
-        "int timeout_ns, bool serialized) -> ()");
+        "int wave, int timeout_ns) -> ()");
   m.def("line_probe(Tensor(a!) ctrl, Tensor lines, Tensor(b!) cycles, Tensor(c!) per_sm, int n_lines, "
-        "int n_warm, int n_timed, int n_sm, int grid, int timeout_ns, bool serialized) -> ()");
+        "int n_warm, int n_timed, int n_sm, int grid, int wave, int timeout_ns) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(l2topo, CUDA, m) {

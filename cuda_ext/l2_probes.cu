@@ -6,12 +6,14 @@
 
 namespace l2topo {
 
-// Per SM: one warm pass over the ring, then a timed pass. out[sm] = (clock64 cycles, globaltimer ns,
+// Per SM: one warm pass over its ring, then a timed pass. starts[sm] is the word where SM `sm` starts: the
+// buffer holds LINE_WORDS independent rings, one per 8-byte word, so SMs of one wave chase different
+// random orders. out[sm] = (clock64 cycles, globaltimer ns,
 // final address) of the timed pass; after a whole pass the chase is back at its start, which the host checks.
 __global__ void __launch_bounds__(32) chain_probe_kernel(ProbeLaunch launch, const int64_t* starts,
                                                          int64_t* out, int64_t n_loads) {
   if (threadIdx.x != 0) return;
-  const int64_t sm = own_sm(launch.ctrl, launch.n_sm, launch.n_sm, launch.timeout_ns, launch.serialized);
+  const int64_t sm = own_sm(launch.ctrl, launch.n_sm, launch.n_sm, launch.wave, launch.timeout_ns);
   if (sm < 0) return;
   int64_t p = starts[sm];
   for (int64_t i = 0; i < n_loads; ++i) p = chase(p);
@@ -23,19 +25,19 @@ __global__ void __launch_bounds__(32) chain_probe_kernel(ProbeLaunch launch, con
   out[sm * OUT_WORDS + 0] = t1 - t0;
   out[sm * OUT_WORDS + 1] = g1 - g0;
   out[sm * OUT_WORDS + 2] = p;
-  pass_turn(launch.ctrl, launch.serialized);
+  done(launch.ctrl);
 }
 
 // Per SM and line: n_warm loads, then n_timed dependent loads timed with clock64. Each line holds its own
-// address, so the chase stays on one line. SMs start at different lines (rotation by SM id) so concurrent
-// SMs do not all load the same line at once. per_sm[sm] = (cycles, ns, lines whose chase left the line).
+// address, so the chase stays on one line. SMs start at different lines (rotation by position in the wave)
+// so SMs of one wave never load the same line at once. per_sm[sm] = (cycles, ns, lines whose chase left the line).
 __global__ void __launch_bounds__(32) line_probe_kernel(ProbeLaunch launch, const int64_t* lines,
                                                         int64_t* cycles, int64_t* per_sm, int64_t n_lines,
                                                         int64_t n_warm, int64_t n_timed) {
   if (threadIdx.x != 0) return;
-  const int64_t sm = own_sm(launch.ctrl, launch.n_sm, launch.n_sm, launch.timeout_ns, launch.serialized);
+  const int64_t sm = own_sm(launch.ctrl, launch.n_sm, launch.n_sm, launch.wave, launch.timeout_ns);
   if (sm < 0) return;
-  const int64_t rot = (sm * n_lines) / launch.n_sm;
+  const int64_t rot = ((sm % launch.wave) * n_lines) / launch.wave;
   const int64_t g_start = global_ns();
   const int64_t c_start = clock_after(g_start);
   int64_t broken = 0;
@@ -55,7 +57,7 @@ __global__ void __launch_bounds__(32) line_probe_kernel(ProbeLaunch launch, cons
   per_sm[sm * OUT_WORDS + 0] = c_end - c_start;
   per_sm[sm * OUT_WORDS + 1] = g_end - g_start;
   per_sm[sm * OUT_WORDS + 2] = broken;
-  pass_turn(launch.ctrl, launch.serialized);
+  done(launch.ctrl);
 }
 
 cudaError_t launch_chain_probe(const ProbeLaunch& launch, const int64_t* starts, int64_t* out,

@@ -45,8 +45,8 @@ __device__ __forceinline__ void fail(int64_t* ctrl, int64_t code, int64_t detail
   }
 }
 
-// Spin until ctrl[word] >= target. The watchdog restarts whenever the word moves, so a long serialized
-// run is fine while a stalled one fails after timeout_ns. False on timeout or on another CTA's error.
+// Spin until ctrl[word] >= target. The watchdog restarts whenever the word moves, so a long run of waves
+// is fine while a stalled one fails after timeout_ns. False on timeout or on another CTA's error.
 __device__ bool wait_until_at_least(int64_t* ctrl, int word, int64_t target, int64_t timeout_ns,
                                     int64_t code) {
   int64_t last = volatile_read(ctrl + word);
@@ -67,10 +67,10 @@ __device__ bool wait_until_at_least(int64_t* ctrl, int word, int64_t target, int
   }
 }
 
-// Claim this CTA's SM; wait until every SM is claimed and (serialized) for this SM's turn.
-// Returns the SM id when this CTA may measure, -1 otherwise (it lost the claim, or a wait failed).
-__device__ int64_t own_sm(int64_t* ctrl, int64_t capacity, int64_t n_sm, int64_t timeout_ns,
-                          bool serialized) {
+// Claim this CTA's SM; wait until every SM is claimed, then for this SM's wave: SMs measure in waves of
+// `wave` consecutive SM ids, wave k starting once TURN shows every SM of the earlier waves done (wave=1:
+// serialized; wave=n_sm: all at once). Returns the SM id when this CTA may measure, -1 otherwise.
+__device__ int64_t own_sm(int64_t* ctrl, int64_t capacity, int64_t n_sm, int64_t wave, int64_t timeout_ns) {
   const int64_t sm = sm_id();
   if (sm >= capacity) {
     fail(ctrl, ERR_SMID_RANGE, sm);
@@ -79,16 +79,14 @@ __device__ int64_t own_sm(int64_t* ctrl, int64_t capacity, int64_t n_sm, int64_t
   if (atomicCAS(reinterpret_cast<unsigned long long*>(ctrl + CLAIMS + sm), 0ull, 1ull) != 0ull) return -1;
   atomicAdd(reinterpret_cast<unsigned long long*>(ctrl + ARRIVALS), 1ull);
   if (!wait_until_at_least(ctrl, ARRIVALS, n_sm, timeout_ns, ERR_BARRIER_TIMEOUT)) return -1;
-  // Turns run through SM ids 0..n_sm-1; each owner passes the turn on when done.
-  if (serialized && !wait_until_at_least(ctrl, TURN, sm, timeout_ns, ERR_TURN_TIMEOUT)) return -1;
+  if (!wait_until_at_least(ctrl, TURN, (sm / wave) * wave, timeout_ns, ERR_TURN_TIMEOUT)) return -1;
   return sm;
 }
 
-__device__ __forceinline__ void pass_turn(int64_t* ctrl, bool serialized) {
-  if (serialized) {
-    __threadfence();
-    atomicAdd(reinterpret_cast<unsigned long long*>(ctrl + TURN), 1ull);
-  }
+// This SM is done: its results are visible before the next wave starts measuring.
+__device__ __forceinline__ void done(int64_t* ctrl) {
+  __threadfence();
+  atomicAdd(reinterpret_cast<unsigned long long*>(ctrl + TURN), 1ull);
 }
 
 }  // namespace l2topo

@@ -10,20 +10,21 @@ import numpy as np
 from . import cache
 from .device import device_info, resolve_device
 from .filelock import exclusive
-from .probes import BACKENDS, MODES, ProbeConfig, measure
+from .probes import BACKENDS, DEFAULT_MODE, MODES, ProbeConfig, measure
 from .topology import Topology
 from .version import __version__
 
 CALIBRATION_LOCK_TIMEOUT_S = 120.0  # another process calibrating the same GPU takes well under this
 
 
-def calibrate(device=None, *, backend: str = "auto", mode: str = "concurrent", force: bool = False,
+def calibrate(device=None, *, backend: str = "auto", mode: str = DEFAULT_MODE, force: bool = False,
               use_cache: bool = True, **config) -> Topology:
     """Measure (or load from the cache) the per-SM L2 latency map of a CUDA device.
 
     device: None (current), an index, "cuda:N" or a torch.device. backend: "auto" (Triton, else the CUDA
-    extension), "triton" or "cuda". mode: "concurrent" (all SMs at once; fast) or "serialized" (one SM at a
-    time; the reference). force: measure even if a cached calibration exists. use_cache: read and write
+    extension), "triton" or "cuda". mode: "waves" (16 SMs at a time on independent rings; fast and
+    as exact as the reference), "serialized" (one SM at a time; the reference) or "concurrent" (all SMs at
+    once; biased where SMs trail each other, kept for comparison). force: measure even if a cached calibration exists. use_cache: read and write
     the cache at all. config: ProbeConfig fields (chain_bytes, n_lines, line_warm, line_timed, repeats,
     seed, timeout_s, warmup_ms).
 

@@ -9,6 +9,7 @@ import numpy as np
 
 from .bundled import DEFAULT_EXAMPLE, list_examples, load_example
 from .errors import L2TopoError
+from .probes import DEFAULT_MODE, MODES
 
 
 def _topology_json(topo) -> str:
@@ -45,7 +46,7 @@ def cmd_main_job(args) -> int:
     import torch
 
     if torch.cuda.is_available():
-        return cmd_calibrate(argparse.Namespace(device=None, backend="auto", mode="concurrent", force=False,
+        return cmd_calibrate(argparse.Namespace(device=None, backend="auto", mode=DEFAULT_MODE, force=False,
                                                 out=None, json=False))
     topo = load_example(DEFAULT_EXAMPLE)
     dev = topo.meta["device"]
@@ -64,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("calibrate", help="measure (or load from the cache) this GPU's map and summarize it")
     c.add_argument("--device", type=int, default=None, help="CUDA device index (default: current)")
     c.add_argument("--backend", choices=("auto", "cuda", "triton"), default="auto")
-    c.add_argument("--mode", choices=("concurrent", "serialized"), default="concurrent")
+    c.add_argument("--mode", choices=MODES, default=DEFAULT_MODE,
+                   help="SMs measuring at once: waves of 16 (default), serialized (1), concurrent (all)")
     c.add_argument("--force", action="store_true", help="measure even if a cached calibration exists")
     c.add_argument("--out", help="also save the calibration to this .npz file")
     c.add_argument("--json", action="store_true", help="print JSON instead of the text summary")

@@ -7,12 +7,12 @@ mirrors these numbers for the CUDA backend; tests/test_kernel_sources.py checks 
 ERROR = 0          # first error code set by any program (0: none)
 ERROR_DETAIL = 1   # what the failing program saw (SM id, arrivals, turn)
 ARRIVALS = 2       # programs that claimed an SM and reached the start barrier
-TURN = 3           # serialized mode: the SM id whose turn it is to measure
+TURN = 3           # SMs done measuring; SM s starts once TURN >= (s // wave) * wave
 CLAIMS = 4         # CLAIMS + sm: 1 once a program owns that SM
 
 ERR_SMID_RANGE = 1       # %smid was >= the SM slot capacity
 ERR_BARRIER_TIMEOUT = 2  # not every SM got a program within the watchdog timeout
-ERR_TURN_TIMEOUT = 3     # serialized: the turn stopped moving
+ERR_TURN_TIMEOUT = 3     # the waves stopped moving
 
 # Waiting CTAs sleep this long between polls: without it, 131 SMs polling one control word keep its L2
 # slice busy and disturb the SM that is measuring (seen on the H200 in serialized mode).

@@ -89,10 +89,12 @@ def _wait_until_at_least(ctrl_ptr, word, target, timeout_ns, code):
 
 
 @triton.jit
-def _own_sm(ctrl_ptr, capacity, n_sm, timeout_ns, SERIALIZED: tl.constexpr):
-    """Claim this program's SM; wait until every SM is claimed and (serialized) for this SM's turn.
+def _own_sm(ctrl_ptr, capacity, n_sm, wave, timeout_ns):
+    """Claim this program's SM; wait until every SM is claimed, then for this SM's wave.
 
-    Returns (sm, go): go is true for exactly one program per SM once it may measure.
+    SMs measure in waves of `wave` consecutive SM ids; wave k starts once the TURN counter shows every SM
+    of the waves before it done (wave=1: serialized; wave=n_sm: all at once). Returns (sm, go): go is
+    true for exactly one program per SM once it may measure.
     """
     sm = tl.extra.cuda.smid().to(tl.int64)
     go = False
@@ -101,28 +103,28 @@ def _own_sm(ctrl_ptr, capacity, n_sm, timeout_ns, SERIALIZED: tl.constexpr):
     elif tl.atomic_cas(ctrl_ptr + CLAIMS + sm, _i64(0), _i64(1)) == 0:
         tl.atomic_add(ctrl_ptr + ARRIVALS, 1)
         go = _wait_until_at_least(ctrl_ptr, ARRIVALS, n_sm, timeout_ns, ERR_BARRIER_TIMEOUT)
-        if SERIALIZED:
-            if go:
-                # Turns run through SM ids 0..n_sm-1; each owner passes the turn on when done.
-                go = _wait_until_at_least(ctrl_ptr, TURN, sm, timeout_ns, ERR_TURN_TIMEOUT)
+        if go:
+            go = _wait_until_at_least(ctrl_ptr, TURN, (sm // wave) * wave, timeout_ns, ERR_TURN_TIMEOUT)
     return sm, go
 
 
 @triton.jit
-def _pass_turn(ctrl_ptr, SERIALIZED: tl.constexpr):
-    if SERIALIZED:
-        tl.atomic_add(ctrl_ptr + TURN, 1, sem="release")
+def _done(ctrl_ptr):
+    # Release: this SM's results are visible before the next wave starts measuring.
+    tl.atomic_add(ctrl_ptr + TURN, 1, sem="release")
 
 
 @triton.jit
-def chain_probe_kernel(ctrl_ptr, starts_ptr, out_ptr, n_loads, capacity, n_sm, timeout_ns,
-                       SERIALIZED: tl.constexpr):
-    """Per SM: one warm pass over the ring, then a timed pass.
+def chain_probe_kernel(ctrl_ptr, starts_ptr, out_ptr, n_loads, capacity, n_sm, wave, timeout_ns):
+    """Per SM: one warm pass over its ring, then a timed pass.
+
+    starts[sm] is the address of the word where SM `sm` starts: the line buffer holds LINE_WORDS
+    independent rings, one per 8-byte word, so SMs of one wave chase different random orders.
 
     out[sm] = (clock64 cycles, globaltimer ns, final address) of the timed pass; after a whole pass the
     chase is back at its start address, which the host checks.
     """
-    sm, go = _own_sm(ctrl_ptr, capacity, n_sm, timeout_ns, SERIALIZED)
+    sm, go = _own_sm(ctrl_ptr, capacity, n_sm, wave, timeout_ns)
     if go:
         p = tl.load(starts_ptr + sm)
         for _ in range(n_loads):
@@ -137,22 +139,22 @@ def chain_probe_kernel(ctrl_ptr, starts_ptr, out_ptr, n_loads, capacity, n_sm, t
         tl.store(out_ptr + sm * OUT_WORDS + 0, t1 - t0)
         tl.store(out_ptr + sm * OUT_WORDS + 1, g1 - g0)
         tl.store(out_ptr + sm * OUT_WORDS + 2, end)
-        _pass_turn(ctrl_ptr, SERIALIZED)
+        _done(ctrl_ptr)
 
 
 @triton.jit
 def line_probe_kernel(ctrl_ptr, lines_ptr, cycles_ptr, per_sm_ptr, n_lines, n_warm, n_timed,
-                      capacity, n_sm, timeout_ns, SERIALIZED: tl.constexpr, LINE_WORDS: tl.constexpr):
+                      capacity, n_sm, wave, timeout_ns, LINE_WORDS: tl.constexpr):
     """Per SM and line: n_warm loads, then n_timed dependent loads timed with clock64.
 
     Each line holds its own address, so the chase stays on one line. SMs start at different lines
-    (rotation by SM id) so that concurrent SMs do not all load the same line at the same moment.
+    (rotation by position in the wave) so that SMs of one wave never load the same line at once.
     cycles[sm, line] = clock64 cycles of the timed run; per_sm[sm] = (cycles, ns, lines whose chase left
     the line) over the whole SM's run.
     """
-    sm, go = _own_sm(ctrl_ptr, capacity, n_sm, timeout_ns, SERIALIZED)
+    sm, go = _own_sm(ctrl_ptr, capacity, n_sm, wave, timeout_ns)
     if go:
-        rot = (sm * n_lines) // n_sm
+        rot = ((sm % wave) * n_lines) // wave
         g_start = tl.extra.cuda.globaltimer()
         c_start = _clock64(g_start)
         broken = 0
@@ -173,4 +175,4 @@ def line_probe_kernel(ctrl_ptr, lines_ptr, cycles_ptr, per_sm_ptr, n_lines, n_wa
         tl.store(per_sm_ptr + sm * OUT_WORDS + 0, c_end - c_start)
         tl.store(per_sm_ptr + sm * OUT_WORDS + 1, g_end - g_start)
         tl.store(per_sm_ptr + sm * OUT_WORDS + 2, broken.to(tl.int64))
-        _pass_turn(ctrl_ptr, SERIALIZED)
+        _done(ctrl_ptr)
