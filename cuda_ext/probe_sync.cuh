@@ -18,10 +18,19 @@ __device__ __forceinline__ int64_t global_ns() {
   return static_cast<int64_t>(t);
 }
 
-// `dep` keeps the read after the value it names in program order, as in the Triton backend.
+// Read clock64 only once `dep` has arrived. The read is predicated on a compare of `dep`, so it cannot
+// issue before the load that produced `dep` completes: a plain clock read (even `asm volatile` with `dep`
+// as an unused input) may be scheduled before that load lands, and then one load latency is missing from
+// the interval or added to it, depending on how ptxas schedules each side. dep is an address or a count,
+// never -1, so the predicate is always true.
 __device__ __forceinline__ int64_t clock_after(int64_t dep) {
   int64_t t;
-  asm volatile("mov.u64 %0, %%clock64;" : "=l"(t) : "l"(dep) : "memory");
+  asm volatile(
+      "{\n\t.reg .pred ready;\n\t"
+      "setp.ne.s64 ready, %1, -1;\n\t"
+      "@ready mov.u64 %0, %%clock64;\n\t"
+      "@!ready mov.u64 %0, 0;\n\t}"
+      : "=l"(t) : "l"(dep) : "memory");
   return t;
 }
 

@@ -31,10 +31,12 @@ POLL_BACKOFF_NS = tl.constexpr(_layout.POLL_BACKOFF_NS)
 
 @triton.jit
 def _clock64(dep):
-    # `dep` is unused by the instruction; passing the last loaded value keeps the read after it in
-    # program order (the asm is not pure, so it is neither hoisted nor merged).
-    return tl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,l", [dep], dtype=tl.int64,
-                                     is_pure=False, pack=1)
+    # Read clock64 only once `dep` has arrived: the read is predicated on a compare of `dep`, so it cannot
+    # issue before the load that produced it completes (an unused input alone does not stop ptxas from
+    # scheduling the read early). dep is an address or a count, never -1. Same asm as cuda_ext.
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred ready; setp.ne.s64 ready, $1, -1; @ready mov.u64 $0, %clock64; @!ready mov.u64 $0, 0; }",
+        "=l,l", [dep], dtype=tl.int64, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -170,7 +172,7 @@ def line_probe_kernel(ctrl_ptr, lines_ptr, cycles_ptr, per_sm_ptr, n_lines, n_wa
             t1 = _clock64(p)
             tl.store(cycles_ptr + sm * n_lines + k, t1 - t0)
             broken += (p != home).to(tl.int32)
-        c_end = _clock64(broken)
+        c_end = _clock64(broken.to(tl.int64))
         g_end = tl.extra.cuda.globaltimer()
         tl.store(per_sm_ptr + sm * OUT_WORDS + 0, c_end - c_start)
         tl.store(per_sm_ptr + sm * OUT_WORDS + 1, g_end - g_start)
