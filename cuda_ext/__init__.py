@@ -14,7 +14,7 @@ from pathlib import Path
 from torch_l2topo.filelock import exclusive
 
 SOURCE_DIR = Path(__file__).resolve().parent
-SOURCES = ("l2_probes.cu", "bindings.cpp")
+SOURCES = ("l2_probes.cu", "cluster_probe.cu", "whereami.cu", "bindings.cpp")
 BUILD_LOCK_TIMEOUT_S = 600.0  # a cold build of the bindings takes about a minute on a busy machine
 
 _loaded: dict[str, object] = {}

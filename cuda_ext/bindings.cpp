@@ -1,4 +1,5 @@
-// torch bindings of the probe launchers: ops l2topo::chain_probe and l2topo::line_probe, CUDA only.
+// torch bindings of the probe launchers: ops l2topo::chain_probe, line_probe, cluster_probe and
+// whereami, CUDA only.
 // Shape checks live in torch_l2topo/probes.py (one place for both backends); here only what would
 // make a launch unsafe is checked.
 #include <c10/cuda/CUDAException.h>
@@ -6,8 +7,10 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include "cluster_probe.h"
 #include "l2_probes.h"
 #include "probe_layout.h"
+#include "whereami.h"
 
 namespace l2topo {
 namespace {
@@ -53,6 +56,25 @@ void line_probe(at::Tensor ctrl, at::Tensor lines, at::Tensor cycles, at::Tensor
                                    c10::cuda::getCurrentCUDAStream()));
 }
 
+void cluster_probe(at::Tensor out, int64_t cluster, int64_t smem_bytes, int64_t hold_ns) {
+  const c10::cuda::CUDAGuard guard(out.device());
+  check_int64_cuda(out, "out");
+  TORCH_CHECK(cluster >= 1 && out.numel() % cluster == 0, "out.numel() must be a multiple of cluster=", cluster);
+  C10_CUDA_CHECK(launch_cluster_probe(out.data_ptr<int64_t>(), out.numel(), cluster, smem_bytes, hold_ns,
+                                      c10::cuda::getCurrentCUDAStream()));
+}
+
+void whereami(at::Tensor lines, at::Tensor idx, at::Tensor out, int64_t n_warm, int64_t n_timed) {
+  const c10::cuda::CUDAGuard guard(out.device());
+  check_int64_cuda(lines, "lines");
+  check_int64_cuda(out, "out");
+  TORCH_CHECK(idx.is_cuda() && idx.scalar_type() == at::kInt && idx.is_contiguous(), "idx must be CUDA int32");
+  const int64_t k = idx.numel();
+  TORCH_CHECK(out.dim() == 2 && out.size(1) == k + 1, "out must have shape (grid, k + 1)");
+  C10_CUDA_CHECK(launch_whereami(lines.data_ptr<int64_t>(), idx.data_ptr<int32_t>(), k, n_warm, n_timed,
+                                 out.data_ptr<int64_t>(), out.size(0), c10::cuda::getCurrentCUDAStream()));
+}
+
 }  // namespace
 
 TORCH_LIBRARY(l2topo, m) {
@@ -60,11 +82,15 @@ TORCH_LIBRARY(l2topo, m) {
         "int wave, int timeout_ns) -> ()");
   m.def("line_probe(Tensor(a!) ctrl, Tensor lines, Tensor(b!) cycles, Tensor(c!) per_sm, int n_lines, "
         "int n_warm, int n_timed, int n_sm, int grid, int wave, int timeout_ns) -> ()");
+  m.def("cluster_probe(Tensor(a!) out, int cluster, int smem_bytes, int hold_ns) -> ()");
+  m.def("whereami(Tensor lines, Tensor idx, Tensor(a!) out, int n_warm, int n_timed) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(l2topo, CUDA, m) {
   m.impl("chain_probe", &chain_probe);
   m.impl("line_probe", &line_probe);
+  m.impl("cluster_probe", &cluster_probe);
+  m.impl("whereami", &whereami);
 }
 
 }  // namespace l2topo

@@ -137,3 +137,39 @@ def test_calibrate_then_cached(gpu, cache_dir):
     np.testing.assert_array_equal(a.line_cycles, b.line_cycles)
     assert t2 - t1 < t1 - t0
     assert len(list(cache_dir.glob("*.npz"))) == 1
+
+
+def test_gpc_ground_truth_from_clusters(gpu):
+    import torch
+
+    from torch_l2topo.gpc_probe import gpc_ground_truth
+
+    if torch.cuda.get_device_capability(0) < (9, 0):
+        pytest.skip("thread-block clusters need sm_90")
+    _, n_sm = gpu
+    a, b = gpc_ground_truth(0), gpc_ground_truth(0)
+    assert (a >= 0).all(), "every SM hosted a cluster CTA"
+    np.testing.assert_array_equal(a, b)  # the GPC partition is a fixed property of the chip
+    sizes = np.bincount(a)
+    assert 2 <= len(sizes) <= n_sm // 2 and sizes.min() >= 2
+    assert (a[0::2] == a[1::2]).all()  # SMs 2i and 2i+1 form a TPC, which never straddles two GPCs
+
+
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+def test_whereami_signature_matches_the_line_probe(gpu, backend):
+    import torch
+
+    from torch_l2topo.probes import line_buffer, run_lines
+    from torch_l2topo.selfloc import measure_signatures
+
+    dev, n_sm = gpu
+    buf = line_buffer(64, dev)
+    calib = run_lines(dev, n_sm, 64, 2, 8, "cuda", "waves", 2.0, lines=buf)[0].cycles
+    chosen = np.arange(0, 64, 8)
+    smid, cycles = measure_signatures(buf, chosen, grid=2 * n_sm, backend=backend)
+    assert smid.shape == (2 * n_sm,) and cycles.shape == (2 * n_sm, 8)
+    assert ((smid >= 0) & (smid < n_sm)).all()
+    # the signature a kernel measures is the calibration row of the SM it ran on, up to a small offset
+    diff = cycles - calib[smid][:, chosen]
+    assert np.median(np.abs(diff - np.median(diff))) < 3.0
+    torch.cuda.synchronize()

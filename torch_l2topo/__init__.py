@@ -4,7 +4,7 @@ Public verbs: calibrate() measures (or loads from the cache) a Topology; Topolog
 one; load_example() returns a bundled real H200 calibration.
 """
 from .bundled import list_examples, load_example
-from .calibrate import calibrate
+from .calibration import calibrate
 from .errors import DeviceError, L2TopoError, ProbeError, ProbeTimeout, TopologyFormatError
 from .probes import ProbeConfig
 from .topology import Topology

@@ -46,18 +46,21 @@ def lock_path(key: dict) -> Path:
     return cache_path(key).with_suffix(".lock")
 
 
-def load_cached(key: dict) -> Topology | None:
-    """The cached calibration for `key`, or None (missing, corrupt or mismatched: the latter two logged)."""
+def load_cached(key: dict, quiet: bool = False) -> Topology | None:
+    """The cached calibration for `key`, or None (missing, corrupt or mismatched: the latter two logged
+    in one line unless `quiet`, for a second look at a file already reported)."""
     path = cache_path(key)
     if not path.exists():
         return None
     try:
         topo = Topology.load(path)
     except TopologyFormatError as exc:
-        log.warning("torch_l2topo: ignoring corrupt cached calibration (%s); recalibrating", exc)
+        if not quiet:
+            log.warning("torch_l2topo: ignoring corrupt cached calibration (%s); recalibrating", exc)
         return None
     if topo.meta.get("cache_key") != key:
-        log.warning("torch_l2topo: cached calibration %s was made under another key; recalibrating", path)
+        if not quiet:
+            log.warning("torch_l2topo: cached calibration %s was made under another key; recalibrating", path)
         return None
     return topo
 

@@ -24,9 +24,9 @@ def _emit(topo, as_json: bool) -> None:
 
 
 def cmd_calibrate(args) -> int:
-    from .calibrate import calibrate
+    from .calibration import calibrate
 
-    topo = calibrate(args.device, backend=args.backend, mode=args.mode, force=args.force)
+    topo = calibrate(args.device, backend=args.backend, mode=args.mode, force=args.force, gpc=args.gpc)
     if args.out:
         topo.save(args.out)
     _emit(topo, args.json)
@@ -47,7 +47,7 @@ def cmd_main_job(args) -> int:
 
     if torch.cuda.is_available():
         return cmd_calibrate(argparse.Namespace(device=None, backend="auto", mode=DEFAULT_MODE, force=False,
-                                                out=None, json=False))
+                                                gpc=False, out=None, json=False))
     topo = load_example(DEFAULT_EXAMPLE)
     dev = topo.meta["device"]
     print(f"No CUDA GPU on this machine: showing bundled data, a real calibration of an {dev['name']} "
@@ -68,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--mode", choices=MODES, default=DEFAULT_MODE,
                    help="SMs measuring at once: waves of 16 (default), serialized (1), concurrent (all)")
     c.add_argument("--force", action="store_true", help="measure even if a cached calibration exists")
+    c.add_argument("--gpc", action="store_true",
+                   help="also record each SM's GPC from thread-block clusters (sm_90+, builds the CUDA extension)")
     c.add_argument("--out", help="also save the calibration to this .npz file")
     c.add_argument("--json", action="store_true", help="print JSON instead of the text summary")
     c.set_defaults(func=cmd_calibrate)

@@ -36,13 +36,17 @@ WORST_LOAD_S = 2e-6      # a pessimistic bound on one dependent L2 load, for the
 
 @dataclass(frozen=True)
 class ProbeConfig:
-    """What to measure. Defaults: 2 MiB ring (L2-resident on any cc >= 8.0 GPU), 512 consecutive lines."""
+    """What to measure. Defaults: 2 MiB ring (L2-resident on any cc >= 8.0 GPU), 512 consecutive lines.
+
+    repeats=3 and the median: on one H200 a short disturbance shifted every SM of one wave by 0.6-1.1
+    cycles in one of two repeats (benchmarks/results/calibrate_h200_gpu1.json); the median of three drops it.
+    """
 
     chain_bytes: int = 2 << 20
     n_lines: int = 512
     line_warm: int = 2
     line_timed: int = 8
-    repeats: int = 2
+    repeats: int = 3
     seed: int = 0
     timeout_s: float = 2.0
     warmup_ms: float = 50.0
@@ -216,16 +220,32 @@ def run_chain(device, n_sm: int, plan: ChainPlan, backend: str, mode: str, timeo
     return results
 
 
+def line_buffer(n_lines: int, device):
+    """A buffer of `n_lines` 128-byte lines, each holding its own address in its first word."""
+    import torch
+
+    lines = torch.zeros(n_lines * L.LINE_WORDS, dtype=torch.int64, device=device)
+    addresses = lines.data_ptr() + np.arange(n_lines, dtype=np.int64) * L.LINE_BYTES
+    lines.view(n_lines, L.LINE_WORDS)[:, 0] = _to_device(addresses, device)
+    return lines
+
+
 def run_lines(device, n_sm: int, n_lines: int, n_warm: int, n_timed: int, backend: str, mode: str,
-              timeout_s: float, repeats: int = 1) -> list[LineResult]:
-    """`repeats` launches of the line probe over one buffer: every SM times loads of each of `n_lines` lines."""
+              timeout_s: float, repeats: int = 1, lines=None) -> list[LineResult]:
+    """`repeats` launches of the line probe over one buffer: every SM times loads of each of `n_lines` lines.
+
+    lines: a buffer from line_buffer() to probe (e.g. one that kernels will localize against later);
+    default a fresh one.
+    """
     import torch
 
     _check_choice("backend", backend, BACKENDS)
     wave = wave_size(mode, n_sm)
-    lines = torch.zeros(n_lines * L.LINE_WORDS, dtype=torch.int64, device=device)
+    if lines is None:
+        lines = line_buffer(n_lines, device)
+    elif lines.numel() != n_lines * L.LINE_WORDS:
+        raise ValueError(f"the line buffer holds {lines.numel() // L.LINE_WORDS} lines, not {n_lines}")
     addresses = lines.data_ptr() + np.arange(n_lines, dtype=np.int64) * L.LINE_BYTES
-    lines.view(n_lines, L.LINE_WORDS)[:, 0] = _to_device(addresses, device)
     cycles = torch.zeros(n_sm * n_lines, dtype=torch.int64, device=device)
     per_sm = torch.zeros(n_sm * L.OUT_WORDS, dtype=torch.int64, device=device)
     ctrl = torch.zeros(L.control_words(n_sm), dtype=torch.int64, device=device)

@@ -18,14 +18,15 @@ CALIBRATION_LOCK_TIMEOUT_S = 120.0  # another process calibrating the same GPU t
 
 
 def calibrate(device=None, *, backend: str = "auto", mode: str = DEFAULT_MODE, force: bool = False,
-              use_cache: bool = True, **config) -> Topology:
+              use_cache: bool = True, gpc: bool = False, **config) -> Topology:
     """Measure (or load from the cache) the per-SM L2 latency map of a CUDA device.
 
     device: None (current), an index, "cuda:N" or a torch.device. backend: "auto" (Triton, else the CUDA
     extension), "triton" or "cuda". mode: "waves" (16 SMs at a time on independent rings; fast and
     as exact as the reference), "serialized" (one SM at a time; the reference) or "concurrent" (all SMs at
     once; biased where SMs trail each other, kept for comparison). force: measure even if a cached calibration exists. use_cache: read and write
-    the cache at all. config: ProbeConfig fields (chain_bytes, n_lines, line_warm, line_timed, repeats,
+    the cache at all. gpc: also record the GPC of every SM from thread-block cluster co-residence
+    (sm_90+, builds the CUDA extension once) as topo.extras["gpc_truth"]. config: ProbeConfig fields (chain_bytes, n_lines, line_warm, line_timed, repeats,
     seed, timeout_s, warmup_ms).
 
     Two processes calibrating one GPU at once take turns on a per-GPU lock (measurements would disturb
@@ -44,18 +45,27 @@ def calibrate(device=None, *, backend: str = "auto", mode: str = DEFAULT_MODE, f
     backend = _resolve_backend(backend)
     key = cache.cache_key(info.as_dict(), dataclasses.asdict(cfg), __version__, backend, mode)
     if not use_cache:
-        return _measure(index, info, cfg, backend, mode)
+        return _with_gpc(_measure(index, info, cfg, backend, mode), index, gpc)
     if not force:
         hit = cache.load_cached(key)
-        if hit is not None:
+        if hit is not None and (not gpc or "gpc_truth" in hit.extras):
             return hit
     with exclusive(cache.lock_path(key), CALIBRATION_LOCK_TIMEOUT_S, "calibration"):
-        if not force:  # another process may have finished while we waited for the lock
-            hit = cache.load_cached(key)
-            if hit is not None:
-                return hit
-        topo = _measure(index, info, cfg, backend, mode)
-        cache.store(topo, key)
+        # another process may have finished while we waited for the lock
+        topo = None if force else cache.load_cached(key, quiet=True)
+        if topo is None:
+            topo = _measure(index, info, cfg, backend, mode)
+        elif not gpc or "gpc_truth" in topo.extras:
+            return topo
+        cache.store(_with_gpc(topo, index, gpc), key)
+    return topo
+
+
+def _with_gpc(topo: Topology, index: int, gpc: bool) -> Topology:
+    if gpc and "gpc_truth" not in topo.extras:
+        from .gpc_probe import gpc_ground_truth
+
+        topo.extras["gpc_truth"] = gpc_ground_truth(index)
     return topo
 
 
@@ -88,9 +98,9 @@ def _measure(index: int, info, cfg: ProbeConfig, backend: str, mode: str) -> Top
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "wall_s": wall, "probe_s": {"chain": [c.elapsed_s for c in chains], "lines": [r.elapsed_s for r in lines]},
     }
-    return Topology(
-        chain_cycles=chain_cycles.mean(axis=0), chain_ns=np.stack([c.ns for c in chains]).mean(axis=0),
-        line_cycles=line_cycles.mean(axis=0).astype(np.float32), line_addresses=lines[0].line_addresses,
+    return Topology(  # medians over the repeats: a disturbance that hits one repeat does not move the map
+        chain_cycles=np.median(chain_cycles, axis=0), chain_ns=np.median(np.stack([c.ns for c in chains]), axis=0),
+        line_cycles=np.median(line_cycles, axis=0).astype(np.float32), line_addresses=lines[0].line_addresses,
         chain_noise=np.ptp(chain_cycles, axis=0), line_noise=np.median(np.ptp(line_cycles, axis=0), axis=1),
         sm_clock_ghz=np.stack([r.sm_clock_ghz for r in lines]).mean(axis=0), meta=meta)
 

@@ -1,0 +1,142 @@
+"""Topology on real bundled H200 data: save/load round trip, corruption detection, views, validation."""
+import json
+import zipfile
+
+import numpy as np
+import pytest
+
+import torch_l2topo
+from torch_l2topo import Topology, TopologyFormatError
+
+
+@pytest.fixture(scope="module")
+def h200():
+    return torch_l2topo.load_example("h200")
+
+
+def test_bundled_calibrations_are_real_h200_measurements():
+    names = torch_l2topo.list_examples()
+    assert len(names) >= 2
+    uuids = set()
+    for name in names:
+        t = torch_l2topo.load_example(name)
+        dev = t.meta["device"]
+        assert dev["name"] == "NVIDIA H200" and dev["sm_count"] == t.n_sm == 132
+        assert t.meta["date"].startswith("20") and t.meta["command"].startswith("python ")
+        assert dev["uuid"].startswith("sha256:")  # raw hardware ids are not shipped
+        assert {"torch", "triton"} <= set(t.meta["versions"])
+        uuids.add(t.meta["uuid_hash"])
+        # L2 hits on an H200: a few hundred cycles, at the SM clock the probe inferred
+        assert 250 < t.chain_cycles.min() < t.chain_cycles.max() < 320
+        assert np.all(np.abs(t.sm_clock_ghz - 1.98) < 0.05)
+    assert len(uuids) >= 2  # one calibration from each GPU of a two-GPU machine
+    assert {torch_l2topo.load_example(n).meta["backend"] for n in names} == {"cuda", "triton"}
+
+
+def test_save_load_round_trip(h200, tmp_path):
+    h200.extras["demo"] = np.arange(5)
+    path = h200.save(tmp_path / "t.npz")
+    back = Topology.load(path)
+    for name in ("chain_cycles", "chain_ns", "line_cycles", "line_addresses", "chain_noise", "line_noise",
+                 "sm_clock_ghz"):
+        np.testing.assert_array_equal(getattr(back, name), getattr(h200, name))
+    np.testing.assert_array_equal(back.extras["demo"], np.arange(5))
+    assert back.meta["device"] == h200.meta["device"]
+    del h200.extras["demo"]
+
+
+def test_saved_file_holds_no_pickle(h200, tmp_path):
+    path = h200.save(tmp_path / "t.npz")
+    with np.load(path, allow_pickle=False) as z:
+        assert all(z[k].dtype != object for k in z.files)
+
+
+def _rewrite_member(path, member, transform):
+    with zipfile.ZipFile(path) as z:
+        items = {n: z.read(n) for n in z.namelist()}
+    items[member] = transform(items[member])
+    with zipfile.ZipFile(path, "w") as z:
+        for n, data in items.items():
+            z.writestr(n, data)
+
+
+def test_altered_array_fails_the_checksum(h200, tmp_path):
+    path = h200.save(tmp_path / "t.npz")
+
+    def bump_last_value(raw: bytes) -> bytes:
+        return raw[:-1] + bytes([raw[-1] ^ 0x01])
+
+    _rewrite_member(path, "chain_cycles.npy", bump_last_value)
+    with pytest.raises(TopologyFormatError, match="checksum"):
+        Topology.load(path)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "no_meta", "bad_json", "version"])
+def test_damaged_files_are_rejected_with_a_clear_error(h200, tmp_path, damage):
+    path = h200.save(tmp_path / "t.npz")
+    if damage == "truncate":
+        path.write_bytes(path.read_bytes()[:1000])
+    elif damage == "garbage":
+        path.write_bytes(b"not a calibration at all")
+    elif damage == "no_meta":
+        with zipfile.ZipFile(path) as z:
+            items = {n: z.read(n) for n in z.namelist() if n != "meta_json.npy"}
+        with zipfile.ZipFile(path, "w") as z:
+            for n, data in items.items():
+                z.writestr(n, data)
+    else:
+        def edit_meta(raw):
+            header_end = raw.index(b"\n") + 1  # .npy header, then the uint8 JSON bytes
+            meta = json.loads(raw[header_end:].decode())
+            if damage == "bad_json":
+                return raw[:header_end] + b"[" + raw[header_end + 1:]
+            meta["format_version"] = 99
+            body = json.dumps(meta).encode()
+            header = raw[:header_end].replace(str(len(raw) - header_end).encode(), str(len(body)).encode())
+            return header + body
+        _rewrite_member(path, "meta_json.npy", edit_meta)
+    with pytest.raises(TopologyFormatError):
+        Topology.load(path)
+
+
+def test_missing_file_is_file_not_found(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        Topology.load(tmp_path / "nope.npz")
+
+
+def test_frames_are_tidy(h200):
+    sm = h200.to_frame("sm")
+    assert len(sm) == 132 and sm["sm"].tolist() == list(range(132))
+    np.testing.assert_allclose(sm["chain_cycles"], h200.chain_cycles)
+    lines = h200.to_frame("lines")
+    assert len(lines) == 132 * h200.n_lines
+    row = lines.iloc[h200.n_lines + 3]
+    assert (row["sm"], row["line"]) == (1, 3) and row["cycles"] == h200.line_cycles[1, 3]
+    with pytest.raises(ValueError):
+        h200.to_frame("nope")
+
+
+def test_summary_fits_a_screen_and_names_the_device(h200):
+    text = h200.summary()
+    assert "NVIDIA H200" in text and "132 SMs" in text and "cycles per load" in text
+    assert len(text.splitlines()) <= 24 and max(map(len, text.splitlines())) <= 160
+
+
+def test_export_copy_hides_the_uuid(h200):
+    h200.meta["device"]["uuid"], real = "GPU-1234", h200.meta["device"]["uuid"]
+    try:
+        out = h200.export_copy(command="x")
+        assert out.meta["device"]["uuid"] == "sha256:" + h200.meta["uuid_hash"] and out.meta["command"] == "x"
+        assert h200.meta["device"]["uuid"] == "GPU-1234"
+    finally:
+        h200.meta["device"]["uuid"] = real
+
+
+@pytest.mark.parametrize("field,value", [("chain_cycles", np.zeros(3)), ("line_cycles", np.zeros((132, 2, 2))),
+                                         ("chain_ns", np.full(132, np.nan))])
+def test_inconsistent_arrays_are_rejected(h200, field, value):
+    kwargs = {k: getattr(h200, k) for k in ("chain_cycles", "chain_ns", "line_cycles", "line_addresses",
+                                            "chain_noise", "line_noise", "sm_clock_ghz")}
+    kwargs[field] = value
+    with pytest.raises(TopologyFormatError):
+        Topology(**kwargs, meta={})

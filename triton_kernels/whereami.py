@@ -1,0 +1,46 @@
+"""Self-localization signature in Triton: a kernel measures its own L2 latency to a few chosen lines.
+
+`l2_signature` is a device function any Triton kernel can call (one warp's scalar work, like the probes):
+for each of K chosen lines of a buffer that this process calibrated, a few warm loads, then timed dependent
+loads. The K cycle counts, matched against the calibration by torch_l2topo/selfloc.py, say which SM (or
+TPC, GPC, partition) the kernel runs on. `whereami_kernel` records %smid next to the signature, as ground
+truth for evaluating that classifier.
+"""
+import triton
+import triton.language as tl
+
+from torch_l2topo.probe_layout import LINE_BYTES as _LINE_BYTES
+from torch_l2topo.triton_kernels.l2_probes import _chase, _clock64
+
+LINE_BYTES = tl.constexpr(_LINE_BYTES)
+
+
+@triton.jit
+def l2_signature(lines_ptr, idx_ptr, K: tl.constexpr, N_WARM: tl.constexpr, N_TIMED: tl.constexpr):
+    """[K] int64: clock64 cycles of N_TIMED dependent loads of line idx[i] of the self-pointing buffer.
+
+    K must be a power of two (tl.arange). The caller's kernel should run with num_warps=1.
+    """
+    offs = tl.arange(0, K)
+    sig = tl.zeros([K], dtype=tl.int64)
+    base = lines_ptr.to(tl.int64, bitcast=True)
+    for i in tl.static_range(K):
+        p = base + tl.load(idx_ptr + i).to(tl.int64) * LINE_BYTES
+        for _ in tl.static_range(N_WARM):
+            p = _chase(p)
+        t0 = _clock64(p)
+        for _ in tl.static_range(N_TIMED):
+            p = _chase(p)
+        t1 = _clock64(p)
+        sig = tl.where(offs == i, t1 - t0, sig)
+    return sig
+
+
+@triton.jit
+def whereami_kernel(lines_ptr, idx_ptr, out_ptr, K: tl.constexpr, N_WARM: tl.constexpr, N_TIMED: tl.constexpr):
+    """out[pid] = (%smid, signature[0..K-1])."""
+    pid = tl.program_id(0)
+    sig = l2_signature(lines_ptr, idx_ptr, K, N_WARM, N_TIMED)
+    row = out_ptr + pid * (K + 1)
+    tl.store(row, tl.extra.cuda.smid().to(tl.int64))
+    tl.store(row + 1 + tl.arange(0, K), sig)
