@@ -6,13 +6,17 @@
 
 namespace l2topo {
 
-__global__ void cluster_probe_kernel(int64_t* out, int64_t hold_ns) {
+// Clusters hold their SMs for 1 to 4 times hold_ns (by cluster index) and the grid is larger than one wave,
+// so later clusters land wherever earlier ones left first: the placement mixes instead of repeating the
+// scheduler's fixed packing order.
+__global__ void cluster_probe_kernel(int64_t* out, int64_t cluster, int64_t hold_ns) {
   extern __shared__ char occupy[];  // sized by the launch so that only one CTA fits per SM
   if (threadIdx.x != 0) return;
   occupy[0] = 0;
   out[blockIdx.x] = sm_id();
+  const int64_t hold = hold_ns * (1 + (blockIdx.x / cluster) % 4);
   const int64_t start = global_ns();
-  while (global_ns() - start < hold_ns) {
+  while (global_ns() - start < hold) {
   }
 }
 
@@ -37,7 +41,7 @@ cudaError_t launch_cluster_probe(int64_t* out, int64_t grid, int64_t cluster, in
   attribute.val.clusterDim.z = 1;
   config.attrs = &attribute;
   config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, cluster_probe_kernel, out, hold_ns);
+  return cudaLaunchKernelEx(&config, cluster_probe_kernel, out, cluster, hold_ns);
 }
 
 }  // namespace l2topo

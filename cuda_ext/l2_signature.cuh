@@ -9,9 +9,12 @@
 
 namespace l2topo {
 
+// Lines are visited from position `start` (mod k) on: pass something that differs between CTAs so that CTAs
+// measuring at once do not all load the same line together (merged requests lower the latency each sees).
 __device__ inline void l2_signature(const int64_t* lines, const int32_t* idx, int k, int n_warm, int n_timed,
-                                    int64_t* out) {
-  for (int i = 0; i < k; ++i) {
+                                    int start, int64_t* out) {
+  for (int step = 0; step < k; ++step) {
+    const int i = (start + step) % k;
     int64_t p = reinterpret_cast<int64_t>(lines + static_cast<int64_t>(idx[i]) * LINE_WORDS);
     for (int w = 0; w < n_warm; ++w) p = chase(p);
     const int64_t t0 = clock_after(p);

@@ -56,7 +56,7 @@ __device__ __forceinline__ void fail(int64_t* ctrl, int64_t code, int64_t detail
 
 // Spin until ctrl[word] >= target. The watchdog restarts whenever the word moves, so a long run of waves
 // is fine while a stalled one fails after timeout_ns. False on timeout or on another CTA's error.
-__device__ bool wait_until_at_least(int64_t* ctrl, int word, int64_t target, int64_t timeout_ns,
+__device__ inline bool wait_until_at_least(int64_t* ctrl, int word, int64_t target, int64_t timeout_ns,
                                     int64_t code) {
   int64_t last = volatile_read(ctrl + word);
   int64_t since = global_ns();
@@ -79,7 +79,7 @@ __device__ bool wait_until_at_least(int64_t* ctrl, int word, int64_t target, int
 // Claim this CTA's SM; wait until every SM is claimed, then for this SM's wave: SMs measure in waves of
 // `wave` consecutive SM ids, wave k starting once TURN shows every SM of the earlier waves done (wave=1:
 // serialized; wave=n_sm: all at once). Returns the SM id when this CTA may measure, -1 otherwise.
-__device__ int64_t own_sm(int64_t* ctrl, int64_t capacity, int64_t n_sm, int64_t wave, int64_t timeout_ns) {
+__device__ inline int64_t own_sm(int64_t* ctrl, int64_t capacity, int64_t n_sm, int64_t wave, int64_t timeout_ns) {
   const int64_t sm = sm_id();
   if (sm >= capacity) {
     fail(ctrl, ERR_SMID_RANGE, sm);

@@ -10,7 +10,7 @@ __global__ void __launch_bounds__(32) whereami_kernel(const int64_t* lines, cons
   if (threadIdx.x != 0) return;
   int64_t* row = out + static_cast<int64_t>(blockIdx.x) * (k + 1);
   row[0] = sm_id();
-  l2_signature(lines, idx, k, n_warm, n_timed, row + 1);
+  l2_signature(lines, idx, k, n_warm, n_timed, static_cast<int>(blockIdx.x % k), row + 1);
 }
 
 cudaError_t launch_whereami(const int64_t* lines, const int32_t* idx, int64_t k, int64_t n_warm, int64_t n_timed,

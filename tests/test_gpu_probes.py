@@ -151,7 +151,7 @@ def test_gpc_ground_truth_from_clusters(gpu):
     assert (a >= 0).all(), "every SM hosted a cluster CTA"
     np.testing.assert_array_equal(a, b)  # the GPC partition is a fixed property of the chip
     sizes = np.bincount(a)
-    assert 2 <= len(sizes) <= n_sm // 2 and sizes.min() >= 2
+    assert 2 <= len(sizes) <= n_sm // 4 and sizes.min() >= 4
     assert (a[0::2] == a[1::2]).all()  # SMs 2i and 2i+1 form a TPC, which never straddles two GPCs
 
 
@@ -169,7 +169,8 @@ def test_whereami_signature_matches_the_line_probe(gpu, backend):
     smid, cycles = measure_signatures(buf, chosen, grid=2 * n_sm, backend=backend)
     assert smid.shape == (2 * n_sm,) and cycles.shape == (2 * n_sm, 8)
     assert ((smid >= 0) & (smid < n_sm)).all()
-    # the signature a kernel measures is the calibration row of the SM it ran on, up to a small offset
+    # the signature a kernel measures is the calibration row of the SM it ran on, up to an offset (CTAs
+    # measuring at once share lines) and a few cycles of noise
     diff = cycles - calib[smid][:, chosen]
-    assert np.median(np.abs(diff - np.median(diff))) < 3.0
+    assert np.median(np.abs(diff - np.median(diff))) < 5.0
     torch.cuda.synchronize()

@@ -13,8 +13,9 @@ What a signature holds, and why (measured on two H200s, 12 calibrations, benchma
   latency gap. In cycles, so that one SM on the wrong side costs what it costs in latency. The side of
   an SM does not depend on the probed addresses as long as the lines cover both partitions.
 - not included: per-SM near/far latency. They average over whichever L2 slices the probed lines happen
-  to hit; two disjoint halves of the same 512 lines give per-SM near/far maps ~1.07 cycles RMS apart,
-  more than two different GPUs differ, so they would fingerprint the buffer, not the GPU.
+  to hit; two disjoint halves of the same 512 lines give per-SM near/far maps 0.2-1.5 cycles RMS apart
+  (median 0.7-0.8), about as far as two different H200s are apart (1.2-1.9): they would fingerprint the
+  buffer as much as the GPU.
 """
 from __future__ import annotations
 
@@ -40,16 +41,18 @@ _HASHED_FORMAT = "torch_l2topo/hashed-signature"
 
 # Same-GPU vs other-GPU boundary for distance(), from benchmarks/results/fingerprint_h200_cpu.json (two
 # H200s, 6 calibrations each: both backends x three modes, one process per GPU): within-device distances
-# 0.009-0.263, between-device 0.975-1.010; the geometric mean of the worst of each is 0.51 (margin 1.9x
-# both ways). Recalibrations on other days, clocks or drivers were not in that data: widen with
+# 0.009-0.263, between-device 0.981-1.016; calibrate_threshold() puts the boundary at 0.508, 1.93x from
+# both. Recalibrations on other days, clocks or drivers were not in that data: widen with
 # calibrate_threshold() when they are.
 DEFAULT_THRESHOLD = 0.51
 
-# Hashed export: 256 sign bits over the centered chain map. Measured (same benchmark, 8 salts): within-device
-# Hamming fractions up to 0.090, between-device from 0.223, boundary 0.14. Fewer bits reveal less about
-# the map to whoever holds the salt but widen the spread of both distributions (sd ~ sqrt(p(1-p)/bits)).
-HASH_BITS = 256
-DEFAULT_HASH_THRESHOLD = 0.14
+# Hashed export: 1024 sign bits over the centered chain map. Measured (same benchmark, 8 salts): within-
+# device Hamming fractions 0-0.027, between-device 0.070-0.086; boundary 0.044, 1.6x from both. The two
+# H200s' chain maps are 13.7 degrees apart, repeats <= 3.3 degrees, so the fractions sit near 0.076 and
+# 0.018 and only their spread (sd ~ sqrt(p(1-p)/bits)) decides: 256 bits let them touch. Fewer bits
+# reveal less about the map to whoever holds the salt, but separate less.
+HASH_BITS = 1024
+DEFAULT_HASH_THRESHOLD = 0.044
 
 # An SM's partition side is only recorded when the two partitions differ by more than this many times the
 # calibration's line repeat noise: below that the SVD split is noise (a flat map has no sides).
@@ -61,7 +64,7 @@ class RegistryError(L2TopoError):
 
 
 # ---- the signature ---------------------------------------------------------------------------------
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # eq on a numpy field would be ambiguous: compare with distance()
 class DeviceSignature:
     """The fingerprint of one GPU: its model and a float vector of 2 * sm_count entries (cycles).
 
@@ -125,7 +128,8 @@ def partition_sides(line_cycles) -> tuple[np.ndarray, float]:
 
     The double-centered SM x line matrix of a two-partition GPU is dominated by one rank-1 term: SMs on
     one side are fast to the lines on that side and slow to the others. Its left singular vector's sign
-    is the side. gap: mean latency to the other side's lines minus to one's own, averaged over SMs.
+    is the side. gap: latency to the other side's lines minus to one's own, averaged within each side, then
+    over the two sides (0 when the split puts everything on one side).
     """
     lc = np.asarray(line_cycles, dtype=np.float64)
     if lc.ndim != 2 or lc.shape[1] < 2 or not np.all(np.isfinite(lc)):
@@ -155,7 +159,7 @@ def signature(topo: Topology) -> DeviceSignature:
         raise ValueError(f"the calibration covers {topo.n_sm} SMs but its device reports {dev['sm_count']}")
     chain = topo.chain_cycles.astype(np.float64)
     side, gap = partition_sides(topo.line_cycles)
-    if gap <= _SIDE_MIN_GAP_IN_NOISE * float(np.median(topo.line_noise)) or gap == 0.0:
+    if gap <= _SIDE_MIN_GAP_IN_NOISE * float(np.median(topo.line_noise)):
         side_block = np.zeros(topo.n_sm)
     else:
         side_block = side * gap / 2
@@ -242,10 +246,17 @@ class Registry:
                                 f"starting with a letter or digit (and not ending in .json), got {name!r}")
         return self.directory / f"{name}.json"
 
-    def names(self) -> list[str]:
+    def _entries(self) -> list[Path]:
         if not self.directory.is_dir():
             return []
-        return sorted(p.stem for p in self.directory.glob("*.json") if _NAME.fullmatch(p.stem))
+        paths = sorted(p for p in self.directory.glob("*.json") if not p.name.startswith("."))
+        for p in paths:
+            if not _NAME.fullmatch(p.stem):
+                raise RegistryError(f"registry file {p} does not carry a valid entry name")
+        return paths
+
+    def names(self) -> list[str]:
+        return [p.stem for p in self._entries()]
 
     def add(self, name: str, sig: DeviceSignature, replace: bool = False) -> Path:
         """Store `sig` under `name`; an existing name is an error unless replace=True."""
@@ -277,6 +288,10 @@ class Registry:
         path = self._path(name)
         if not path.exists():
             raise KeyError(f"no registry entry named {name!r} in {self.directory}")
+        return self._read(path)
+
+    @staticmethod
+    def _read(path: Path) -> DeviceSignature:
         try:
             return DeviceSignature.from_dict(json.loads(path.read_text()))
         except (UnicodeDecodeError, json.JSONDecodeError, ValueError, TypeError) as exc:
@@ -298,12 +313,12 @@ class Registry:
         if not threshold > 0:
             raise ValueError(f"threshold must be positive, got {threshold!r}")
         best_name, best = None, math.inf
-        for name in self.names():
-            entry = self.get(name)
+        for path in self._entries():
+            entry = self._read(path)
             if compatible(sig, entry):
                 d = distance(sig, entry)
                 if d < best:
-                    best_name, best = name, d
+                    best_name, best = path.stem, d
         if best_name is None:
             return None, math.inf, 0.0
         if best <= threshold:

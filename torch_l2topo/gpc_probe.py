@@ -10,7 +10,9 @@ import numpy as np
 
 from .errors import DeviceError
 
-CLUSTER_SIZES = (2, 4, 8)  # 8 is the portable maximum; small clusters also fit GPCs with few free SMs
+# 8 is the portable maximum. The scheduler packs clusters into a GPC in a fixed order, so sizes 2, 4 and 8
+# alone only ever join aligned blocks of 8 SMs (seen on the H200); odd sizes straddle those blocks.
+CLUSTER_SIZES = (2, 3, 4, 5, 6, 7, 8)
 HOLD_NS = 20_000           # each CTA keeps its SM this long, so one launch's clusters spread over all GPCs
 
 
@@ -47,7 +49,7 @@ def union_clusters(n_sm: int, launches: list[tuple[np.ndarray, int]]) -> np.ndar
     return labels
 
 
-def gpc_ground_truth(device, rounds: int = 8) -> np.ndarray:
+def gpc_ground_truth(device, rounds: int = 3) -> np.ndarray:
     """Measure the GPC label of every SM of `device` (sm_90+): `rounds` launches of each cluster size."""
     import torch
 
@@ -67,7 +69,8 @@ def gpc_ground_truth(device, rounds: int = 8) -> np.ndarray:
     launches = []
     for _ in range(rounds):
         for cluster in CLUSTER_SIZES:
-            out = torch.full(((n_sm // cluster) * cluster,), -1, dtype=torch.int64, device=device)
+            # four waves' worth of clusters: see cluster_probe.cu for why placement then mixes
+            out = torch.full((4 * (n_sm // cluster) * cluster,), -1, dtype=torch.int64, device=device)
             ops.cluster_probe(out, cluster, smem, HOLD_NS)
             launches.append((out.cpu().numpy(), cluster))
     return union_clusters(n_sm, launches)

@@ -16,15 +16,18 @@ LINE_BYTES = tl.constexpr(_LINE_BYTES)
 
 
 @triton.jit
-def l2_signature(lines_ptr, idx_ptr, K: tl.constexpr, N_WARM: tl.constexpr, N_TIMED: tl.constexpr):
+def l2_signature(lines_ptr, idx_ptr, start, K: tl.constexpr, N_WARM: tl.constexpr, N_TIMED: tl.constexpr):
     """[K] int64: clock64 cycles of N_TIMED dependent loads of line idx[i] of the self-pointing buffer.
 
-    K must be a power of two (tl.arange). The caller's kernel should run with num_warps=1.
+    Lines are visited from position `start` (mod K) on: pass something that differs between CTAs (the
+    program id) so that CTAs measuring at once do not all load the same line together, which merges their
+    requests and lowers the latency each sees. K must be a power of two (tl.arange). Run with num_warps=1.
     """
     offs = tl.arange(0, K)
     sig = tl.zeros([K], dtype=tl.int64)
     base = lines_ptr.to(tl.int64, bitcast=True)
-    for i in tl.static_range(K):
+    for step in tl.static_range(K):
+        i = (start + step) % K
         p = base + tl.load(idx_ptr + i).to(tl.int64) * LINE_BYTES
         for _ in tl.static_range(N_WARM):
             p = _chase(p)
@@ -40,7 +43,7 @@ def l2_signature(lines_ptr, idx_ptr, K: tl.constexpr, N_WARM: tl.constexpr, N_TI
 def whereami_kernel(lines_ptr, idx_ptr, out_ptr, K: tl.constexpr, N_WARM: tl.constexpr, N_TIMED: tl.constexpr):
     """out[pid] = (%smid, signature[0..K-1])."""
     pid = tl.program_id(0)
-    sig = l2_signature(lines_ptr, idx_ptr, K, N_WARM, N_TIMED)
+    sig = l2_signature(lines_ptr, idx_ptr, pid, K, N_WARM, N_TIMED)
     row = out_ptr + pid * (K + 1)
     tl.store(row, tl.extra.cuda.smid().to(tl.int64))
     tl.store(row + 1 + tl.arange(0, K), sig)

@@ -1,0 +1,294 @@
+"""Device fingerprinting and SM localization on recorded calibrations (CPU only): the figures of issue 4.
+
+Loads every calibration it finds (bundled + benchmarks/results/calibrations; identical arrays counted
+once), then reports
+- signature distances: within-device (same uuid hash) and between-device pairs, min/median/max, the ratio
+  min-between / max-within, the threshold calibrate_threshold() derives, and identify() accuracy over
+  all ordered pairs (one-entry registry) with that threshold and with fingerprint.DEFAULT_THRESHOLD;
+- the same for hashed exports (Hamming fractions over several salts);
+- why per-SM near/far latencies are not in the signature: how far apart two disjoint halves of one
+  calibration's lines put them, against how far apart they are between the two GPUs;
+- localization: per GPU, an SMClassifier trained on the cuda-waves calibration, tested on that GPU's
+  other calibrations of the same line buffer, for k = 4, 8, 16 lines, accuracy per level (sm, tpc = sm // 2,
+  partition from the line matrix, gpc when the calibration carries extras["gpc_truth"]).
+
+    python benchmarks/bench_fingerprint.py --out benchmarks/results/fingerprint_h200_cpu.json
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import hashlib
+import itertools
+import json
+import platform
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from common import command_line
+from torch_l2topo import Topology, TopologyFormatError
+from torch_l2topo import fingerprint as fp
+from torch_l2topo.bundled import DATA_DIR
+from torch_l2topo.localize import SMClassifier, evaluate
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CALIBRATION_DIRS = (DATA_DIR, ROOT / "benchmarks" / "results" / "calibrations")
+SALTS = tuple(f"bench-salt-{i:02d}" for i in range(8))  # fixed: the figures must be reproducible
+KS = (4, 8, 16)
+TRAIN = ("cuda", "waves")
+
+
+def cpu_environment() -> dict:
+    import scipy
+
+    from torch_l2topo.version import __version__
+
+    return {"python": platform.python_version(), "numpy": np.__version__, "scipy": scipy.__version__,
+            "torch_l2topo": __version__, "machine": platform.machine(), "platform": platform.platform(),
+            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+
+
+def load_all() -> tuple[dict, list, list]:
+    """{label: Topology} for every distinct calibration found, the duplicates and the unreadable files."""
+    found, seen, duplicates, skipped = {}, {}, [], []
+    for directory in CALIBRATION_DIRS:
+        for path in sorted(Path(directory).glob("*.npz")):
+            try:
+                topo = Topology.load(path)
+            except TopologyFormatError as exc:
+                skipped.append(f"{_shown(path)}: {exc}")
+                continue
+            digest = hashlib.sha256(topo.chain_cycles.tobytes() + topo.line_cycles.tobytes()).hexdigest()
+            rel = _shown(path)
+            if digest in seen:
+                duplicates.append(f"{rel} = {seen[digest]}")
+                continue
+            seen[digest] = rel
+            found[rel] = topo
+    return found, duplicates, skipped
+
+
+def _shown(path: Path) -> str:
+    """The path relative to the repository when it lies inside (an installed package may not)."""
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+def spread(values) -> dict:
+    v = np.asarray(values, dtype=float)
+    return {"min": float(v.min()), "median": float(np.median(v)), "max": float(v.max()), "n": int(v.size)}
+
+
+def separation(within, between) -> dict:
+    out = {"within": spread(within), "between": spread(between),
+           "ratio_min_between_over_max_within": float(min(between) / max(within)) if max(within) > 0 else None}
+    try:
+        out["threshold"], out["margin"] = fp.calibrate_threshold(within, between)
+    except ValueError as exc:
+        out["threshold"], out["margin"], out["not_separable"] = None, None, str(exc)
+    return out
+
+
+def signature_figures(topos: dict) -> dict:
+    sigs = {k: fp.signature(t) for k, t in topos.items()}
+    device = {k: t.meta.get("uuid_hash") for k, t in topos.items()}
+    pairs = list(itertools.combinations(sigs, 2))
+    dist = {(a, b): fp.distance(sigs[a], sigs[b]) for a, b in pairs}
+    within = [d for (a, b), d in dist.items() if device[a] == device[b]]
+    between = [d for (a, b), d in dist.items() if device[a] != device[b]]
+    fig = separation(within, between)
+    fig["default_threshold"] = fp.DEFAULT_THRESHOLD
+    for key, threshold in (("identify_calibrated", fig["threshold"]), ("identify_default", fp.DEFAULT_THRESHOLD)):
+        if threshold is not None:
+            fig[key] = identify_accuracy(sigs, device, threshold)
+
+    hashed_w, hashed_b = [], []
+    for salt in SALTS:
+        ex = {k: fp.export_hashed(s, salt) for k, s in sigs.items()}
+        for a, b in pairs:
+            (hashed_w if device[a] == device[b] else hashed_b).append(fp.hashed_distance(ex[a], ex[b]))
+    hashed = separation(hashed_w, hashed_b)
+    hashed.update(n_bits=fp.HASH_BITS, n_salts=len(SALTS), default_threshold=fp.DEFAULT_HASH_THRESHOLD,
+                  accuracy_default=float(np.mean([d <= fp.DEFAULT_HASH_THRESHOLD for d in hashed_w]
+                                                 + [d > fp.DEFAULT_HASH_THRESHOLD for d in hashed_b])))
+    fig["hashed"] = hashed
+    return fig
+
+
+def identify_accuracy(sigs: dict, device: dict, threshold: float) -> dict:
+    """Every ordered pair (query, entry) through a one-entry Registry: right when it matches iff same GPU."""
+    right, false_match, missed = 0, 0, 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (query, entry) in enumerate(itertools.permutations(sigs, 2)):
+            reg = fp.Registry(Path(tmp) / str(i))
+            reg.add("entry", sigs[entry])
+            name, _, _ = reg.identify(sigs[query], threshold=threshold)
+            same = device[query] == device[entry]
+            right += (name is not None) == same
+            false_match += name is not None and not same
+            missed += name is None and same
+    n = len(sigs) * (len(sigs) - 1)
+    return {"threshold": threshold, "accuracy": right / n, "false_matches": false_match, "missed": missed, "n": n}
+
+
+def _near_far(line_cycles: np.ndarray, side: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-SM mean latency to the lines of its own partition (near) and of the other (far), centered."""
+    lc = line_cycles.astype(np.float64)
+    line_near_minus = lc[side < 0].mean(axis=0) < lc[side > 0].mean(axis=0)  # lines near to side -1
+    own = np.where(side[:, None] < 0, line_near_minus[None, :], ~line_near_minus[None, :])
+    near = np.array([row[m].mean() for row, m in zip(lc, own)])
+    far = np.array([row[~m].mean() for row, m in zip(lc, own)])
+    return near - np.median(near), far - np.median(far)
+
+
+def _rms_offset_free(a: np.ndarray, b: np.ndarray) -> float:
+    d = a - b
+    return float(np.sqrt(np.mean((d - np.median(d)) ** 2)))
+
+
+def near_far_figures(topos: dict) -> dict:
+    """Why per-SM near/far latencies are not in the signature: their maps from two disjoint random halves
+    of one calibration's lines (another buffer, in effect) against the same maps of two different GPUs."""
+    rng = np.random.default_rng(0)
+    half_split = {"near": [], "far": []}
+    full = {}
+    for key, topo in topos.items():
+        side, _ = fp.partition_sides(topo.line_cycles)
+        full[key] = _near_far(topo.line_cycles, side)
+        h1, h2 = (_near_far(topo.line_cycles[:, cols], side)
+                  for cols in np.array_split(rng.permutation(topo.n_lines), 2))
+        for j, name in enumerate(("near", "far")):
+            half_split[name].append(_rms_offset_free(h1[j], h2[j]))
+    between = {"near": [], "far": []}
+    for a, b in itertools.combinations(full, 2):
+        if topos[a].meta.get("uuid_hash") != topos[b].meta.get("uuid_hash"):
+            for j, name in enumerate(("near", "far")):
+                between[name].append(_rms_offset_free(full[a][j], full[b][j]))
+    return {"half_split_rms_cycles": {k: spread(v) for k, v in half_split.items()},
+            "between_device_rms_cycles": {k: spread(v) for k, v in between.items()}}
+
+
+def localization_figures(topos: dict) -> dict:
+    by_device: dict = {}
+    for key, topo in topos.items():
+        by_device.setdefault(topo.meta.get("uuid_hash"), []).append((key, topo))
+    out = {}
+    for uuid, items in sorted(by_device.items()):
+        train = [t for _, t in items if (t.meta.get("backend"), t.meta.get("mode")) == TRAIN]
+        if not train:
+            continue
+        train = train[0]
+        tests = [(f"{t.meta.get('backend')}-{t.meta.get('mode')}", t) for _, t in items
+                 if t is not train and np.array_equal(t.line_addresses, train.line_addresses)]
+        side, _ = fp.partition_sides(train.line_cycles)
+        labels = {"tpc": np.arange(train.n_sm) // 2, "partition": (side > 0).astype(np.int64)}
+        gpc = train.extras.get("gpc_truth")  # cluster co-residence (calibrate(gpc=True)); -1: SM not seen
+        if gpc is not None and np.all(np.asarray(gpc) >= 0):
+            labels["gpc"] = np.asarray(gpc, dtype=np.int64)
+        dev = {"trained_on": "-".join(TRAIN), "tested_on": [n for n, _ in tests], "levels": sorted(labels), "k": {}}
+        for k in KS:
+            clf = SMClassifier().fit(train.line_cycles, labels, n_lines_used=k)
+            res = {n: evaluate(clf, t.line_cycles[:, clf.chosen_lines], np.arange(t.n_sm), max_confusions=3)
+                   for n, t in tests}
+            tpc_units = {tuple(sorted(set(clf.units[[2 * i, 2 * i + 1]]))) for i in range(train.n_sm // 2)}
+            dev["k"][k] = {
+                "chosen_lines": clf.chosen_lines, "noise_cycles": clf.noise, "separation_cycles": clf.separation,
+                "n_prototypes": clf.n_prototypes, "n_units_sm_level": clf.n_units,
+                "n_units_tpc_level": len({u for pair in tpc_units for u in pair}),
+                "tpcs_split_between_units": sum(len(p) > 1 for p in tpc_units),
+                "resolvable": clf.resolvable, "finest_level": clf.finest_level,
+                "unit_accuracy": {n: r["unit_accuracy"] for n, r in res.items()},
+                "accuracy": {lv: {n: r["levels"][lv]["accuracy"] for n, r in res.items()} for lv in clf.levels},
+                "min_margin_cycles": {n: r["margin"]["min"] for n, r in res.items()},
+                "confusions": {n: r["confusions"] for n, r in res.items() if r["confusions"]}}
+        clf8 = SMClassifier().fit(train.line_cycles, labels, n_lines_used=8)
+        dev["chain_refines_units_to"] = chain_refinement(train, items, clf8)
+        out[uuid] = dev
+    return out
+
+
+def chain_refinement(train: Topology, items: list, clf: SMClassifier) -> dict:
+    """How many groups the localization units split into when the SM's chain latency is known too.
+
+    Within each unit, TPCs (twins averaged) are cut where consecutive chain values differ by more than
+    twice the largest offset-free deviation of any SM's chain latency between two of this GPU's
+    calibrations: two TPCs would have to drift toward each other by more than the worst observed to be
+    confused. A hint for the in-kernel probe, not something SMClassifier uses.
+    """
+    chains = [t.chain_cycles.astype(np.float64) for _, t in items]
+    devs = [np.abs(a - b - np.median(a - b)).max() for a, b in itertools.combinations(chains, 2)]
+    gap = 2 * float(max(devs)) if devs else float("inf")
+    tpc_chain = (train.chain_cycles[0::2] + train.chain_cycles[1::2]) / 2
+    tpc_unit = clf.units[0::2]
+    groups = 0
+    for u in np.unique(tpc_unit):
+        v = np.sort(tpc_chain[tpc_unit == u])
+        groups += 1 + int((np.diff(v) > gap).sum())
+    return {"gap_cycles": gap, "groups": groups, "n_tpc": len(tpc_chain), "n_units": clf.n_units}
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "fingerprint_h200_cpu.json"),
+                   help="result JSON path")
+    args = p.parse_args(argv)
+    topos, duplicates, skipped = load_all()
+    if len({t.meta.get("uuid_hash") for t in topos.values()}) < 2:
+        raise SystemExit("need calibrations of at least two GPUs")
+    figures = {
+        "calibrations": {k: {"uuid_hash": t.meta.get("uuid_hash"), "backend": t.meta.get("backend"),
+                             "mode": t.meta.get("mode"), "date": t.meta.get("date"),
+                             "torch_l2topo": t.meta.get("versions", {}).get("torch_l2topo")}
+                         for k, t in topos.items()},
+        "duplicates": duplicates, "skipped": skipped,
+        "signature": signature_figures(topos),
+        "near_far": near_far_figures(topos),
+        "localization": localization_figures(topos),
+    }
+    doc = {"command": command_line(), "env": cpu_environment(), "figures": figures}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1, default=_jsonable) + "\n")
+    _print_summary(figures)
+    return figures
+
+
+def _jsonable(x):
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    raise TypeError(f"not JSON serializable: {type(x).__name__}")
+
+
+def _print_summary(f: dict) -> None:
+    s = f["signature"]
+    print(f"{len(f['calibrations'])} calibrations ({len(f['duplicates'])} duplicates, {len(f['skipped'])} skipped)")
+    for name, block in (("distance", s), ("hashed", s["hashed"])):
+        w, b = block["within"], block["between"]
+        print(f"{name:8s} within {w['min']:.4f}/{w['median']:.4f}/{w['max']:.4f}  between {b['min']:.4f}/"
+              f"{b['median']:.4f}/{b['max']:.4f}  ratio {block['ratio_min_between_over_max_within']}  "
+              f"threshold {block['threshold']}  margin {block['margin']}")
+    for key in ("identify_calibrated", "identify_default"):
+        if key in s:
+            print(f"{key}: {s[key]}")
+    print(f"hashed accuracy at default threshold: {s['hashed']['accuracy_default']:.4f}")
+    for key, v in f["near_far"].items():
+        print(f"near/far {key} (min/median/max): "
+              + ", ".join(f"{k} {q['min']:.2f}/{q['median']:.2f}/{q['max']:.2f}" for k, q in v.items()))
+    for uuid, dev in f["localization"].items():
+        for k, r in dev["k"].items():
+            accs = ", ".join(f"{lv} {min(v.values()):.3f}" for lv, v in r["accuracy"].items())
+            print(f"{uuid[:6]} k={k:2d}: {r['n_units_sm_level']} units ({r['n_prototypes']} prototypes), "
+                  f"resolvable {r['resolvable']}, worst unit acc {min(r['unit_accuracy'].values()):.3f}; "
+                  f"worst per level: {accs}")
+        print(f"{uuid[:6]} with chain latency: {dev['chain_refines_units_to']}")
+
+
+if __name__ == "__main__":
+    main()
