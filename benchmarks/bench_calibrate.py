@@ -30,6 +30,7 @@ def main(argv=None) -> dict:
     p.add_argument("--out", required=True, help="result JSON path")
     p.add_argument("--save-dir", help="directory for the calibrations (.npz, uuid hashed)")
     p.add_argument("--cold-runs", type=int, default=5, help="timed cold calibrations per backend and mode")
+    p.add_argument("--gpc", action="store_true", help="record cluster GPC ground truth with the saved calibrations")
     args = p.parse_args(argv)
     os.environ["TORCH_L2TOPO_CACHE"] = tempfile.mkdtemp(prefix="l2topo-bench-")  # never the user's cache
 
@@ -47,6 +48,14 @@ def main(argv=None) -> dict:
     t0 = time.perf_counter()
     cuda_ext.load(torch.cuda.get_device_capability(dev))
     figures["compile_s"]["cuda_ext_build_and_load"] = time.perf_counter() - t0
+    gpc = None
+    if args.gpc:
+        from torch_l2topo.gpc_probe import gpc_ground_truth
+
+        t0 = time.perf_counter()
+        gpc = gpc_ground_truth(dev)
+        figures["gpc_truth"] = {"labels": gpc.tolist(), "sizes": np.bincount(gpc[gpc >= 0]).tolist(),
+                                "unlabelled": int((gpc < 0).sum()), "wall_s": time.perf_counter() - t0}
 
     tops = {}
     for backend in BACKENDS:
@@ -79,6 +88,8 @@ def main(argv=None) -> dict:
                 "pair_2i_2i1_abs_diff_median": float(np.median(twins)), "pair_2i_2i1_abs_diff_max": float(twins.max()),
                 "probe_s": b.meta["probe_s"]}
             tops[name] = b
+            if gpc is not None:
+                b.extras["gpc_truth"] = gpc
             if args.save_dir:
                 stem = f"h200-{b.meta['uuid_hash'][:6]}-{backend}-{mode}"
                 b.export_copy(command=command_line()).save(Path(args.save_dir) / f"{stem}.npz")

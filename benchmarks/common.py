@@ -35,6 +35,20 @@ def environment(device_index: int = 0) -> dict:
             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
 
 
+def cpu_environment() -> dict:
+    """The environment of a CPU-only benchmark (analysis of recorded calibrations): versions, CPU, date."""
+    import os
+    import platform
+
+    import scipy
+
+    from torch_l2topo.version import __version__
+
+    return {"python": platform.python_version(), "numpy": np.__version__, "scipy": scipy.__version__,
+            "torch_l2topo": __version__, "machine": platform.machine(), "platform": platform.platform(),
+            "cpu_count": os.cpu_count(), "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+
+
 def _smi_clocks(index: int) -> dict:
     """SM/memory clocks as nvidia-smi reports them now (best effort; empty if nvidia-smi is missing)."""
     try:
@@ -57,9 +71,14 @@ def command_line() -> str:
 
 
 def write_result(path, figures: dict, device_index: int = 0) -> Path:
+    """A GPU benchmark's result file: figures with the GPU's environment and the command."""
+    return write_json(path, figures, environment(device_index))
+
+
+def write_json(path, figures: dict, env: dict) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"command": command_line(), "env": environment(device_index), "figures": figures}
+    doc = {"command": command_line(), "env": env, "figures": figures}
     path.write_text(json.dumps(doc, indent=1, default=_jsonable) + "\n")
     return path
 

@@ -46,3 +46,54 @@ def measure_signatures(lines, chosen, grid: int, backend: str = "triton"):
             lines, idx, out, SIGNATURE_WARM, SIGNATURE_TIMED)
     rows = out.cpu().numpy()
     return rows[:, 0], rows[:, 1:] / SIGNATURE_TIMED
+
+
+def sm_labels(line_cycles, gpc_truth=None) -> dict:
+    """Levels to localize at: TPC (SMs 2i and 2i+1 share one on cc 8.x/9.x parts), L2 partition side (from
+    the line matrix), and GPC when cluster ground truth is given."""
+    from .fingerprint import partition_sides
+
+    n_sm = len(line_cycles)
+    labels = {"tpc": np.arange(n_sm) // 2, "partition": (partition_sides(line_cycles)[0] > 0).astype(np.int64)}
+    if gpc_truth is not None:
+        labels["gpc"] = np.asarray(gpc_truth, dtype=np.int64)
+    return labels
+
+
+class Localizer:
+    """Tells a kernel where it runs: calibrates a small line buffer in this process, then classifies the
+    l2_signature a kernel measures on the chosen lines of that buffer.
+
+    Pass `lines` and `chosen` to your kernel (Triton: l2_signature(lines, chosen, pid, K, 2, 8); CUDA:
+    l2_signature(lines, chosen, k, 2, 8, start, out)), divide its cycle counts by SIGNATURE_TIMED and hand
+    them to locate(). classifier.resolvable says which levels the chosen lines can tell apart.
+    """
+
+    def __init__(self, device=None, *, n_lines: int = 512, k: int = 16, backend: str = "triton",
+                 gpc_truth=None, repeats: int = 3, timeout_s: float = 2.0):
+        import torch
+
+        from .device import device_info, resolve_device
+        from .localize import SMClassifier
+        from .probes import line_buffer, run_lines, warm_clocks
+
+        _check_choice("backend", backend, BACKENDS)
+        index = resolve_device(device)
+        self.device = torch.device("cuda", index)
+        self.backend = backend
+        n_sm = device_info(index).sm_count
+        warm_clocks(self.device, 50)
+        self.lines = line_buffer(n_lines, self.device)
+        runs = run_lines(self.device, n_sm, n_lines, SIGNATURE_WARM, SIGNATURE_TIMED, backend, "waves", timeout_s,
+                         repeats, lines=self.lines)
+        self.line_cycles = np.median(np.stack([r.cycles for r in runs]), axis=0)
+        self.classifier = SMClassifier().fit(self.line_cycles, sm_labels(self.line_cycles, gpc_truth), k)
+        self.chosen = torch.from_numpy(np.asarray(self.classifier.chosen_lines, dtype=np.int32)).to(self.device)
+
+    def measure(self, grid: int, backend: str | None = None):
+        """Run the whereami kernel: (smid, signatures) of `grid` CTAs."""
+        return measure_signatures(self.lines, self.classifier.chosen_lines, grid, backend or self.backend)
+
+    def locate(self, signatures):
+        """Prediction (see localize.Prediction) for signatures in cycles per load, shape (n, k)."""
+        return self.classifier.predict(signatures)
