@@ -106,6 +106,13 @@ def _launch(backend: str, kind: str, **kw) -> None:
     """Launch one probe kernel on the current stream. kw: tensors and sizes named as in the kernels."""
     import torch
 
+    with torch.cuda.device(kw["ctrl"].device):  # Triton launches on, and checks pointers against, this device
+        _launch_here(backend, kind, **kw)
+
+
+def _launch_here(backend: str, kind: str, **kw) -> None:
+    import torch
+
     grid = GRID_FACTOR * kw["n_sm"]
     if backend == "triton":
         from torch_l2topo.triton_kernels import l2_probes as tk

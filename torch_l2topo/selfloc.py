@@ -31,20 +31,22 @@ def measure_signatures(lines, chosen, grid: int, backend: str = "triton"):
         raise ValueError(f"chosen lines must be in 0..{n_lines - 1}, got {chosen.tolist()}")
     if grid < 1:
         raise ValueError(f"grid must be >= 1, got {grid}")
-    idx = torch.from_numpy(chosen).to(lines.device)
-    out = torch.full((grid, k + 1), -1, dtype=torch.int64, device=lines.device)
-    if backend == "triton":
-        if k & (k - 1):
-            raise ValueError(f"the Triton signature needs a power-of-two number of lines, got {k}")
-        from torch_l2topo.triton_kernels.whereami import whereami_kernel
+    if backend == "triton" and k & (k - 1):
+        raise ValueError(f"the Triton signature needs a power-of-two number of lines, got {k}")
+    with torch.cuda.device(lines.device):  # Triton launches on, and checks pointers against, the current device
+        idx = torch.from_numpy(chosen).to(lines.device)
+        out = torch.full((grid, k + 1), -1, dtype=torch.int64, device=lines.device)
+        if backend == "triton":
+            from torch_l2topo.triton_kernels.whereami import whereami_kernel
 
-        whereami_kernel[(grid,)](lines, idx, out, K=k, N_WARM=SIGNATURE_WARM, N_TIMED=SIGNATURE_TIMED, num_warps=1)
-    else:
-        from torch_l2topo import cuda_ext
+            whereami_kernel[(grid,)](lines, idx, out, K=k, N_WARM=SIGNATURE_WARM, N_TIMED=SIGNATURE_TIMED,
+                                     num_warps=1)
+        else:
+            from torch_l2topo import cuda_ext
 
-        cuda_ext.load(torch.cuda.get_device_capability(lines.device)).whereami(
-            lines, idx, out, SIGNATURE_WARM, SIGNATURE_TIMED)
-    rows = out.cpu().numpy()
+            cuda_ext.load(torch.cuda.get_device_capability(lines.device)).whereami(
+                lines, idx, out, SIGNATURE_WARM, SIGNATURE_TIMED)
+        rows = out.cpu().numpy()
     return rows[:, 0], rows[:, 1:] / SIGNATURE_TIMED
 
 
@@ -82,10 +84,11 @@ class Localizer:
         self.device = torch.device("cuda", index)
         self.backend = backend
         n_sm = device_info(index).sm_count
-        warm_clocks(self.device, 50)
-        self.lines = line_buffer(n_lines, self.device)
-        runs = run_lines(self.device, n_sm, n_lines, SIGNATURE_WARM, SIGNATURE_TIMED, backend, "waves", timeout_s,
-                         repeats, lines=self.lines)
+        with torch.cuda.device(self.device):
+            warm_clocks(self.device, 50)
+            self.lines = line_buffer(n_lines, self.device)
+            runs = run_lines(self.device, n_sm, n_lines, SIGNATURE_WARM, SIGNATURE_TIMED, backend, "waves",
+                             timeout_s, repeats, lines=self.lines)
         self.line_cycles = np.median(np.stack([r.cycles for r in runs]), axis=0)
         self.classifier = SMClassifier().fit(self.line_cycles, sm_labels(self.line_cycles, gpc_truth), k)
         self.chosen = torch.from_numpy(np.asarray(self.classifier.chosen_lines, dtype=np.int32)).to(self.device)
