@@ -141,7 +141,7 @@ def _wait(device, deadline_s: float, what: str) -> None:
     import torch
 
     done = torch.cuda.Event()
-    done.record()
+    done.record(torch.cuda.current_stream(device))
     start = time.monotonic()
     while not done.query():
         if time.monotonic() - start > deadline_s:
