@@ -10,9 +10,11 @@ import numpy as np
 
 from .errors import DeviceError
 
-# 8 is the portable maximum. The scheduler packs clusters into a GPC in a fixed order, so sizes 2, 4 and 8
-# alone only ever join aligned blocks of 8 SMs (seen on the H200); odd sizes straddle those blocks.
+# The scheduler packs clusters into a GPC in a fixed order, so sizes 2, 4 and 8 alone only ever join
+# aligned blocks of 8 SMs (seen on the H200); odd sizes straddle those blocks. 8 is the portable maximum;
+# 16 (sm_90, non-portable) spans a whole GPC of 16 or more SMs where one is free.
 CLUSTER_SIZES = (2, 3, 4, 5, 6, 7, 8)
+LARGE_CLUSTER_SIZES = (16,)
 HOLD_NS = 20_000           # each CTA keeps its SM this long, so one launch's clusters spread over all GPCs
 
 
@@ -68,9 +70,14 @@ def gpc_ground_truth(device, rounds: int = 3) -> np.ndarray:
                           "(device properties lack the shared-memory limits)")
     launches = []
     for _ in range(rounds):
-        for cluster in CLUSTER_SIZES:
+        for cluster in CLUSTER_SIZES + LARGE_CLUSTER_SIZES:
             # four waves' worth of clusters: see cluster_probe.cu for why placement then mixes
             out = torch.full((4 * (n_sm // cluster) * cluster,), -1, dtype=torch.int64, device=device)
-            ops.cluster_probe(out, cluster, smem, HOLD_NS)
+            try:
+                ops.cluster_probe(out, cluster, smem, HOLD_NS)
+            except RuntimeError:
+                if cluster in CLUSTER_SIZES:
+                    raise
+                continue  # a non-portable size this GPU cannot schedule: the portable sizes still count
             launches.append((out.cpu().numpy(), cluster))
     return union_clusters(n_sm, launches)
