@@ -1,4 +1,5 @@
-"""Command line: `python -m torch_l2topo [calibrate|show] ...`. Thin: parse, call the library, print."""
+"""Command line: `python -m torch_l2topo [calibrate|show|report|examples] ...`. Thin: parse, call the library,
+print."""
 from __future__ import annotations
 
 import argparse
@@ -10,6 +11,7 @@ import numpy as np
 from .bundled import DEFAULT_EXAMPLE, list_examples, load_example
 from .errors import L2TopoError
 from .probes import DEFAULT_MODE, MODES
+from .report import add_report_command
 
 
 def _topology_json(topo) -> str:
@@ -79,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"bundled calibration to show (default {DEFAULT_EXAMPLE}); see `examples`")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_show)
+    add_report_command(sub)
     e = sub.add_parser("examples", help="list the bundled calibrations")
     e.set_defaults(func=lambda args: print("\n".join(list_examples())) or 0)
     return p
