@@ -1,0 +1,48 @@
+"""One-time compilation cost, reported apart from calibration time: the CUDA extension's cold JIT build
+and Triton's cold compile of the probe kernels, each into an empty cache directory.
+
+    python benchmarks/bench_build.py --out benchmarks/results/build_h200.json
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+
+from common import write_result
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    # empty caches before torch or triton read their locations
+    os.environ["TORCH_EXTENSIONS_DIR"] = tempfile.mkdtemp(prefix="l2topo-ext-")
+    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="l2topo-triton-")
+    import torch
+
+    from torch_l2topo import cuda_ext
+    from torch_l2topo.plans import ring_plan
+    from torch_l2topo.probes import run_chain, run_lines
+
+    dev = torch.device("cuda", 0)
+    torch.zeros(1, device=dev)
+    n_sm = torch.cuda.get_device_properties(dev).multi_processor_count
+    figures = {"max_jobs": os.environ.get("MAX_JOBS"), "cpu_count": os.cpu_count()}
+    t0 = time.perf_counter()
+    cuda_ext.load(torch.cuda.get_device_capability(dev))
+    figures["cuda_ext_cold_build_s"] = time.perf_counter() - t0
+    plan = ring_plan(256, n_sm)
+    for label in ("triton_first_probe_launches_s", "triton_cached_probe_launches_s"):
+        t0 = time.perf_counter()
+        run_chain(dev, n_sm, plan, "triton", "waves", 2.0)
+        run_lines(dev, n_sm, 16, 2, 8, "triton", "waves", 2.0)
+        figures[label] = time.perf_counter() - t0
+    write_result(args.out, figures, 0)
+    print(figures)
+    return figures
+
+
+if __name__ == "__main__":
+    main()
