@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common import command_line, cpu_environment, quantiles
+from common import cpu_environment, quantiles, write_json
 from torch_l2topo import Topology, list_examples, load_example
 from torch_l2topo.nuca import fit_nuca, repeat_sigma
 from torch_l2topo.report import analyze
@@ -112,10 +112,7 @@ def main(argv=None) -> dict:
     real = bundled()
     figures = {"headline": headline(real["per_calibration"], real["between_gpus_cuda_waves"]),
                "timing_132x4096": timing(args.repeats), **real}
-    doc = {"command": command_line(), "env": cpu_environment(), "figures": figures}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=1) + "\n")
+    write_json(args.out, figures, cpu_environment())
     print(json.dumps(figures["headline"], indent=1))
     t = figures["timing_132x4096"]
     print(f"analyze() on {t['shape']}: p50 {t['analyze_s']['p50']:.2f} s; stages "

@@ -17,17 +17,14 @@ once), then reports
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import hashlib
 import itertools
-import json
-import platform
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from common import command_line
+from common import cpu_environment, write_json
 from torch_l2topo import Topology, TopologyFormatError
 from torch_l2topo import fingerprint as fp
 from torch_l2topo.bundled import DATA_DIR
@@ -39,16 +36,6 @@ CALIBRATION_DIRS = (DATA_DIR, ROOT / "benchmarks" / "results" / "calibrations")
 SALTS = tuple(f"bench-salt-{i:02d}" for i in range(8))  # fixed: the figures must be reproducible
 KS = (4, 8, 16)
 TRAIN = ("cuda", "waves")
-
-
-def cpu_environment() -> dict:
-    import scipy
-
-    from torch_l2topo.version import __version__
-
-    return {"python": platform.python_version(), "numpy": np.__version__, "scipy": scipy.__version__,
-            "torch_l2topo": __version__, "machine": platform.machine(), "platform": platform.platform(),
-            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
 
 
 def load_all() -> tuple[dict, list, list]:
@@ -250,20 +237,9 @@ def main(argv=None) -> dict:
         "near_far": near_far_figures(topos),
         "localization": localization_figures(topos),
     }
-    doc = {"command": command_line(), "env": cpu_environment(), "figures": figures}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=1, default=_jsonable) + "\n")
+    write_json(args.out, figures, cpu_environment())
     _print_summary(figures)
     return figures
-
-
-def _jsonable(x):
-    if isinstance(x, np.generic):
-        return x.item()
-    if isinstance(x, np.ndarray):
-        return x.tolist()
-    raise TypeError(f"not JSON serializable: {type(x).__name__}")
 
 
 def _print_summary(f: dict) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from torch_l2topo.filelock import exclusive
+from torch_l2topo.files import exclusive
 
 SOURCE_DIR = Path(__file__).resolve().parent
 SOURCES = ("l2_probes.cu", "cluster_probe.cu", "whereami.cu", "bindings.cpp")

@@ -9,7 +9,7 @@ import numpy as np
 
 from . import cache
 from .device import device_info, resolve_device
-from .filelock import exclusive
+from .files import exclusive
 from .probes import BACKENDS, DEFAULT_MODE, MODES, ProbeConfig, measure
 from .topology import Topology
 from .version import __version__

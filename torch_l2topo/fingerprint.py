@@ -23,15 +23,14 @@ import hashlib
 import hmac
 import json
 import math
-import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from .errors import L2TopoError
+from .files import atomic_write
 from .topology import Topology
 
 SIGNATURE_VERSION = 1
@@ -265,18 +264,7 @@ class Registry:
         path = self._path(name)
         if path.exists() and not replace:
             raise RegistryError(f"registry entry {name!r} exists ({path}); pass replace=True to overwrite")
-        self.directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=self.directory)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(sig.to_dict(), f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+        return atomic_write(path, json.dumps(sig.to_dict()).encode())
 
     def remove(self, name: str) -> None:
         path = self._path(name)

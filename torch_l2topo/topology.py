@@ -9,8 +9,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
-import tempfile
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import TopologyFormatError
+from .files import atomic_write
 
 FORMAT_VERSION = 1
 _META_KEY = "meta_json"
@@ -85,22 +84,11 @@ class Topology:
     def save(self, path) -> Path:
         """Write atomically (temp file + rename in the same directory): readers never see half a file."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         arrays = self._arrays()
         meta = dict(self.meta, format_version=FORMAT_VERSION, checksum=_checksum(arrays))
         buf = io.BytesIO()
         np.savez_compressed(buf, **arrays, **{_META_KEY: np.frombuffer(json.dumps(meta).encode(), np.uint8)})
-        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(buf.getvalue())
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+        return atomic_write(path, buf.getvalue())
 
     @classmethod
     def load(cls, path) -> "Topology":

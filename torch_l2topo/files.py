@@ -1,12 +1,14 @@
-"""An exclusive advisory file lock (flock) with a timeout.
+"""Safe file operations: an exclusive advisory lock with a timeout, and atomic writes.
 
 flock locks are released by the OS when their holder dies, so a killed process never leaves a lock that
-blocks everyone after it (unlike a lock *file*, whose mere existence is the lock).
+blocks everyone after it (unlike a lock *file*, whose mere existence is the lock). Atomic writes go to a
+temporary file in the target's directory and are renamed over it, so readers never see half a file.
 """
 from __future__ import annotations
 
 import fcntl
 import os
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -36,3 +38,20 @@ def exclusive(path: Path, timeout_s: float, what: str):
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes) -> Path:
+    """Write `data` to `path` atomically (temp file in the same directory, fsync, rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
