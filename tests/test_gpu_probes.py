@@ -171,3 +171,17 @@ def test_whereami_signatures_locate_the_partition(gpu, backend):
     truth = loc.classifier.labels["partition"][smid]
     assert np.mean(loc.locate(sig)["partition"] == truth) >= 0.95
     torch.cuda.synchronize()
+
+
+def test_identify_the_running_gpu_against_its_own_calibration(gpu, tmp_path):
+    import torch_l2topo
+    from torch_l2topo import fingerprint as fp
+    from torch_l2topo.device import device_info
+
+    mine = device_info(0).uuid_hash
+    other = next(n for n in torch_l2topo.list_examples() if torch_l2topo.load_example(n).meta["uuid_hash"] != mine)
+    reg = fp.Registry(tmp_path / "registry")
+    reg.add("this-gpu", fp.signature(torch_l2topo.calibrate(0, use_cache=False)))
+    reg.add("another-h200", fp.signature(torch_l2topo.load_example(other)))
+    name, distance, margin = reg.identify(torch_l2topo.calibrate(0, backend="cuda", use_cache=False))
+    assert name == "this-gpu" and distance < fp.DEFAULT_THRESHOLD

@@ -1,0 +1,73 @@
+"""The CUDA extension loader on CPU: a lock file left by a killed build does not block the next build."""
+import types
+
+import pytest
+
+from torch_l2topo import cuda_ext
+
+
+@pytest.fixture
+def fake_build(monkeypatch, tmp_path):
+    """torch.utils.cpp_extension.load replaced by a recorder: torch's real one would wait on `lock`."""
+    import torch
+    from torch.utils import cpp_extension
+
+    calls = []
+
+    def load(**kw):
+        from pathlib import Path
+
+        calls.append(kw)
+        assert not (Path(kw["build_directory"]) / "lock").exists(), "a stale lock would make torch wait forever"
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setattr(cpp_extension, "load", load)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(cuda_ext, "_loaded", {})
+    monkeypatch.setattr(cuda_ext, "_failed", {})
+    monkeypatch.setattr(torch, "ops", types.SimpleNamespace(l2topo="ops"))
+    return calls
+
+
+def test_stale_lock_from_a_killed_build_is_removed(fake_build, tmp_path):
+    build_dir = tmp_path / cuda_ext.extension_name((9, 0))
+    build_dir.mkdir()
+    (build_dir / "lock").touch()  # what a build killed half-way leaves behind
+    assert cuda_ext.load((9, 0)) == "ops"
+    assert len(fake_build) == 1 and fake_build[0]["name"].endswith("_sm90")
+    assert cuda_ext.load((9, 0)) == "ops" and len(fake_build) == 1  # loaded once per process
+
+
+def test_extension_name_carries_torch_version_and_arch():
+    name = cuda_ext.extension_name((8, 6))
+    assert name.startswith("l2topo_ext_torch") and name.endswith("_sm86")
+
+
+def test_no_cuda_torch_is_a_clear_error(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(cuda_ext, "_loaded", {})
+    with pytest.raises(cuda_ext.ExtensionUnavailable, match="no CUDA support"):
+        cuda_ext.load((9, 0))
+
+
+def test_a_failed_build_is_not_retried_in_the_same_process(monkeypatch, tmp_path):
+    import torch
+    from torch.utils import cpp_extension
+
+    calls = []
+
+    def broken(**kw):
+        calls.append(kw)
+        raise RuntimeError("nvcc: error")
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setattr(cpp_extension, "load", broken)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(cuda_ext, "_loaded", {})
+    monkeypatch.setattr(cuda_ext, "_failed", {})
+    for _ in range(2):
+        with pytest.raises(cuda_ext.ExtensionUnavailable, match="nvcc: error"):
+            cuda_ext.load((9, 0))
+    assert len(calls) == 1
