@@ -14,7 +14,7 @@ import numpy as np
 
 from . import probe_layout as L
 from .errors import ProbeError, ProbeTimeout
-from .plans import ChainPlan, ring_plan
+from .plans import ChainPlan, line_offsets, ring_plan
 
 BACKENDS = ("triton", "cuda")
 # How many SMs measure at once. "serialized": one SM at a time, the reference (2.3 s on an H200).
@@ -104,7 +104,8 @@ def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
 
 
 def _launch(backend: str, kind: str, **kw) -> None:
-    """Launch one probe kernel on the current stream. kw: tensors and sizes named as in the kernels."""
+    """Launch the "chain" or "line" probe kernel on the current stream. kw: tensors and sizes named as in
+    the kernels."""
     import torch
 
     with torch.cuda.device(kw["ctrl"].device):  # Triton launches on, and checks pointers against, this device
@@ -192,6 +193,24 @@ def _to_device(a: np.ndarray, device):
     return torch.from_numpy(np.ascontiguousarray(a)).pin_memory().to(device, non_blocking=True)
 
 
+def _checked_launches(device, backend: str, kind: str, n_sm: int, wave: int, timeout_s: float,
+                      per_sm_loads: int, repeats: int, **kernel_args):
+    """Launch the `kind` probe `repeats` times on one control block; yield each launch's host wall time
+    once it finished within its deadline and its control block shows every SM measured without error."""
+    import torch
+
+    ctrl = torch.zeros(L.control_words(n_sm), dtype=torch.int64, device=device)
+    deadline = _deadline(per_sm_loads, n_sm, wave, timeout_s)
+    for _ in range(repeats):
+        ctrl.zero_()
+        t0 = time.perf_counter()
+        _launch(backend, kind, ctrl=ctrl, n_sm=n_sm, wave=wave, timeout_ns=int(timeout_s * 1e9), **kernel_args)
+        _wait(device, deadline, kind)
+        elapsed = time.perf_counter() - t0
+        _check_control(ctrl.cpu().numpy(), n_sm, timeout_s, kind)
+        yield elapsed
+
+
 def run_chain(device, n_sm: int, plan: ChainPlan, backend: str, mode: str, timeout_s: float,
               repeats: int = 1) -> list[ChainResult]:
     """`repeats` launches of the chain probe over one ring: a warm and a timed pass on every SM each."""
@@ -208,17 +227,9 @@ def run_chain(device, n_sm: int, plan: ChainPlan, backend: str, mode: str, timeo
     starts_np = base + plan.start_line * L.LINE_BYTES + plan.start_ring * 8
     starts = _to_device(starts_np, device)
     out = torch.zeros(n_sm * L.OUT_WORDS, dtype=torch.int64, device=device)
-    ctrl = torch.zeros(L.control_words(n_sm), dtype=torch.int64, device=device)
-    deadline = _deadline(2 * plan.n_lines, n_sm, wave, timeout_s)
     results = []
-    for _ in range(repeats):
-        ctrl.zero_()
-        t0 = time.perf_counter()
-        _launch(backend, "chain", ctrl=ctrl, starts=starts, out=out, n_loads=plan.n_lines, n_sm=n_sm,
-                wave=wave, timeout_ns=int(timeout_s * 1e9))
-        _wait(device, deadline, "chain")
-        elapsed = time.perf_counter() - t0
-        _check_control(ctrl.cpu().numpy(), n_sm, timeout_s, "chain")
+    for elapsed in _checked_launches(device, backend, "chain", n_sm, wave, timeout_s, 2 * plan.n_lines, repeats,
+                                     starts=starts, out=out, n_loads=plan.n_lines):
         o = out.view(n_sm, L.OUT_WORDS).cpu().numpy()
         broken = np.flatnonzero(o[:, 2] != starts_np).tolist()
         if broken:
@@ -233,9 +244,12 @@ def line_buffer(n_lines: int, device):
     import torch
 
     lines = torch.zeros(n_lines * L.LINE_WORDS, dtype=torch.int64, device=device)
-    addresses = lines.data_ptr() + np.arange(n_lines, dtype=np.int64) * L.LINE_BYTES
-    lines.view(n_lines, L.LINE_WORDS)[:, 0] = _to_device(addresses, device)
+    lines.view(n_lines, L.LINE_WORDS)[:, 0] = _to_device(_line_addresses(lines), device)
     return lines
+
+
+def _line_addresses(lines) -> np.ndarray:
+    return lines.data_ptr() + line_offsets(lines.numel() // L.LINE_WORDS)
 
 
 def run_lines(device, n_sm: int, n_lines: int, n_warm: int, n_timed: int, backend: str, mode: str,
@@ -253,20 +267,13 @@ def run_lines(device, n_sm: int, n_lines: int, n_warm: int, n_timed: int, backen
         lines = line_buffer(n_lines, device)
     elif lines.numel() != n_lines * L.LINE_WORDS:
         raise ValueError(f"the line buffer holds {lines.numel() // L.LINE_WORDS} lines, not {n_lines}")
-    addresses = lines.data_ptr() + np.arange(n_lines, dtype=np.int64) * L.LINE_BYTES
+    addresses = _line_addresses(lines)
     cycles = torch.zeros(n_sm * n_lines, dtype=torch.int64, device=device)
     per_sm = torch.zeros(n_sm * L.OUT_WORDS, dtype=torch.int64, device=device)
-    ctrl = torch.zeros(L.control_words(n_sm), dtype=torch.int64, device=device)
-    deadline = _deadline(n_lines * (n_warm + n_timed), n_sm, wave, timeout_s)
     results = []
-    for _ in range(repeats):
-        ctrl.zero_()
-        t0 = time.perf_counter()
-        _launch(backend, "lines", ctrl=ctrl, lines=lines, cycles=cycles, per_sm=per_sm, n_lines=n_lines,
-                n_warm=n_warm, n_timed=n_timed, n_sm=n_sm, wave=wave, timeout_ns=int(timeout_s * 1e9))
-        _wait(device, deadline, "line")
-        elapsed = time.perf_counter() - t0
-        _check_control(ctrl.cpu().numpy(), n_sm, timeout_s, "line")
+    for elapsed in _checked_launches(device, backend, "line", n_sm, wave, timeout_s, n_lines * (n_warm + n_timed),
+                                     repeats, lines=lines, cycles=cycles, per_sm=per_sm, n_lines=n_lines,
+                                     n_warm=n_warm, n_timed=n_timed):
         s = per_sm.view(n_sm, L.OUT_WORDS).cpu().numpy()
         broken = np.flatnonzero(s[:, 2] != 0).tolist()
         if broken:
