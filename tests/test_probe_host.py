@@ -1,0 +1,105 @@
+"""The probes' host side on CPU: buffers built from a plan, launches checked and decoded, with a numpy
+stand-in for the kernels that chases the very pointers the host wrote (so the ring layout is checked too)."""
+import numpy as np
+import pytest
+import torch
+
+from torch_l2topo import ProbeError, probes
+from torch_l2topo import probe_layout as L
+from torch_l2topo.plans import ring_plan
+
+N_SM = 8
+CYCLES_PER_LOAD, NS_PER_LOAD = 280, 140
+
+
+def _words(t: torch.Tensor) -> np.ndarray:
+    return t.numpy()
+
+
+def _chase(buf: torch.Tensor, addr: int, n: int) -> int:
+    words, base = _words(buf), buf.data_ptr()
+    for _ in range(n):
+        addr = int(words[(addr - base) // 8])
+    return addr
+
+
+def fake_launch(backend, kind, *, ctrl, n_sm, wave, timeout_ns, **kw):
+    """What the kernels write: claims, then per-SM results, chasing the host-built buffers."""
+    c = _words(ctrl)
+    c[L.CLAIMS:L.CLAIMS + n_sm] = 1
+    c[L.ARRIVALS] = c[L.TURN] = n_sm
+    if kind == "chain":
+        ring = fake_launch.ring
+        out = _words(kw["out"]).reshape(n_sm, L.OUT_WORDS)
+        for sm, start in enumerate(_words(kw["starts"])):
+            end = _chase(ring, int(_chase(ring, int(start), kw["n_loads"])), kw["n_loads"])
+            out[sm] = (CYCLES_PER_LOAD * kw["n_loads"] + sm, NS_PER_LOAD * kw["n_loads"], end)
+    else:
+        cycles = _words(kw["cycles"]).reshape(n_sm, kw["n_lines"])
+        per_sm = _words(kw["per_sm"]).reshape(n_sm, L.OUT_WORDS)
+        base = kw["lines"].data_ptr()
+        for sm in range(n_sm):
+            broken = 0
+            for line in range(kw["n_lines"]):
+                home = base + line * L.LINE_BYTES
+                broken += _chase(kw["lines"], home, kw["n_warm"] + kw["n_timed"]) != home
+                cycles[sm, line] = (CYCLES_PER_LOAD + line % 2) * kw["n_timed"]
+            per_sm[sm] = (2 * kw["n_lines"], kw["n_lines"], broken)
+
+
+@pytest.fixture
+def cpu_probes(monkeypatch):
+    monkeypatch.setattr(probes, "_to_device", lambda a, device: torch.from_numpy(np.ascontiguousarray(a)))
+    monkeypatch.setattr(probes, "_wait", lambda device, deadline, what: None)
+    monkeypatch.setattr(probes, "_launch", fake_launch)
+    real_zeros = torch.zeros
+
+    def zeros(*args, **kw):  # remember the chain buffer: the fake kernel chases it
+        t = real_zeros(*args, **{k: v for k, v in kw.items() if k != "device"})
+        if t.numel() == fake_launch.expect_ring:
+            fake_launch.ring = t
+        return t
+
+    monkeypatch.setattr(torch, "zeros", zeros)
+    return probes
+
+
+@pytest.mark.parametrize("mode", probes.MODES)
+def test_chain_buffers_chase_back_to_every_start(cpu_probes, mode):
+    plan = ring_plan(64, N_SM, seed=2)
+    fake_launch.expect_ring = plan.n_lines * L.LINE_WORDS
+    results = cpu_probes.run_chain("cpu", N_SM, plan, "triton", mode, 2.0, repeats=2)
+    assert len(results) == 2
+    np.testing.assert_allclose(results[0].cycles, CYCLES_PER_LOAD + np.arange(N_SM) / 64)
+    np.testing.assert_allclose(results[0].clock_ghz, results[0].cycles / NS_PER_LOAD)
+
+
+def test_a_corrupted_ring_is_reported(cpu_probes, monkeypatch):
+    plan = ring_plan(64, N_SM, seed=2)
+    broken = plan.successor.copy()
+    broken[0, [0, 1]] = broken[0, [1, 0]]  # ring 0 is no longer one cycle
+    fake_launch.expect_ring = plan.n_lines * L.LINE_WORDS
+    with pytest.raises(ProbeError, match="did not return to its start on SMs 0"):
+        cpu_probes.run_chain("cpu", N_SM, type(plan)(broken, plan.start_ring, plan.start_line), "cuda", "waves",
+                             2.0)
+
+
+def test_line_buffer_points_to_itself_and_results_decode(cpu_probes):
+    fake_launch.expect_ring = -1
+    buf = cpu_probes.line_buffer(16, "cpu")
+    (r,) = cpu_probes.run_lines("cpu", N_SM, 16, 2, 8, "triton", "waves", 2.0, lines=buf)
+    assert r.cycles.shape == (N_SM, 16) and (r.cycles[:, 1] == CYCLES_PER_LOAD + 1).all()
+    np.testing.assert_array_equal(r.line_addresses, buf.data_ptr() + np.arange(16) * L.LINE_BYTES)
+    np.testing.assert_allclose(r.sm_clock_ghz, 2.0)
+    with pytest.raises(ValueError, match="holds 16 lines, not 32"):
+        cpu_probes.run_lines("cpu", N_SM, 32, 2, 8, "triton", "waves", 2.0, lines=buf)
+    _words(buf)[L.LINE_WORDS * 3] += L.LINE_BYTES  # line 3 now points at line 4
+    with pytest.raises(ProbeError, match="self-pointing line returned another address"):
+        cpu_probes.run_lines("cpu", N_SM, 16, 2, 8, "cuda", "waves", 2.0, lines=buf)
+
+
+def test_bad_backend_and_mode(cpu_probes):
+    with pytest.raises(ValueError, match="backend"):
+        cpu_probes.run_lines("cpu", N_SM, 16, 2, 8, "opencl", "waves", 2.0)
+    with pytest.raises(ValueError, match="mode"):
+        cpu_probes.run_chain("cpu", N_SM, ring_plan(8, N_SM), "cuda", "fast", 2.0)
