@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import datetime as _dt
 import time
 
@@ -73,12 +74,8 @@ def _with_gpc(topo: Topology, index: int, gpc: bool) -> Topology:
 def _resolve_backend(backend: str) -> str:
     if backend != "auto":
         return backend
-    try:
-        import triton  # noqa: F401  (Triton compiles in about a second; the CUDA extension takes a minute)
-
-        return "triton"
-    except ImportError:
-        return "cuda"
+    # Triton compiles the probes in about a second; the CUDA extension's first build takes several.
+    return "triton" if importlib.util.find_spec("triton") is not None else "cuda"
 
 
 def _measure(index: int, info, cfg: ProbeConfig, backend: str, mode: str) -> Topology:
