@@ -22,8 +22,8 @@ def main(argv=None) -> dict:
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="l2topo-triton-")
     import torch
 
-    from torch_l2topo import cuda_ext
-    from torch_l2topo.plans import ring_plan
+    from torch_l2topo import extension
+    from torch_l2topo.probe_plans import ring_plan
     from torch_l2topo.probes import run_chain, run_lines
 
     dev = torch.device("cuda", 0)
@@ -31,7 +31,7 @@ def main(argv=None) -> dict:
     n_sm = torch.cuda.get_device_properties(dev).multi_processor_count
     figures = {"max_jobs": os.environ.get("MAX_JOBS"), "cpu_count": os.cpu_count()}
     t0 = time.perf_counter()
-    cuda_ext.load(torch.cuda.get_device_capability(dev))
+    extension.load(torch.cuda.get_device_capability(dev))
     figures["cuda_ext_cold_build_s"] = time.perf_counter() - t0
     plan = ring_plan(256, n_sm)
     for label in ("triton_first_probe_launches_s", "triton_cached_probe_launches_s"):

@@ -37,7 +37,7 @@ def main(argv=None) -> dict:
     import torch
 
     import torch_l2topo
-    from torch_l2topo import cuda_ext
+    from torch_l2topo import extension
     from torch_l2topo.compare import compare_maps
 
     dev = args.device
@@ -46,7 +46,7 @@ def main(argv=None) -> dict:
     figures: dict = {"compile_s": {}, "cold_s": {}, "cached_s": None, "repeat": {}, "maps": {}}
 
     t0 = time.perf_counter()
-    cuda_ext.load(torch.cuda.get_device_capability(dev))
+    extension.load(torch.cuda.get_device_capability(dev))
     figures["compile_s"]["cuda_ext_build_and_load"] = time.perf_counter() - t0
     gpc = None
     if args.gpc:

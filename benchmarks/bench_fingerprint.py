@@ -27,8 +27,11 @@ import numpy as np
 from common import cpu_environment, write_json
 from torch_l2topo import Topology, TopologyFormatError
 from torch_l2topo import fingerprint as fp
+from torch_l2topo import hashed as hx
 from torch_l2topo.bundled import DATA_DIR
+from torch_l2topo.labels import sm_labels
 from torch_l2topo.localize import SMClassifier, evaluate
+from torch_l2topo.registry import Registry
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -96,13 +99,13 @@ def signature_figures(topos: dict) -> dict:
 
     hashed_w, hashed_b = [], []
     for salt in SALTS:
-        ex = {k: fp.export_hashed(s, salt) for k, s in sigs.items()}
+        ex = {k: hx.export_hashed(s, salt) for k, s in sigs.items()}
         for a, b in pairs:
-            (hashed_w if device[a] == device[b] else hashed_b).append(fp.hashed_distance(ex[a], ex[b]))
+            (hashed_w if device[a] == device[b] else hashed_b).append(hx.hashed_distance(ex[a], ex[b]))
     hashed = separation(hashed_w, hashed_b)
-    hashed.update(n_bits=fp.HASH_BITS, n_salts=len(SALTS), default_threshold=fp.DEFAULT_HASH_THRESHOLD,
-                  accuracy_default=float(np.mean([d <= fp.DEFAULT_HASH_THRESHOLD for d in hashed_w]
-                                                 + [d > fp.DEFAULT_HASH_THRESHOLD for d in hashed_b])))
+    hashed.update(n_bits=hx.HASH_BITS, n_salts=len(SALTS), default_threshold=hx.DEFAULT_HASH_THRESHOLD,
+                  accuracy_default=float(np.mean([d <= hx.DEFAULT_HASH_THRESHOLD for d in hashed_w]
+                                                 + [d > hx.DEFAULT_HASH_THRESHOLD for d in hashed_b])))
     fig["hashed"] = hashed
     return fig
 
@@ -112,7 +115,7 @@ def identify_accuracy(sigs: dict, device: dict, threshold: float) -> dict:
     right, false_match, missed = 0, 0, 0
     with tempfile.TemporaryDirectory() as tmp:
         for i, (query, entry) in enumerate(itertools.permutations(sigs, 2)):
-            reg = fp.Registry(Path(tmp) / str(i))
+            reg = Registry(Path(tmp) / str(i))
             reg.add("entry", sigs[entry])
             name, _, _ = reg.identify(sigs[query], threshold=threshold)
             same = device[query] == device[entry]
@@ -145,7 +148,7 @@ def near_far_figures(topos: dict) -> dict:
     half_split = {"near": [], "far": []}
     full = {}
     for key, topo in topos.items():
-        side, _ = fp.partition_sides(topo.line_cycles)
+        side = np.where(sm_labels(topo).partition == 1, 1, -1)
         full[key] = _near_far(topo.line_cycles, side)
         h1, h2 = (_near_far(topo.line_cycles[:, cols], side)
                   for cols in np.array_split(rng.permutation(topo.n_lines), 2))
@@ -172,11 +175,7 @@ def localization_figures(topos: dict) -> dict:
         train = train[0]
         tests = [(f"{t.meta.get('backend')}-{t.meta.get('mode')}", t) for _, t in items
                  if t is not train and np.array_equal(t.line_addresses, train.line_addresses)]
-        side, _ = fp.partition_sides(train.line_cycles)
-        labels = {"tpc": np.arange(train.n_sm) // 2, "partition": (side > 0).astype(np.int64)}
-        gpc = train.extras.get("gpc_truth")  # cluster co-residence (calibrate(gpc=True)); -1: SM not seen
-        if gpc is not None and np.all(np.asarray(gpc) >= 0):
-            labels["gpc"] = np.asarray(gpc, dtype=np.int64)
+        labels = sm_labels(train).levels()  # gpc too where cluster ground truth saw every SM
         dev = {"trained_on": "-".join(TRAIN), "tested_on": [n for n, _ in tests], "levels": sorted(labels), "k": {}}
         for k in KS:
             clf = SMClassifier().fit(train.line_cycles, labels, n_lines_used=k)

@@ -1,86 +1,10 @@
-"""CUDA backend of the probes: JIT-builds cuda_ext/ with torch.utils.cpp_extension on first use.
+"""CUDA sources of the kernels (installed as torch_l2topo.cuda_ext): headers, kernels and torch bindings.
 
-The build is cached per torch version and GPU architecture (both are in the extension name, so a torch
-upgrade or another GPU never loads a stale binary). torch's own build lock is a plain file that a killed
-build leaves behind, after which every later load waits on it forever (fixed only in newer torch). We take
-an flock first, which the OS releases when its holder dies: whoever holds it is the only builder, so a torch
-lock file found while holding it is stale and is removed.
+torch_l2topo/extension.py builds them on first use; nothing here imports the rest of the package. The
+public device-side headers for users' kernels are protocol.cuh (claim an SM, timers, bounded waits),
+l2_signature.cuh (self-localization) and placement.cuh (SM-aware work plans).
 """
-from __future__ import annotations
-
-import os
 from pathlib import Path
-
-from torch_l2topo.files import exclusive
 
 SOURCE_DIR = Path(__file__).resolve().parent
 SOURCES = ("l2_probes.cu", "cluster_probe.cu", "whereami.cu", "bindings.cpp")
-BUILD_LOCK_TIMEOUT_S = 600.0  # a cold build of the bindings takes about a minute on a busy machine
-
-_loaded: dict[str, object] = {}
-_failed: dict[str, str] = {}  # a failed build is not retried in the same process: torch would load a stale .so
-
-
-class ExtensionUnavailable(RuntimeError):
-    """The CUDA backend cannot be built or loaded here (no nvcc, no CUDA torch, or a failed build)."""
-
-
-def extension_name(cc: tuple[int, int]) -> str:
-    torch_version = _torch_version_tag()
-    return f"l2topo_ext_torch{torch_version}_sm{cc[0]}{cc[1]}"
-
-
-def _torch_version_tag() -> str:
-    import torch
-
-    return "".join(ch if ch.isalnum() else "_" for ch in torch.__version__)
-
-
-def build_root() -> Path:
-    """torch's convention: $TORCH_EXTENSIONS_DIR, else ~/.cache/torch_extensions."""
-    root = os.environ.get("TORCH_EXTENSIONS_DIR")
-    return Path(root).expanduser() if root else Path.home() / ".cache" / "torch_extensions"
-
-
-def load(cc: tuple[int, int]):
-    """Build (once) and load the extension for compute capability `cc`; returns the torch.ops namespace."""
-    import torch
-
-    name = extension_name(cc)
-    if name in _loaded:
-        return _loaded[name]
-    if name in _failed:
-        raise ExtensionUnavailable(_failed[name])
-    if torch.version.cuda is None:
-        raise ExtensionUnavailable("this torch build has no CUDA support; the CUDA backend needs one")
-    from torch.utils import cpp_extension
-
-    build_dir = build_root() / name
-    build_dir.mkdir(parents=True, exist_ok=True)
-    with exclusive(build_dir / "l2topo.flock", BUILD_LOCK_TIMEOUT_S, "CUDA extension build"):
-        stale = build_dir / "lock"
-        if stale.exists():
-            stale.unlink()
-        arch = f"{cc[0]}.{cc[1]}"
-        previous = os.environ.get("TORCH_CUDA_ARCH_LIST")
-        os.environ["TORCH_CUDA_ARCH_LIST"] = arch  # build for this GPU only: faster, and no PTX JIT at start
-        try:
-            cpp_extension.load(
-                name=name,
-                sources=[str(SOURCE_DIR / s) for s in SOURCES],
-                extra_cflags=["-O2"],
-                extra_cuda_cflags=["-O3"],
-                build_directory=str(build_dir),
-                is_python_module=False,
-                verbose=False,
-            )
-        except Exception as exc:  # the compiler's message is long; keep it, but lead with what failed
-            _failed[name] = f"building the CUDA extension {name} failed: {exc}"
-            raise ExtensionUnavailable(_failed[name]) from exc
-        finally:
-            if previous is None:
-                os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
-            else:
-                os.environ["TORCH_CUDA_ARCH_LIST"] = previous
-    _loaded[name] = torch.ops.l2topo
-    return torch.ops.l2topo

@@ -1,5 +1,6 @@
-// torch bindings of the probe launchers: ops l2topo::chain_probe, line_probe, cluster_probe and
-// whereami, CUDA only.
+// torch bindings of the kernel launchers: ops l2topo::chain_probe, line_probe, cluster_probe and whereami,
+// CUDA only. Every op takes its kernel's arguments in the order of the Triton kernel, then the grid (CTAs),
+// so that torch_l2topo/launch.py dispatches both backends alike.
 // Shape checks live in torch_l2topo/probes.py (one place for both backends); here only what would
 // make a launch unsafe is checked.
 #include <c10/cuda/CUDAException.h>
@@ -9,7 +10,7 @@
 
 #include "cluster_probe.h"
 #include "l2_probes.h"
-#include "probe_layout.h"
+#include "layout.h"
 #include "whereami.h"
 
 namespace l2topo {
@@ -30,7 +31,7 @@ ProbeLaunch make_launch(at::Tensor& ctrl, int64_t n_sm, int64_t grid, int64_t wa
 }
 
 void chain_probe(at::Tensor ctrl, at::Tensor starts, at::Tensor out, int64_t n_loads, int64_t n_sm,
-                 int64_t grid, int64_t wave, int64_t timeout_ns) {
+                 int64_t wave, int64_t timeout_ns, int64_t grid) {
   const c10::cuda::CUDAGuard guard(ctrl.device());
   const ProbeLaunch launch = make_launch(ctrl, n_sm, grid, wave, timeout_ns);
   check_int64_cuda(starts, "starts");
@@ -41,8 +42,8 @@ void chain_probe(at::Tensor ctrl, at::Tensor starts, at::Tensor out, int64_t n_l
 }
 
 void line_probe(at::Tensor ctrl, at::Tensor lines, at::Tensor cycles, at::Tensor per_sm, int64_t n_lines,
-                int64_t n_warm, int64_t n_timed, int64_t n_sm, int64_t grid, int64_t wave,
-                int64_t timeout_ns) {
+                int64_t n_warm, int64_t n_timed, int64_t n_sm, int64_t wave, int64_t timeout_ns,
+                int64_t grid) {
   const c10::cuda::CUDAGuard guard(ctrl.device());
   const ProbeLaunch launch = make_launch(ctrl, n_sm, grid, wave, timeout_ns);
   check_int64_cuda(lines, "lines");
@@ -56,34 +57,35 @@ void line_probe(at::Tensor ctrl, at::Tensor lines, at::Tensor cycles, at::Tensor
                                    c10::cuda::getCurrentCUDAStream()));
 }
 
-void cluster_probe(at::Tensor out, int64_t cluster, int64_t smem_bytes, int64_t hold_ns) {
+void cluster_probe(at::Tensor out, int64_t cluster, int64_t smem_bytes, int64_t hold_ns, int64_t grid) {
   const c10::cuda::CUDAGuard guard(out.device());
   check_int64_cuda(out, "out");
-  TORCH_CHECK(cluster >= 1 && out.numel() % cluster == 0, "out.numel() must be a multiple of cluster=", cluster);
-  C10_CUDA_CHECK(launch_cluster_probe(out.data_ptr<int64_t>(), out.numel(), cluster, smem_bytes, hold_ns,
+  TORCH_CHECK(out.numel() == grid, "out must hold one entry per CTA (grid=", grid, ")");
+  TORCH_CHECK(cluster >= 1 && grid % cluster == 0, "grid must be a multiple of cluster=", cluster);
+  C10_CUDA_CHECK(launch_cluster_probe(out.data_ptr<int64_t>(), grid, cluster, smem_bytes, hold_ns,
                                       c10::cuda::getCurrentCUDAStream()));
 }
 
-void whereami(at::Tensor lines, at::Tensor idx, at::Tensor out, int64_t n_warm, int64_t n_timed) {
+void whereami(at::Tensor lines, at::Tensor idx, at::Tensor out, int64_t n_warm, int64_t n_timed, int64_t grid) {
   const c10::cuda::CUDAGuard guard(out.device());
   check_int64_cuda(lines, "lines");
   check_int64_cuda(out, "out");
   TORCH_CHECK(idx.is_cuda() && idx.scalar_type() == at::kInt && idx.is_contiguous(), "idx must be CUDA int32");
   const int64_t k = idx.numel();
-  TORCH_CHECK(out.dim() == 2 && out.size(1) == k + 1, "out must have shape (grid, k + 1)");
+  TORCH_CHECK(out.dim() == 2 && out.size(0) == grid && out.size(1) == k + 1, "out must have shape (grid, k + 1)");
   C10_CUDA_CHECK(launch_whereami(lines.data_ptr<int64_t>(), idx.data_ptr<int32_t>(), k, n_warm, n_timed,
-                                 out.data_ptr<int64_t>(), out.size(0), c10::cuda::getCurrentCUDAStream()));
+                                 out.data_ptr<int64_t>(), grid, c10::cuda::getCurrentCUDAStream()));
 }
 
 }  // namespace
 
 TORCH_LIBRARY(l2topo, m) {
-  m.def("chain_probe(Tensor(a!) ctrl, Tensor starts, Tensor(b!) out, int n_loads, int n_sm, int grid, "
-        "int wave, int timeout_ns) -> ()");
+  m.def("chain_probe(Tensor(a!) ctrl, Tensor starts, Tensor(b!) out, int n_loads, int n_sm, int wave, "
+        "int timeout_ns, int grid) -> ()");
   m.def("line_probe(Tensor(a!) ctrl, Tensor lines, Tensor(b!) cycles, Tensor(c!) per_sm, int n_lines, "
-        "int n_warm, int n_timed, int n_sm, int grid, int wave, int timeout_ns) -> ()");
-  m.def("cluster_probe(Tensor(a!) out, int cluster, int smem_bytes, int hold_ns) -> ()");
-  m.def("whereami(Tensor lines, Tensor idx, Tensor(a!) out, int n_warm, int n_timed) -> ()");
+        "int n_warm, int n_timed, int n_sm, int wave, int timeout_ns, int grid) -> ()");
+  m.def("cluster_probe(Tensor(a!) out, int cluster, int smem_bytes, int hold_ns, int grid) -> ()");
+  m.def("whereami(Tensor lines, Tensor idx, Tensor(a!) out, int n_warm, int n_timed, int grid) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(l2topo, CUDA, m) {

@@ -2,7 +2,7 @@
 // SM ids that ever share a cluster belong to one GPC. Each CTA records its %smid and holds its SM briefly,
 // so the clusters of one launch spread over all GPCs. The host unions the SM ids (torch_l2topo/gpc_probe.py).
 #include "cluster_probe.h"
-#include "probe_sync.cuh"
+#include "protocol.cuh"
 
 namespace l2topo {
 

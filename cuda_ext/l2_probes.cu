@@ -2,7 +2,7 @@
 // Semantics match triton_kernels/l2_probes.py; torch_l2topo/probes.py launches either.
 // One warp per CTA, lane 0 does all the work: the probes are single dependent load chains.
 #include "l2_probes.h"
-#include "probe_sync.cuh"
+#include "protocol.cuh"
 
 namespace l2topo {
 
@@ -13,7 +13,7 @@ namespace l2topo {
 __global__ void __launch_bounds__(32) chain_probe_kernel(ProbeLaunch launch, const int64_t* starts,
                                                          int64_t* out, int64_t n_loads) {
   if (threadIdx.x != 0) return;
-  const int64_t sm = own_sm(launch.ctrl, launch.n_sm, launch.n_sm, launch.wave, launch.timeout_ns);
+  const int64_t sm = claim_sm(launch.ctrl, launch.n_sm, launch.wave, launch.timeout_ns);
   if (sm < 0) return;
   int64_t p = starts[sm];
   for (int64_t i = 0; i < n_loads; ++i) p = chase(p);
@@ -25,7 +25,7 @@ __global__ void __launch_bounds__(32) chain_probe_kernel(ProbeLaunch launch, con
   out[sm * OUT_WORDS + 0] = t1 - t0;
   out[sm * OUT_WORDS + 1] = g1 - g0;
   out[sm * OUT_WORDS + 2] = p;
-  done(launch.ctrl);
+  finish_turn(launch.ctrl);
 }
 
 // Per SM and line: n_warm loads, then n_timed dependent loads timed with clock64. Each line holds its own
@@ -35,7 +35,7 @@ __global__ void __launch_bounds__(32) line_probe_kernel(ProbeLaunch launch, cons
                                                         int64_t* cycles, int64_t* per_sm, int64_t n_lines,
                                                         int64_t n_warm, int64_t n_timed) {
   if (threadIdx.x != 0) return;
-  const int64_t sm = own_sm(launch.ctrl, launch.n_sm, launch.n_sm, launch.wave, launch.timeout_ns);
+  const int64_t sm = claim_sm(launch.ctrl, launch.n_sm, launch.wave, launch.timeout_ns);
   if (sm < 0) return;
   const int64_t rot = ((sm % launch.wave) * n_lines) / launch.wave;
   const int64_t g_start = global_ns();
@@ -57,7 +57,7 @@ __global__ void __launch_bounds__(32) line_probe_kernel(ProbeLaunch launch, cons
   per_sm[sm * OUT_WORDS + 0] = c_end - c_start;
   per_sm[sm * OUT_WORDS + 1] = g_end - g_start;
   per_sm[sm * OUT_WORDS + 2] = broken;
-  done(launch.ctrl);
+  finish_turn(launch.ctrl);
 }
 
 cudaError_t launch_chain_probe(const ProbeLaunch& launch, const int64_t* starts, int64_t* out,

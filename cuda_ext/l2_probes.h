@@ -7,11 +7,11 @@
 namespace l2topo {
 
 struct ProbeLaunch {
-  int64_t* ctrl;        // control block: probe_layout.h
+  int64_t* ctrl;        // control block: layout.h
   int64_t n_sm;         // SMs that must each be claimed once; also the SM slot capacity
   int64_t grid;         // CTAs launched (> n_sm so that every SM gets one)
   int64_t timeout_ns;   // watchdog: longest wait without progress
-  int64_t wave;         // SMs measuring at once: 1 serialized, n_sm all at once (probe_sync.cuh)
+  int64_t wave;         // SMs measuring at once: 1 serialized, n_sm all at once (protocol.cuh)
 };
 
 cudaError_t launch_chain_probe(const ProbeLaunch& launch, const int64_t* starts, int64_t* out,

@@ -5,7 +5,7 @@
 // Mirrors triton_kernels/whereami.py.
 #pragma once
 #include <cstdint>
-#include "probe_sync.cuh"
+#include "protocol.cuh"
 
 namespace l2topo {
 

@@ -36,3 +36,19 @@ def cache_dir(tmp_path, monkeypatch):
 @pytest.fixture
 def in_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+@pytest.fixture(scope="session")
+def topos() -> dict:
+    """{file stem: Topology} of every recorded H200 calibration (tests/recorded.py says which tuned what)."""
+    from recorded import load_all
+
+    return load_all()
+
+
+@pytest.fixture(scope="session")
+def sigs(topos) -> dict:
+    """The device signature of every recorded calibration."""
+    from torch_l2topo.fingerprint import signature
+
+    return {k: signature(t) for k, t in topos.items()}

@@ -43,11 +43,30 @@ def test_examples_lists_every_bundled_calibration(capsys):
 
 
 @pytest.mark.parametrize("argv,message", [(["show", "--example", "nope"], "no bundled calibration named 'nope'"),
-                                          (["show", "/no/such/file.npz"], "No such file")])
+                                          (["show", "/no/such/file.npz"], "No such file"),
+                                          (["report", "nope", "-o", "/tmp/x"], "no bundled calibration named 'nope'")])
 def test_errors_are_one_line_and_exit_2(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert message in err and err.startswith("torch_l2topo: error:")
+    assert message in err and err.startswith("torch_l2topo: error:") and err.count("\n") == 1
+
+
+def test_a_failed_extension_build_is_one_line_not_a_traceback(capsys, monkeypatch):
+    from torch_l2topo import calibration
+    from torch_l2topo.errors import BackendUnavailable
+
+    def fail(*args, **kwargs):
+        raise BackendUnavailable("building the CUDA extension x failed (nvcc fatal); compiler output in /tmp/log")
+
+    monkeypatch.setattr(calibration, "calibrate", fail)
+    assert main(["calibrate", "--backend", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert err == "torch_l2topo: error: building the CUDA extension x failed (nvcc fatal); compiler output in /tmp/log\n"
+
+
+def test_a_directory_given_as_calibration_is_a_clear_error(tmp_path, capsys):
+    assert main(["show", str(tmp_path)]) == 2
+    assert "cannot be read" in capsys.readouterr().err
 
 
 def test_calibrate_without_a_gpu_is_a_clear_error(capsys, monkeypatch):

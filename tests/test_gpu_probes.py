@@ -1,7 +1,9 @@
-"""GPU tests of the probes and calibrate(): coverage, noise, backend and mode agreement, watchdogs.
+"""GPU tests of the probes and calibrate(): coverage, physical bounds, noise, backend and mode agreement,
+watchdogs.
 
-Thresholds here are loose sanity bounds (a few cycles); the tight targets are benchmark figures
-(benchmarks/bench_calibrate.py), never timed or noise-critical assertions in unit tests.
+The L2 map is checked against physical oracles measured in the same run (oracles.py): well above an L1 hit
+and well below a DRAM access. Agreement thresholds are loose sanity bounds (a few cycles); the tight
+targets are benchmark figures (benchmarks/bench_calibrate.py), never timed assertions in unit tests.
 """
 import time
 
@@ -25,8 +27,27 @@ def gpu():
     return dev, device_info(0).sm_count
 
 
+@pytest.fixture(scope="module")
+def oracles(gpu):
+    """L1-hit and DRAM latencies of this GPU, cycles per load, measured once for the module."""
+    from torch_l2topo.oracles import measure_oracles
+    from torch_l2topo.probes import warm_clocks
+
+    warm_clocks(gpu[0], 20)
+    o = measure_oracles(gpu[0])
+    # The oracles are physical themselves: an L1 hit is tens of cycles, DRAM several hundred (H200: ~35, 600+).
+    assert o.l1.max() < 100 and o.dram.min() > 450, (o.l1, o.dram)
+    return o
+
+
+def _assert_l2_resident(cycles, oracles):
+    """Per-load latencies that are L2 hits: far above an L1 hit, far below DRAM (same GPU, same run)."""
+    assert cycles.min() > 3 * oracles.l1.max(), (cycles.min(), oracles.l1)
+    assert cycles.max() < 0.75 * oracles.dram.min(), (cycles.max(), oracles.dram)
+
+
 def _chain(gpu, backend, mode="waves", repeats=1, warm=True):
-    from torch_l2topo.plans import ring_plan
+    from torch_l2topo.probe_plans import ring_plan
     from torch_l2topo.probes import run_chain, warm_clocks
 
     dev, n_sm = gpu
@@ -43,17 +64,12 @@ def _lines(gpu, backend, mode="waves"):
 
 
 @pytest.mark.parametrize("backend", ["triton", "cuda"])
-def test_every_sm_measured_once_with_plausible_latency(gpu, backend):
-    _, n_sm = gpu
+def test_every_sm_measured_once_between_the_physical_bounds(gpu, oracles, backend):
     r = _chain(gpu, backend)[0]
-    assert r.cycles.shape == (n_sm,)
-    # L2 hits on any cc >= 8.0 GPU take roughly 150-700 cycles; DRAM misses would be far above.
-    assert np.all((r.cycles > 100) & (r.cycles < 1000)), r.cycles
+    _assert_l2_resident(r.cycles, oracles)
     clock_ghz = r.cycles / r.ns
-    assert np.all((clock_ghz > 0.3) & (clock_ghz < 3.5)), clock_ghz
-    lines = _lines(gpu, backend)
-    assert lines.cycles.shape == (n_sm, N_LINES)
-    assert np.all((lines.cycles > 100) & (lines.cycles < 1000))
+    assert np.ptp(clock_ghz) < 0.01 * np.median(clock_ghz), clock_ghz  # one clock for every SM while probing
+    _assert_l2_resident(_lines(gpu, backend).cycles, oracles)
 
 
 @pytest.mark.parametrize("backend", ["triton", "cuda"])
@@ -62,9 +78,12 @@ def test_repeat_noise_is_small(gpu, backend):
     assert np.max(np.abs(a.cycles - b.cycles)) < 2.0
 
 
-def test_backends_agree_after_constant_offset(gpu):
+def test_backends_agree_after_a_small_constant_offset(gpu):
     t, c = _chain(gpu, "triton")[0], _chain(gpu, "cuda")[0]
     diff = t.cycles - c.cycles
+    # the per-load overhead differs between the backends by about 2 cycles (Triton above); a larger offset
+    # means one backend times something other than the loads
+    assert abs(np.median(diff)) < 4.0, np.median(diff)
     assert np.max(np.abs(diff - np.median(diff))) < 3.0
     lt, lc = _lines(gpu, "triton"), _lines(gpu, "cuda")
     d = lt.cycles - lc.cycles
@@ -156,16 +175,16 @@ def test_gpc_ground_truth_from_clusters(gpu):
 
 
 @pytest.mark.parametrize("backend", ["triton", "cuda"])
-def test_whereami_signatures_locate_the_partition(gpu, backend):
+def test_whereami_signatures_locate_the_partition(gpu, backend, cache_dir):
     import torch
 
     from torch_l2topo.selfloc import Localizer
 
     dev, n_sm = gpu
-    loc = Localizer(0, k=8, backend=backend)
+    loc = Localizer(0, k=8, backend=backend)  # its labels come from calibrate(): one cached file
+    assert len(list(cache_dir.glob("*.npz"))) == 1
     assert "partition" in loc.classifier.resolvable
     smid, sig = loc.measure(n_sm)
-    assert smid.shape == (n_sm,) and sig.shape == (n_sm, 8)
     assert ((smid >= 0) & (smid < n_sm)).all()
     # held-out launch: the partition a kernel measures itself on is the one its SM belongs to (%smid)
     truth = loc.classifier.labels["partition"][smid]
@@ -177,10 +196,11 @@ def test_identify_the_running_gpu_against_its_own_calibration(gpu, tmp_path):
     import torch_l2topo
     from torch_l2topo import fingerprint as fp
     from torch_l2topo.device import device_info
+    from torch_l2topo.registry import Registry
 
     mine = device_info(0).uuid_hash
     other = next(n for n in torch_l2topo.list_examples() if torch_l2topo.load_example(n).meta["uuid_hash"] != mine)
-    reg = fp.Registry(tmp_path / "registry")
+    reg = Registry(tmp_path / "registry")
     reg.add("this-gpu", fp.signature(torch_l2topo.calibrate(0, use_cache=False)))
     reg.add("another-h200", fp.signature(torch_l2topo.load_example(other)))
     name, distance, margin = reg.identify(torch_l2topo.calibrate(0, backend="cuda", use_cache=False))

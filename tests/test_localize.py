@@ -1,51 +1,43 @@
 """localize.py: trained on one real H200 calibration, tested on the others of the same GPU and line buffer;
-synthetic fixtures for what it must refuse (flat or random maps resolve nothing)."""
-from pathlib import Path
+synthetic fixtures for what it must refuse (flat or random maps resolve nothing).
 
+SEPARATION_IN_NOISE was tuned on the recorded calibrations of recorded.TUNING_GPUS; the real-data tests
+here use recorded.TEST_GPUS only."""
 import numpy as np
 import pytest
 
-from torch_l2topo import Topology
-from torch_l2topo.fingerprint import partition_sides
+from recorded import TEST_GPUS
+from torch_l2topo.labels import sm_labels
 from torch_l2topo.localize import SMClassifier, evaluate
 
-CALIBRATIONS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "calibrations"
+# Same process and line buffer as the training calibration (line homes follow physical addresses).
 HELD_OUT = ("cuda-serialized", "cuda-concurrent", "triton-waves", "triton-serialized", "triton-concurrent")
 
 
 @pytest.fixture(scope="module")
-def topos() -> dict:
-    paths = sorted(CALIBRATIONS.glob("*.npz"))
-    if len(paths) < 12:
-        pytest.skip(f"recorded calibrations not found under {CALIBRATIONS}")
-    return {p.stem[len("h200-"):]: Topology.load(p) for p in paths}
-
-
-def _labels(line_cycles) -> dict:
-    side, _ = partition_sides(line_cycles)
-    n = len(line_cycles)
-    return {"tpc": np.arange(n) // 2, "partition": (side > 0).astype(int)}
+def calibrations(topos) -> dict:
+    return {name[len("h200-"):]: t for name, t in topos.items()}
 
 
 @pytest.fixture(scope="module")
-def classifiers(topos) -> dict:
+def classifiers(calibrations) -> dict:
     out = {}
-    for gpu in ("d557bc", "f78934"):
-        train = topos[f"{gpu}-cuda-waves"].line_cycles
+    for gpu in TEST_GPUS:
+        train = calibrations[f"{gpu}-cuda-waves"]
         for k in (4, 8, 16):
-            out[gpu, k] = SMClassifier().fit(train, _labels(train), n_lines_used=k)
+            out[gpu, k] = SMClassifier().fit(train.line_cycles, sm_labels(train).levels(), n_lines_used=k)
     return out
 
 
-@pytest.mark.parametrize("gpu", ["d557bc", "f78934"])
+@pytest.mark.parametrize("gpu", TEST_GPUS)
 @pytest.mark.parametrize("k", [4, 8, 16])
-def test_claimed_levels_hold_on_held_out_calibrations(topos, classifiers, gpu, k):
+def test_claimed_levels_hold_on_held_out_calibrations(calibrations, classifiers, gpu, k):
     clf = classifiers[gpu, k]
     assert len(clf.chosen_lines) == k and len(set(clf.chosen_lines.tolist())) == k
     assert clf.resolvable, "an H200 line map resolves at least its two L2 partitions"
     for other in HELD_OUT:
-        t = topos[f"{gpu}-{other}"]
-        assert np.array_equal(t.line_addresses, topos[f"{gpu}-cuda-waves"].line_addresses)
+        t = calibrations[f"{gpu}-{other}"]
+        assert np.array_equal(t.line_addresses, calibrations[f"{gpu}-cuda-waves"].line_addresses)
         res = evaluate(clf, t.line_cycles[:, clf.chosen_lines], np.arange(t.n_sm))
         assert res["unit_accuracy"] >= 0.95, (other, res["confusions"])
         for level in clf.resolvable:
@@ -62,9 +54,9 @@ def test_h200_resolution(classifiers):
         assert 0.2 < clf.noise < 0.5  # per-entry repeat noise of the recorded H200 line maps, in cycles
 
 
-def test_prediction_ignores_a_constant_offset(topos, classifiers):
-    clf = classifiers["d557bc", 8]
-    x = topos["d557bc-triton-waves"].line_cycles[:, clf.chosen_lines].astype(np.float64)
+def test_prediction_ignores_a_constant_offset(calibrations, classifiers):
+    clf = classifiers[TEST_GPUS[0], 8]
+    x = calibrations[f"{TEST_GPUS[0]}-triton-waves"].line_cycles[:, clf.chosen_lines].astype(np.float64)
     a, b = clf.predict(x), clf.predict(x + 37.5)
     assert np.array_equal(a.unit, b.unit) and np.allclose(a.margin, b.margin)
     assert np.array_equal(a["partition"], a.labels["partition"])

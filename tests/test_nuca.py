@@ -1,5 +1,4 @@
 """The NUCA model: exact on planted terms, significant rank at the noise, real H200 figures, input checks."""
-import json
 
 import numpy as np
 import pytest
@@ -89,7 +88,6 @@ def test_real_h200_model_figures():
         assert model.significant_rank == 6
         assert model.residual_over_noise[6] < 1.6
         assert model.resolution == pytest.approx(NOISE_TOLERANCE * model.noise_sigma)
-        json.dumps({"r2": model.r2.tolist()})
 
 
 def test_as_model_reuses_a_fit_model():

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from torch_l2topo import ProbeError
-from torch_l2topo import probe_layout as L
+from torch_l2topo import layout as L
 from torch_l2topo.probes import MODES, _check_control, _deadline, wave_size
 
 

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from torch_l2topo import ProbeError, probes
-from torch_l2topo import probe_layout as L
-from torch_l2topo.plans import ring_plan
+from torch_l2topo import layout as L
+from torch_l2topo.probe_plans import ring_plan
 
 N_SM = 8
 CYCLES_PER_LOAD, NS_PER_LOAD = 280, 140
@@ -23,35 +23,43 @@ def _chase(buf: torch.Tensor, addr: int, n: int) -> int:
     return addr
 
 
-def fake_launch(backend, kind, *, ctrl, n_sm, wave, timeout_ns, **kw):
-    """What the kernels write: claims, then per-SM results, chasing the host-built buffers."""
+def fake_launch(kernel, backend, grid, ctrl, *args):
+    """What the kernels write: claims, then per-SM results, chasing the host-built buffers. The arguments are
+    those of the real kernels (launch.py), in their order."""
+    *kernel_args, n_sm, wave, timeout_ns = args
+    assert grid >= n_sm and 1 <= wave <= n_sm and timeout_ns > 0
+    fake_launch.waves.append(wave)
     c = _words(ctrl)
     c[L.CLAIMS:L.CLAIMS + n_sm] = 1
     c[L.ARRIVALS] = c[L.TURN] = n_sm
-    if kind == "chain":
+    if kernel == "chain_probe":
+        starts, out, n_loads = kernel_args
         ring = fake_launch.ring
-        out = _words(kw["out"]).reshape(n_sm, L.OUT_WORDS)
-        for sm, start in enumerate(_words(kw["starts"])):
-            end = _chase(ring, int(_chase(ring, int(start), kw["n_loads"])), kw["n_loads"])
-            out[sm] = (CYCLES_PER_LOAD * kw["n_loads"] + sm, NS_PER_LOAD * kw["n_loads"], end)
+        out = _words(out).reshape(n_sm, L.OUT_WORDS)
+        for sm, start in enumerate(_words(starts)):
+            end = _chase(ring, int(_chase(ring, int(start), n_loads)), n_loads)
+            out[sm] = (CYCLES_PER_LOAD * n_loads + sm, NS_PER_LOAD * n_loads, end)
     else:
-        cycles = _words(kw["cycles"]).reshape(n_sm, kw["n_lines"])
-        per_sm = _words(kw["per_sm"]).reshape(n_sm, L.OUT_WORDS)
-        base = kw["lines"].data_ptr()
+        assert kernel == "line_probe"
+        lines, cycles, per_sm, n_lines, n_warm, n_timed = kernel_args
+        cycles = _words(cycles).reshape(n_sm, n_lines)
+        per_sm = _words(per_sm).reshape(n_sm, L.OUT_WORDS)
+        base = lines.data_ptr()
         for sm in range(n_sm):
             broken = 0
-            for line in range(kw["n_lines"]):
+            for line in range(n_lines):
                 home = base + line * L.LINE_BYTES
-                broken += _chase(kw["lines"], home, kw["n_warm"] + kw["n_timed"]) != home
-                cycles[sm, line] = (CYCLES_PER_LOAD + line % 2) * kw["n_timed"]
-            per_sm[sm] = (2 * kw["n_lines"], kw["n_lines"], broken)
+                broken += _chase(lines, home, n_warm + n_timed) != home
+                cycles[sm, line] = (CYCLES_PER_LOAD + line % 2) * n_timed
+            per_sm[sm] = (2 * n_lines, n_lines, broken)
 
 
 @pytest.fixture
 def cpu_probes(monkeypatch):
     monkeypatch.setattr(probes, "_to_device", lambda a, device: torch.from_numpy(np.ascontiguousarray(a)))
     monkeypatch.setattr(probes, "_wait", lambda device, deadline, what: None)
-    monkeypatch.setattr(probes, "_launch", fake_launch)
+    monkeypatch.setattr(probes, "launch", fake_launch)
+    fake_launch.waves = []
     real_zeros = torch.zeros
 
     def zeros(*args, **kw):  # remember the chain buffer: the fake kernel chases it
@@ -64,13 +72,15 @@ def cpu_probes(monkeypatch):
     return probes
 
 
-@pytest.mark.parametrize("mode", probes.MODES)
-def test_chain_buffers_chase_back_to_every_start(cpu_probes, mode):
-    plan = ring_plan(64, N_SM, seed=2)
+@pytest.mark.parametrize("mode, wave", [("waves", L.LINE_WORDS), ("serialized", 1), ("concurrent", 40)])
+def test_chain_buffers_chase_back_to_every_start(cpu_probes, mode, wave):
+    n_sm = 40  # more SMs than rings: SMs share rings and must start apart
+    plan = ring_plan(64, n_sm, seed=2)
     fake_launch.expect_ring = plan.n_lines * L.LINE_WORDS
-    results = cpu_probes.run_chain("cpu", N_SM, plan, "triton", mode, 2.0, repeats=2)
+    results = cpu_probes.run_chain("cpu", n_sm, plan, "triton", mode, 2.0, repeats=2)
+    assert fake_launch.waves == [wave, wave]  # the mode reached the kernel as its wave size
     assert len(results) == 2
-    np.testing.assert_allclose(results[0].cycles, CYCLES_PER_LOAD + np.arange(N_SM) / 64)
+    np.testing.assert_allclose(results[0].cycles, CYCLES_PER_LOAD + np.arange(n_sm) / 64)
     np.testing.assert_allclose(results[0].clock_ghz, results[0].cycles / NS_PER_LOAD)
 
 

@@ -1,5 +1,4 @@
 """The report: Markdown and figures from bundled and planted data, the text-only fallback, the CLI command."""
-import argparse
 import json
 import subprocess
 import sys
@@ -9,7 +8,9 @@ import pytest
 
 import torch_l2topo
 from torch_l2topo import Topology
-from torch_l2topo.report import add_report_command, analyze, write_report
+from torch_l2topo.analysis import analyze
+from torch_l2topo.cli import build_parser
+from torch_l2topo.report import write_report
 from test_structure import NOISE, planted
 
 
@@ -23,13 +24,6 @@ def planted_topology(with_truth=True) -> Topology:
                     line_noise=np.full(n, NOISE * 0.953873 / 0.707107), sm_clock_ghz=np.full(n, 1.98),
                     meta={"config": {"repeats": 2}, "source": "planted"},
                     extras={"gpc_truth": truth["gpc"]} if with_truth else {})
-
-
-def _parser():
-    p = argparse.ArgumentParser()
-    sub = p.add_subparsers(dest="command")
-    add_report_command(sub)
-    return p
 
 
 def test_report_on_bundled_data_with_a_second_calibration(tmp_path):
@@ -62,7 +56,8 @@ def test_report_without_matplotlib_is_text_only_and_says_so(tmp_path, monkeypatc
 
 
 def test_analysis_modules_do_not_import_matplotlib():
-    code = ("import sys, torch_l2topo.report, torch_l2topo.structure, torch_l2topo.slices, torch_l2topo.nuca; "
+    code = ("import sys, torch_l2topo.report, torch_l2topo.analysis, torch_l2topo.labels, torch_l2topo.structure, "
+            "torch_l2topo.slices, torch_l2topo.nuca; "
             "sys.exit('matplotlib' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
 
@@ -83,17 +78,17 @@ def test_ground_truth_of_the_wrong_shape_is_rejected():
 
 
 def test_report_command_defaults_and_a_saved_file(tmp_path, capsys):
-    args = _parser().parse_args(["report"])
+    args = build_parser().parse_args(["report"])
     assert (args.file, args.example, args.out_dir, args.compare) == (None, "h200", "l2topo-report", None)
     saved = torch_l2topo.load_example("h200-f78934-cuda-waves").save(tmp_path / "cal.npz")
     out = tmp_path / "out"
-    args = _parser().parse_args(["report", str(saved), "-o", str(out), "--compare", "h200-f78934-triton-waves"])
+    args = build_parser().parse_args(["report", str(saved), "-o", str(out), "--compare", "h200-f78934-triton-waves"])
     assert args.func(args) == 0
     assert str(out / "report.md") in capsys.readouterr().out
     assert "Against bundled example h200-f78934-triton-waves" in (out / "report.md").read_text()
 
 
 def test_report_command_on_a_missing_file_raises_what_the_cli_reports(tmp_path):
-    args = _parser().parse_args(["report", str(tmp_path / "missing.npz"), "-o", str(tmp_path)])
+    args = build_parser().parse_args(["report", str(tmp_path / "missing.npz"), "-o", str(tmp_path)])
     with pytest.raises(FileNotFoundError):
         args.func(args)

@@ -32,3 +32,11 @@ def load_example(name: str = DEFAULT_EXAMPLE) -> Topology:
     topo = Topology.load(example_path(name))
     topo.meta.setdefault("source", f"bundled example {example_path(name).stem}")
     return topo
+
+
+def load_topology(spec) -> Topology:
+    """A calibration from a file path, or else a bundled example's name: the one loader the CLI uses."""
+    path = Path(spec)
+    if path.exists() or path.suffix == ".npz" or path.parent != Path("."):
+        return Topology.load(path)
+    return load_example(str(spec))

@@ -38,12 +38,16 @@ def key_digest(key: dict) -> str:
 
 
 def cache_path(key: dict) -> Path:
-    safe_uuid = "".join(ch if ch.isalnum() or ch == "-" else "_" for ch in key["uuid"])
-    return cache_dir() / f"{safe_uuid}-{key_digest(key)}.npz"
+    return cache_dir() / f"{_safe(key['uuid'])}-{key_digest(key)}.npz"
 
 
-def lock_path(key: dict) -> Path:
-    return cache_path(key).with_suffix(".lock")
+def _safe(uuid: str) -> str:
+    return "".join(ch if ch.isalnum() or ch == "-" else "_" for ch in uuid)
+
+
+def gpu_lock_path(uuid: str) -> Path:
+    """The lock file that serializes measurements on one GPU, whatever their configuration."""
+    return cache_dir() / f"{_safe(uuid)}.lock"
 
 
 def load_cached(key: dict, quiet: bool = False) -> Topology | None:

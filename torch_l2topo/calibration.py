@@ -2,20 +2,30 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import datetime as _dt
 import time
+from contextlib import contextmanager
 
 import numpy as np
 
 from . import cache
 from .device import device_info, resolve_device
+from .errors import check_choice
 from .files import exclusive
-from .probes import BACKENDS, DEFAULT_MODE, MODES, ProbeConfig, measure
+from .launch import BACKEND_CHOICES, resolve_backend
+from .probes import DEFAULT_MODE, MODES, ProbeConfig, measure
 from .topology import Topology
 from .version import __version__
 
 CALIBRATION_LOCK_TIMEOUT_S = 120.0  # another process calibrating the same GPU takes well under this
+
+
+@contextmanager
+def measuring(index: int):
+    """Hold this GPU's measurement lock: probes of two processes on one GPU would disturb each other, so
+    calibrate(), the Localizer and partition maps take turns on it."""
+    with exclusive(cache.gpu_lock_path(device_info(index).uuid), CALIBRATION_LOCK_TIMEOUT_S, "GPU measurement"):
+        yield
 
 
 def calibrate(device=None, *, backend: str = "auto", mode: str = DEFAULT_MODE, force: bool = False,
@@ -34,17 +44,15 @@ def calibrate(device=None, *, backend: str = "auto", mode: str = DEFAULT_MODE, f
     Two processes calibrating one GPU at once take turns on a per-GPU lock (measurements would disturb
     each other); the second then finds the first's fresh result in the cache.
     """
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
-    if backend not in ("auto", *BACKENDS):
-        raise ValueError(f"backend must be one of auto, {', '.join(BACKENDS)}; got {backend!r}")
+    check_choice("mode", mode, MODES)
+    check_choice("backend", backend, BACKEND_CHOICES)
     unknown = set(config) - {f.name for f in dataclasses.fields(ProbeConfig)}
     if unknown:
         raise TypeError(f"calibrate() got unknown options {sorted(unknown)}")
     index = resolve_device(device)
     info = device_info(index)
     cfg = ProbeConfig(**config).validate(info.l2_bytes)
-    backend = _resolve_backend(backend)
+    backend = resolve_backend(backend)
     key = cache.cache_key(info.as_dict(), dataclasses.asdict(cfg), __version__, backend, mode)
     if not use_cache:
         return _with_gpc(_measure(index, info, cfg, backend, mode), index, gpc)
@@ -52,7 +60,7 @@ def calibrate(device=None, *, backend: str = "auto", mode: str = DEFAULT_MODE, f
         hit = cache.load_cached(key)
         if hit is not None and (not gpc or "gpc_truth" in hit.extras):
             return hit
-    with exclusive(cache.lock_path(key), CALIBRATION_LOCK_TIMEOUT_S, "calibration"):
+    with measuring(index):
         # another process may have finished while we waited for the lock
         topo = None if force else cache.load_cached(key, quiet=True)
         if topo is None:
@@ -69,13 +77,6 @@ def _with_gpc(topo: Topology, index: int, gpc: bool) -> Topology:
 
         topo.extras["gpc_truth"] = gpc_ground_truth(index)
     return topo
-
-
-def _resolve_backend(backend: str) -> str:
-    if backend != "auto":
-        return backend
-    # Triton compiles the probes in about a second; the CUDA extension's first build takes several.
-    return "triton" if importlib.util.find_spec("triton") is not None else "cuda"
 
 
 def _measure(index: int, info, cfg: ProbeConfig, backend: str, mode: str) -> Topology:

@@ -1,28 +1,18 @@
 """Command line: `python -m torch_l2topo [calibrate|show|report|examples] ...`. Thin: parse, call the library,
-print."""
+print. Every failure the library reports on purpose is one line on stderr and exit status 2."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
-import numpy as np
-
-from .bundled import DEFAULT_EXAMPLE, list_examples, load_example
+from .bundled import DEFAULT_EXAMPLE, list_examples, load_example, load_topology
 from .errors import L2TopoError
+from .launch import BACKEND_CHOICES
 from .probes import DEFAULT_MODE, MODES
-from .report import add_report_command
-
-
-def _topology_json(topo) -> str:
-    return json.dumps({"meta": topo.meta, "chain_cycles": np.round(topo.chain_cycles, 3).tolist(),
-                       "chain_ns": np.round(topo.chain_ns, 3).tolist(),
-                       "sm_clock_ghz": np.round(topo.sm_clock_ghz, 4).tolist(),
-                       "line_mean_cycles": np.round(topo.line_cycles.mean(axis=0), 3).tolist()}, indent=1)
 
 
 def _emit(topo, as_json: bool) -> None:
-    print(_topology_json(topo) if as_json else topo.summary())
+    print(topo.to_json() if as_json else topo.summary())
 
 
 def cmd_calibrate(args) -> int:
@@ -36,10 +26,16 @@ def cmd_calibrate(args) -> int:
 
 
 def cmd_show(args) -> int:
-    from .topology import Topology
+    _emit(load_topology(args.file or args.example), args.json)
+    return 0
 
-    topo = Topology.load(args.file) if args.file else load_example(args.example)
-    _emit(topo, args.json)
+
+def cmd_report(args) -> int:
+    from .report import write_report
+
+    topo = load_topology(args.file or args.example)
+    path = write_report(topo, args.out_dir, other=load_topology(args.compare) if args.compare else None)
+    print(f"wrote {path}")
     return 0
 
 
@@ -66,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command")
     c = sub.add_parser("calibrate", help="measure (or load from the cache) this GPU's map and summarize it")
     c.add_argument("--device", type=int, default=None, help="CUDA device index (default: current)")
-    c.add_argument("--backend", choices=("auto", "cuda", "triton"), default="auto")
+    c.add_argument("--backend", choices=BACKEND_CHOICES, default="auto")
     c.add_argument("--mode", choices=MODES, default=DEFAULT_MODE,
                    help="SMs measuring at once: waves of 16 (default), serialized (1), concurrent (all)")
     c.add_argument("--force", action="store_true", help="measure even if a cached calibration exists")
@@ -81,7 +77,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"bundled calibration to show (default {DEFAULT_EXAMPLE}); see `examples`")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_show)
-    add_report_command(sub)
+    r = sub.add_parser("report", help="analyse a calibration: Markdown report with PNG figures")
+    r.add_argument("file", nargs="?", help="a saved calibration (.npz); default: a bundled example")
+    r.add_argument("--example", default=DEFAULT_EXAMPLE,
+                   help=f"bundled calibration to analyse (default {DEFAULT_EXAMPLE}); see `examples`")
+    r.add_argument("--compare", help="a second calibration of the same GPU (.npz path or bundled name): "
+                                     "adds how partitions, clusters and slice classes hold between the two")
+    r.add_argument("-o", "--out-dir", default="l2topo-report", help="output directory (default l2topo-report)")
+    r.set_defaults(func=cmd_report)
     e = sub.add_parser("examples", help="list the bundled calibrations")
     e.set_defaults(func=lambda args: print("\n".join(list_examples())) or 0)
     return p

@@ -1,4 +1,10 @@
-"""The exceptions torch_l2topo raises: one base class, one subclass per thing a caller may handle."""
+"""The exceptions torch_l2topo raises, and the one check of a choice among named options.
+
+One base class, L2TopoError, and one subclass per thing a caller may handle. Every message is one line
+that says what failed and what to do; the command line prints it as it is. Bad arguments raise
+ValueError or TypeError, as Python does.
+"""
+from __future__ import annotations
 
 
 class L2TopoError(RuntimeError):
@@ -9,6 +15,10 @@ class DeviceError(L2TopoError):
     """No usable CUDA device: none present, index out of range, compute capability < 8.0, MIG limits."""
 
 
+class BackendUnavailable(L2TopoError):
+    """A kernel backend cannot run here: Triton missing, no CUDA torch, or the CUDA extension failed to build."""
+
+
 class ProbeError(L2TopoError):
     """A probe ran but did not cover every SM, or its watchdog fired, or its invariants failed."""
 
@@ -17,5 +27,25 @@ class ProbeTimeout(ProbeError):
     """A probe kernel did not finish within the host-side deadline (the GPU is busy with other work)."""
 
 
+class CalibrationDisturbed(ProbeError):
+    """A calibration failed its self-checks on every attempt (other work evicted the rings, moved the clock,
+    or made the repeats disagree); it was not returned as trusted and not cached."""
+
+
 class TopologyFormatError(L2TopoError):
     """A saved calibration is corrupt, truncated, of another format version, or inconsistent."""
+
+
+class RegistryError(L2TopoError):
+    """A registry entry is missing, unreadable or invalid, or an entry name is taken or malformed."""
+
+
+class PlacementError(L2TopoError):
+    """A placement plan cannot be built or used: a calibration of another GPU, a kernel written without the
+    placement helpers, or a plan asked for during CUDA graph capture before it was built."""
+
+
+def check_choice(name: str, value, choices) -> None:
+    """Raise ValueError unless `value` is one of `choices` (the one check of a named option)."""
+    if value not in tuple(choices):
+        raise ValueError(f"{name} must be one of {', '.join(map(str, choices))}; got {value!r}")

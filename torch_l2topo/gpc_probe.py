@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import DeviceError
+from .labelings import first_seen_labels
+from .launch import launch
 
 # The scheduler packs clusters into a GPC in a fixed order, so sizes 2, 4 and 8 alone only ever join
 # aligned blocks of 8 SMs (seen on the H200); odd sizes straddle those blocks. 8 is the portable maximum;
@@ -44,10 +46,8 @@ def union_clusters(n_sm: int, launches: list[tuple[np.ndarray, int]]) -> np.ndar
             for sm in group[1:]:
                 parent[find(int(sm))] = root
     labels = np.full(n_sm, -1, dtype=np.int64)
-    roots: dict[int, int] = {}
-    for sm in range(n_sm):
-        if seen[sm]:
-            labels[sm] = roots.setdefault(find(sm), len(roots))
+    roots = np.array([find(sm) for sm in np.flatnonzero(seen)], dtype=np.int64)
+    labels[seen] = first_seen_labels(roots)
     return labels
 
 
@@ -55,14 +55,11 @@ def gpc_ground_truth(device, rounds: int = 3) -> np.ndarray:
     """Measure the GPC label of every SM of `device` (sm_90+): `rounds` launches of each cluster size."""
     import torch
 
-    from torch_l2topo import cuda_ext
-
     props = torch.cuda.get_device_properties(device)
     if (props.major, props.minor) < (9, 0):
         raise DeviceError(f"{props.name} has compute capability {props.major}.{props.minor}: thread-block "
                           "clusters (and so the GPC ground truth) need 9.0 or newer")
     n_sm = props.multi_processor_count
-    ops = cuda_ext.load((props.major, props.minor))
     # Over half an SM's shared memory per CTA: one CTA per SM, so a cluster of C spans C distinct SMs.
     smem = getattr(props, "shared_memory_per_block_optin", 0)
     if smem * 2 <= getattr(props, "shared_memory_per_multiprocessor", 2 * smem + 1):
@@ -72,9 +69,10 @@ def gpc_ground_truth(device, rounds: int = 3) -> np.ndarray:
     for _ in range(rounds):
         for cluster in CLUSTER_SIZES + LARGE_CLUSTER_SIZES:
             # four waves' worth of clusters: see cluster_probe.cu for why placement then mixes
-            out = torch.full((4 * (n_sm // cluster) * cluster,), -1, dtype=torch.int64, device=device)
+            grid = 4 * (n_sm // cluster) * cluster
+            out = torch.full((grid,), -1, dtype=torch.int64, device=device)
             try:
-                ops.cluster_probe(out, cluster, smem, HOLD_NS)
+                launch("cluster_probe", "cuda", grid, out, cluster, smem, HOLD_NS)
             except RuntimeError:
                 if cluster in CLUSTER_SIZES:
                     raise

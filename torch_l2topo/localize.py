@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .labelings import first_seen_labels
+
 # Two SMs are one unit when their whole line profiles differ by no more than this many times the
 # per-entry noise (RMS of the offset-free difference): a difference of that size is what repeating the
 # measurement of one SM gives (TPC twins on H200 sit at 0.8-1.6x), so no choice of lines separates them.
@@ -66,9 +68,7 @@ def _components(adjacent: np.ndarray) -> np.ndarray:
     from scipy.sparse.csgraph import connected_components
 
     _, comp = connected_components(csr_matrix(adjacent), directed=False)
-    _, first = np.unique(comp, return_index=True)
-    order = np.argsort(np.argsort(first))  # renumber: ids in the order of each one's lowest member
-    return order[comp]
+    return first_seen_labels(comp)  # ids in the order of each component's lowest member
 
 
 def _centered_distances(profiles: np.ndarray) -> np.ndarray:

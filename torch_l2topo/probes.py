@@ -1,9 +1,9 @@
 """One Python API over both probe backends (Triton and the CUDA extension): buffers in, raw arrays out.
 
 The kernels live in triton_kernels/l2_probes.py and cuda_ext/l2_probes.cu; this module builds their
-buffers from a plan (plans.py), launches them, waits with a host-side deadline, decodes the control block
-into clear errors, and checks the invariants the kernels report (every SM claimed once, every chase back
-where it started).
+buffers from a plan (probe_plans.py), launches them (launch.py), waits with a host-side deadline, decodes
+the control block into clear errors, and checks the invariants the kernels report (every SM claimed once,
+every chase back where it started).
 """
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import probe_layout as L
-from .errors import ProbeError, ProbeTimeout
-from .plans import ChainPlan, line_offsets, ring_plan
+from . import layout as L
+from .errors import ProbeError, ProbeTimeout, check_choice
+from .launch import BACKENDS, launch
+from .probe_plans import ChainPlan, line_offsets, ring_plan
 
-BACKENDS = ("triton", "cuda")
 # How many SMs measure at once. "serialized": one SM at a time, the reference (2.3 s on an H200).
 # "waves": LINE_WORDS SMs at a time, each on its own ring (plans.py): within 0.05-0.11 cycles of serialized
 # per SM on the H200, in 0.23 s. "concurrent": all SMs at once (0.1 s); SMs sharing a ring can trail each
@@ -26,7 +26,7 @@ DEFAULT_MODE = "waves"
 
 
 def wave_size(mode: str, n_sm: int) -> int:
-    _check_choice("mode", mode, MODES)
+    check_choice("mode", mode, MODES)
     return {"serialized": 1, "waves": min(L.LINE_WORDS, n_sm), "concurrent": n_sm}[mode]
 
 
@@ -40,7 +40,8 @@ class ProbeConfig:
     """What to measure. Defaults: 2 MiB ring (L2-resident on any cc >= 8.0 GPU), 512 consecutive lines.
 
     repeats=3 and the median: on one H200 a short disturbance shifted every SM of one wave by 0.6-1.1
-    cycles in one of two repeats (benchmarks/results/calibrate_h200_gpu1.json); the median of three drops it.
+    cycles in one of two repeats (GPU d00e55, benchmarks/results/calibrate_h200_d00e55.json); the median of
+    three drops it.
     """
 
     chain_bytes: int = 2 << 20
@@ -96,46 +97,6 @@ class LineResult:
     sm_clock_ghz: np.ndarray  # (n_sm,) clock64 cycles / globaltimer ns over each SM's whole run
     line_addresses: np.ndarray  # (n_lines,) virtual address of each probed line
     elapsed_s: float
-
-
-def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
-
-
-def _launch(backend: str, kind: str, **kw) -> None:
-    """Launch the "chain" or "line" probe kernel on the current stream. kw: tensors and sizes named as in
-    the kernels."""
-    import torch
-
-    with torch.cuda.device(kw["ctrl"].device):  # Triton launches on, and checks pointers against, this device
-        _launch_here(backend, kind, **kw)
-
-
-def _launch_here(backend: str, kind: str, **kw) -> None:
-    import torch
-
-    grid = GRID_FACTOR * kw["n_sm"]
-    if backend == "triton":
-        from torch_l2topo.triton_kernels import l2_probes as tk
-
-        if kind == "chain":
-            tk.chain_probe_kernel[(grid,)](kw["ctrl"], kw["starts"], kw["out"], kw["n_loads"], kw["n_sm"],
-                                           kw["n_sm"], kw["wave"], kw["timeout_ns"], num_warps=1)
-        else:
-            tk.line_probe_kernel[(grid,)](kw["ctrl"], kw["lines"], kw["cycles"], kw["per_sm"], kw["n_lines"],
-                                          kw["n_warm"], kw["n_timed"], kw["n_sm"], kw["n_sm"], kw["wave"],
-                                          kw["timeout_ns"], LINE_WORDS=L.LINE_WORDS, num_warps=1)
-        return
-    from torch_l2topo import cuda_ext
-
-    ops = cuda_ext.load(torch.cuda.get_device_capability(kw["ctrl"].device))
-    if kind == "chain":
-        ops.chain_probe(kw["ctrl"], kw["starts"], kw["out"], kw["n_loads"], kw["n_sm"], grid, kw["wave"],
-                        kw["timeout_ns"])
-    else:
-        ops.line_probe(kw["ctrl"], kw["lines"], kw["cycles"], kw["per_sm"], kw["n_lines"], kw["n_warm"],
-                       kw["n_timed"], kw["n_sm"], grid, kw["wave"], kw["timeout_ns"])
 
 
 def _wait(device, deadline_s: float, what: str) -> None:
@@ -194,9 +155,10 @@ def _to_device(a: np.ndarray, device):
 
 
 def _checked_launches(device, backend: str, kind: str, n_sm: int, wave: int, timeout_s: float,
-                      per_sm_loads: int, repeats: int, **kernel_args):
+                      per_sm_loads: int, repeats: int, kernel_args: tuple):
     """Launch the `kind` probe `repeats` times on one control block; yield each launch's host wall time
-    once it finished within its deadline and its control block shows every SM measured without error."""
+    once it finished within its deadline and its control block shows every SM measured without error.
+    kernel_args: the kernel's arguments between the control block and (n_sm, wave, timeout_ns)."""
     import torch
 
     ctrl = torch.zeros(L.control_words(n_sm), dtype=torch.int64, device=device)
@@ -204,7 +166,7 @@ def _checked_launches(device, backend: str, kind: str, n_sm: int, wave: int, tim
     for _ in range(repeats):
         ctrl.zero_()
         t0 = time.perf_counter()
-        _launch(backend, kind, ctrl=ctrl, n_sm=n_sm, wave=wave, timeout_ns=int(timeout_s * 1e9), **kernel_args)
+        launch(f"{kind}_probe", backend, GRID_FACTOR * n_sm, ctrl, *kernel_args, n_sm, wave, int(timeout_s * 1e9))
         _wait(device, deadline, kind)
         elapsed = time.perf_counter() - t0
         _check_control(ctrl.cpu().numpy(), n_sm, timeout_s, kind)
@@ -216,7 +178,7 @@ def run_chain(device, n_sm: int, plan: ChainPlan, backend: str, mode: str, timeo
     """`repeats` launches of the chain probe over one ring: a warm and a timed pass on every SM each."""
     import torch
 
-    _check_choice("backend", backend, BACKENDS)
+    check_choice("backend", backend, BACKENDS)
     wave = wave_size(mode, n_sm)
     ring = torch.zeros(plan.n_lines * L.LINE_WORDS, dtype=torch.int64, device=device)
     base = ring.data_ptr()
@@ -229,7 +191,7 @@ def run_chain(device, n_sm: int, plan: ChainPlan, backend: str, mode: str, timeo
     out = torch.zeros(n_sm * L.OUT_WORDS, dtype=torch.int64, device=device)
     results = []
     for elapsed in _checked_launches(device, backend, "chain", n_sm, wave, timeout_s, 2 * plan.n_lines, repeats,
-                                     starts=starts, out=out, n_loads=plan.n_lines):
+                                     (starts, out, plan.n_lines)):
         o = out.view(n_sm, L.OUT_WORDS).cpu().numpy()
         broken = np.flatnonzero(o[:, 2] != starts_np).tolist()
         if broken:
@@ -261,7 +223,7 @@ def run_lines(device, n_sm: int, n_lines: int, n_warm: int, n_timed: int, backen
     """
     import torch
 
-    _check_choice("backend", backend, BACKENDS)
+    check_choice("backend", backend, BACKENDS)
     wave = wave_size(mode, n_sm)
     if lines is None:
         lines = line_buffer(n_lines, device)
@@ -272,8 +234,7 @@ def run_lines(device, n_sm: int, n_lines: int, n_warm: int, n_timed: int, backen
     per_sm = torch.zeros(n_sm * L.OUT_WORDS, dtype=torch.int64, device=device)
     results = []
     for elapsed in _checked_launches(device, backend, "line", n_sm, wave, timeout_s, n_lines * (n_warm + n_timed),
-                                     repeats, lines=lines, cycles=cycles, per_sm=per_sm, n_lines=n_lines,
-                                     n_warm=n_warm, n_timed=n_timed):
+                                     repeats, (lines, cycles, per_sm, n_lines, n_warm, n_timed)):
         s = per_sm.view(n_sm, L.OUT_WORDS).cpu().numpy()
         broken = np.flatnonzero(s[:, 2] != 0).tolist()
         if broken:

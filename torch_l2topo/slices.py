@@ -15,7 +15,7 @@ from scipy.cluster.hierarchy import fcluster, linkage
 from scipy.spatial.distance import pdist
 
 from .nuca import as_model
-from .structure import adjusted_rand_index, first_seen_labels
+from .labelings import adjusted_rand_index, first_seen_labels
 
 
 @dataclass(frozen=True)

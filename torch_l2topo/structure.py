@@ -1,12 +1,12 @@
-"""Structure in an SM x line latency matrix: L2 partitions, TPC twins, GPC clusters and SM-id symmetry.
+"""Structure in an SM x line latency matrix beyond the labels: TPC twins, GPC clusters and SM-id symmetry.
 
 Every finder takes a Topology, a fitted NucaModel, or a bare matrix with its per-entry noise, returns a
 plain dataclass with a margin, and says "none found" (found=False, with the reason) when the data carries
 no such structure: a flat or pure-noise matrix yields no partitions, twins or GPC clusters. The SM
 profiles compared are the NUCA model's (nuca.py), restricted to the terms that stand above the noise, so
 repeat noise does not split what is identical; two profiles differ when they are more than the model's
-resolution (NOISE_TOLERANCE x the repeat noise, RMS over lines) apart. Line (slice) classes live in
-slices.py.
+resolution (NOISE_TOLERANCE x the repeat noise, RMS over lines) apart. The L2 partitions are labels and
+live in labels.py; line (slice) classes live in slices.py.
 """
 from __future__ import annotations
 
@@ -14,181 +14,12 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
 from scipy.cluster.hierarchy import fcluster, linkage
-from scipy.optimize import linear_sum_assignment
 from scipy.spatial.distance import pdist, squareform
-from scipy.special import comb
 
+from .labelings import adjusted_rand_index, best_match_agreement, first_seen_labels
+from .labels import FALSE_ALARM
 from .nuca import as_model
-
-# Chance that a map without partitions still gets some SM or line assigned a side: the per-item z
-# threshold is Bonferroni-corrected over all SMs and lines for this family-wise rate.
-FALSE_ALARM = 1e-3
-# The side/home alternation converges in 1-2 sweeps on the H200 data; the bound only guards a cycle.
-_MAX_SWEEPS = 20
-
-
-def best_match_agreement(x, y) -> tuple[float, dict]:
-    """Fraction of items with the same label in x and y after the best one-to-one label matching
-    (Hungarian), and that matching {x label: y label}. Items labelled -1 in either are left out."""
-    x, y = np.asarray(x), np.asarray(y)
-    if x.shape != y.shape or x.ndim != 1:
-        raise ValueError(f"label arrays must be 1-D and of one length, got shapes {x.shape} and {y.shape}")
-    keep = (x >= 0) & (y >= 0)
-    if not keep.any():
-        raise ValueError("no item is labelled in both label arrays")
-    xs, xi = np.unique(x[keep], return_inverse=True)
-    ys, yi = np.unique(y[keep], return_inverse=True)
-    table = np.zeros((len(xs), len(ys)), dtype=np.int64)
-    np.add.at(table, (xi, yi), 1)
-    rows, cols = linear_sum_assignment(table, maximize=True)
-    return float(table[rows, cols].sum() / keep.sum()), {int(xs[r]): int(ys[c]) for r, c in zip(rows, cols)}
-
-
-def adjusted_rand_index(x, y) -> float:
-    """Adjusted Rand index of two labelings of the same items: 1 identical, ~0 unrelated (Hubert & Arabie)."""
-    x, y = np.asarray(x), np.asarray(y)
-    if x.shape != y.shape or x.ndim != 1 or x.size < 2:
-        raise ValueError(f"labelings must be 1-D, of one length >= 2, got shapes {x.shape} and {y.shape}")
-    _, xi = np.unique(x, return_inverse=True)
-    _, yi = np.unique(y, return_inverse=True)
-    table = np.zeros((xi.max() + 1, yi.max() + 1))
-    np.add.at(table, (xi, yi), 1)
-    pairs = comb(table, 2).sum()
-    rows, cols = comb(table.sum(axis=1), 2).sum(), comb(table.sum(axis=0), 2).sum()
-    expected = rows * cols / comb(x.size, 2)
-    best = (rows + cols) / 2
-    return 1.0 if best == expected else float((pairs - expected) / (best - expected))
-
-
-def first_seen_labels(labels) -> np.ndarray:
-    """Relabel 0.. in order of first appearance, so that labels do not depend on a clustering's internals."""
-    _, first, inverse = np.unique(labels, return_index=True, return_inverse=True)
-    return np.argsort(np.argsort(first))[inverse]
-
-
-# ---- L2 partitions ---------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Partitions:
-    """Two L2 partitions: each SM's near side and each line's home, 0/1 (-1: undecided, or none found).
-
-    Partition 0 is the near side of the lowest-numbered decided SM. sm_margin / line_margin: the SM's (line's)
-    far - near latency difference over its noise standard error (resolution-based); an item is decided when
-    it exceeds z_critical. near_cycles / far_cycles: mean latency of SM -> line pairs on the same / opposite
-    partitions (decided items only).
-    """
-
-    found: bool
-    reason: str
-    sm_partition: np.ndarray
-    line_partition: np.ndarray
-    sm_margin: np.ndarray
-    line_margin: np.ndarray
-    near_cycles: float
-    far_cycles: float
-    z_critical: float
-
-    @property
-    def gap_cycles(self) -> float:
-        return self.far_cycles - self.near_cycles
-
-    @property
-    def gap_ratio(self) -> float:
-        return self.far_cycles / self.near_cycles if self.found else float("nan")
-
-    @property
-    def sm_counts(self) -> tuple[int, int]:
-        return int(np.sum(self.sm_partition == 0)), int(np.sum(self.sm_partition == 1))
-
-    @property
-    def line_counts(self) -> tuple[int, int]:
-        return int(np.sum(self.line_partition == 0)), int(np.sum(self.line_partition == 1))
-
-    def sms(self, partition: int) -> np.ndarray:
-        return np.flatnonzero(self.sm_partition == partition)
-
-    def lines(self, partition: int) -> np.ndarray:
-        return np.flatnonzero(self.line_partition == partition)
-
-    def near_far_values(self, matrix) -> tuple[np.ndarray, np.ndarray]:
-        """The matrix entries of same-partition (near) and cross-partition (far) SM -> line pairs."""
-        m = np.asarray(matrix)
-        s, l = self.sm_partition, self.line_partition
-        both = (s[:, None] >= 0) & (l[None, :] >= 0)
-        same = s[:, None] == l[None, :]
-        return m[both & same], m[both & ~same]
-
-    def to_frames(self) -> dict:
-        import pandas as pd
-
-        return {"sm": pd.DataFrame({"sm": np.arange(len(self.sm_partition)), "partition": self.sm_partition,
-                                    "margin": self.sm_margin}),
-                "line": pd.DataFrame({"line": np.arange(len(self.line_partition)),
-                                      "partition": self.line_partition, "margin": self.line_margin})}
-
-
-def _no_partitions(n_sm: int, n_lines: int, reason: str, z_crit: float) -> Partitions:
-    return Partitions(False, reason, np.full(n_sm, -1), np.full(n_lines, -1), np.full(n_sm, np.nan),
-                      np.full(n_lines, np.nan), float("nan"), float("nan"), z_crit)
-
-
-def find_partitions(data, noise=None) -> Partitions:
-    """Split SMs and lines into two L2 partitions: an SM is fast to the lines homed on its side.
-
-    Starts from the sign of the leading interaction term and alternates (a line's home is the SM group that
-    sees it faster; an SM's side is the line group it sees faster) until nothing moves. Found only when that
-    term stands above the noise and both partitions keep decided SMs and lines.
-    """
-    model = as_model(data, noise)
-    m = model.matrix
-    n_sm, n_lines = m.shape
-    z_crit = float(stats.norm.isf(FALSE_ALARM / (n_sm + n_lines)))
-    if model.significant_rank == 0:
-        return _no_partitions(n_sm, n_lines, "no interaction term stands above the noise", z_crit)
-    side = model.u[:, 0] > 0
-    for _ in range(_MAX_SWEEPS):
-        if side.all() or not side.any():
-            return _no_partitions(n_sm, n_lines, "every SM falls on one side", z_crit)
-        home = m[side].mean(axis=0) < m[~side].mean(axis=0)
-        if home.all() or not home.any():
-            return _no_partitions(n_sm, n_lines, "every line is homed on one side", z_crit)
-        new_side = m[:, home].mean(axis=1) < m[:, ~home].mean(axis=1)
-        if np.array_equal(new_side, side):
-            break
-        side = new_side
-
-    res = model.resolution
-    n_home = np.array([np.sum(~home), np.sum(home)])
-    n_side = np.array([np.sum(~side), np.sum(side)])
-    own = side[:, None] == home[None, :]
-    near_of, far_of = np.where(own, m, np.nan), np.where(own, np.nan, m)
-    s_own, l_own = side.astype(int), home.astype(int)
-    sm_margin = (np.nanmean(far_of, axis=1) - np.nanmean(near_of, axis=1)) \
-        / (res * np.sqrt(1 / n_home[s_own] + 1 / n_home[1 - s_own]))
-    line_margin = (np.nanmean(far_of, axis=0) - np.nanmean(near_of, axis=0)) \
-        / (res * np.sqrt(1 / n_side[l_own] + 1 / n_side[1 - l_own]))
-    sm_ok, line_ok = sm_margin > z_crit, line_margin > z_crit
-    if not (sm_ok & side).any() or not (sm_ok & ~side).any() or not (line_ok & home).any() \
-            or not (line_ok & ~home).any():
-        return _no_partitions(n_sm, n_lines, f"one partition has no SM or line whose near-far contrast exceeds "
-                              f"{z_crit:.1f} noise standard errors", z_crit)
-    first = side[np.flatnonzero(sm_ok)[0]]  # partition 0 is where the lowest decided SM is near
-    sm_part = np.where(sm_ok, (side != first).astype(int), -1)
-    line_part = np.where(line_ok, (home != first).astype(int), -1)
-    both = sm_ok[:, None] & line_ok[None, :]
-    near = float(m[both & own].mean())
-    far = float(m[both & ~own].mean())
-    return Partitions(True, "", sm_part, line_part, sm_margin, line_margin, near, far, z_crit)
-
-
-def compare_partitions(p: Partitions, q: Partitions) -> dict:
-    """How two partition results (same SMs and lines: two calibrations, or two GPUs) agree, after matching
-    labels: fraction of SMs and of lines decided in both that sit in the same partition."""
-    if not (p.found and q.found):
-        return {"sm_agreement": float("nan"), "line_agreement": float("nan")}
-    return {"sm_agreement": best_match_agreement(p.sm_partition, q.sm_partition)[0],
-            "line_agreement": best_match_agreement(p.line_partition, q.line_partition)[0]}
 
 
 # ---- TPC twins -------------------------------------------------------------------------------------------

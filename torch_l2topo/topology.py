@@ -81,45 +81,59 @@ class Topology:
         arrays.update({f"extra_{k}": np.asarray(v) for k, v in self.extras.items()})
         return arrays
 
-    def save(self, path) -> Path:
-        """Write atomically (temp file + rename in the same directory): readers never see half a file."""
-        path = Path(path)
+    def to_bytes(self) -> bytes:
+        """The saved form (.npz of plain arrays + JSON metadata + checksum) as bytes: to send, no pickle."""
         arrays = self._arrays()
         meta = dict(self.meta, format_version=FORMAT_VERSION, checksum=_checksum(arrays))
         buf = io.BytesIO()
         np.savez_compressed(buf, **arrays, **{_META_KEY: np.frombuffer(json.dumps(meta).encode(), np.uint8)})
-        return atomic_write(path, buf.getvalue())
+        return buf.getvalue()
+
+    def save(self, path) -> Path:
+        """Write atomically (temp file + rename in the same directory): readers never see half a file."""
+        return atomic_write(Path(path), self.to_bytes())
 
     @classmethod
     def load(cls, path) -> "Topology":
         """Read a saved calibration; raise TopologyFormatError naming what is wrong with a bad file."""
         path = Path(path)
         try:
-            with np.load(path, allow_pickle=False) as z:
-                data = {k: z[k] for k in z.files}
+            data = path.read_bytes()
         except FileNotFoundError:
             raise
-        except (OSError, ValueError, zipfile.BadZipFile, EOFError, KeyError) as exc:
-            raise TopologyFormatError(f"{path} is not a readable calibration: {exc}") from None
-        except Exception as exc:  # zlib.error and friends from a damaged member
-            raise TopologyFormatError(f"{path} is damaged: {type(exc).__name__}: {exc}") from None
-        if _META_KEY not in data:
-            raise TopologyFormatError(f"{path} has no metadata")
+        except OSError as exc:  # a directory, no permission
+            raise TopologyFormatError(f"{path} cannot be read: {exc.strerror or exc}") from None
+        return cls.from_bytes(data, source=str(path))
+
+    @classmethod
+    def from_bytes(cls, data: bytes, source: str = "calibration bytes") -> "Topology":
+        """Inverse of to_bytes(); raise TopologyFormatError naming what is wrong (`source` names the input)."""
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"from_bytes() takes bytes, got {type(data).__name__}")
         try:
-            meta = json.loads(data.pop(_META_KEY).tobytes().decode())
+            with np.load(io.BytesIO(data), allow_pickle=False) as z:
+                arrays = {k: z[k] for k in z.files}
+        except (OSError, ValueError, zipfile.BadZipFile, EOFError, KeyError) as exc:
+            raise TopologyFormatError(f"{source} is not a readable calibration: {exc}") from None
+        except Exception as exc:  # zlib.error and friends from a damaged member
+            raise TopologyFormatError(f"{source} is damaged: {type(exc).__name__}: {exc}") from None
+        if _META_KEY not in arrays:
+            raise TopologyFormatError(f"{source} has no metadata")
+        try:
+            meta = json.loads(arrays.pop(_META_KEY).tobytes().decode())
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise TopologyFormatError(f"{path}: metadata is not valid JSON ({exc})") from None
+            raise TopologyFormatError(f"{source}: metadata is not valid JSON ({exc})") from None
         if meta.get("format_version") != FORMAT_VERSION:
-            raise TopologyFormatError(f"{path} has format version {meta.get('format_version')}, this "
+            raise TopologyFormatError(f"{source} has format version {meta.get('format_version')}, this "
                                       f"torch_l2topo reads {FORMAT_VERSION}")
-        if meta.pop("checksum", None) != _checksum(data):
-            raise TopologyFormatError(f"{path}: checksum mismatch, the arrays were altered or damaged")
+        if meta.pop("checksum", None) != _checksum(arrays):
+            raise TopologyFormatError(f"{source}: checksum mismatch, the arrays were altered or damaged")
         meta.pop("format_version")
-        missing = [k for k in (*_PER_SM, "line_cycles", "line_addresses") if k not in data]
+        missing = [k for k in (*_PER_SM, "line_cycles", "line_addresses") if k not in arrays]
         if missing:
-            raise TopologyFormatError(f"{path} lacks arrays {missing}")
-        extras = {k[len("extra_"):]: v for k, v in data.items() if k.startswith("extra_")}
-        return cls(**{k: data[k] for k in (*_PER_SM, "line_cycles", "line_addresses")}, meta=meta, extras=extras)
+            raise TopologyFormatError(f"{source} lacks arrays {missing}")
+        extras = {k[len("extra_"):]: v for k, v in arrays.items() if k.startswith("extra_")}
+        return cls(**{k: arrays[k] for k in (*_PER_SM, "line_cycles", "line_addresses")}, meta=meta, extras=extras)
 
     def export_copy(self, **meta_updates) -> "Topology":
         """A copy fit to share: the device uuid replaced by its hash, the local cache key dropped."""
@@ -145,6 +159,14 @@ class Topology:
                                  "address": np.broadcast_to(self.line_addresses, sm.shape).ravel(),
                                  "cycles": self.line_cycles.ravel()})
         raise ValueError(f"kind must be 'sm' or 'lines', got {kind!r}")
+
+    def to_json(self) -> str:
+        """A JSON view for people and scripts: the metadata, the per-SM maps and the per-line means (rounded).
+        Not a save format: to_bytes() keeps everything."""
+        return json.dumps({"meta": self.meta, "chain_cycles": np.round(self.chain_cycles, 3).tolist(),
+                           "chain_ns": np.round(self.chain_ns, 3).tolist(),
+                           "sm_clock_ghz": np.round(self.sm_clock_ghz, 4).tolist(),
+                           "line_mean_cycles": np.round(self.line_cycles.mean(axis=0), 3).tolist()}, indent=1)
 
     def summary(self) -> str:
         """A one-screen text summary: device, provenance, and the spread of each map."""

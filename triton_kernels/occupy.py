@@ -8,6 +8,8 @@ spin until a %globaltimer deadline: the kernel always ends by itself.
 import triton
 import triton.language as tl
 
+from torch_l2topo.triton_kernels.protocol import global_ns, sm_id
+
 BLOCKS_PER_SM = 32   # max resident CTAs per SM on cc 8.0 and 9.0
 WARPS_PER_CTA = 2    # 32 CTAs x 2 warps = 64 warps, the per-SM warp limit on cc 8.0 and 9.0
 
@@ -15,13 +17,13 @@ WARPS_PER_CTA = 2    # 32 CTAs x 2 warps = 64 warps, the per-SM warp limit on cc
 @triton.jit
 def occupy_kernel(chosen_ptr, held_ptr, duration_ns):
     """chosen[sm] != 0: stay on that SM for duration_ns. held[sm] counts the CTAs that stayed."""
-    sm = tl.extra.cuda.smid()
+    sm = sm_id()
     if tl.load(chosen_ptr + sm) != 0:
         tl.atomic_add(held_ptr + sm, 1)
-        start = tl.extra.cuda.globaltimer()
+        start = global_ns()
         now = start
         while now - start < duration_ns:
-            now = tl.extra.cuda.globaltimer()
+            now = global_ns()
 
 
 def occupy_sms(device, sm_ids, seconds: float, stream=None):

@@ -9,8 +9,8 @@ truth for evaluating that classifier.
 import triton
 import triton.language as tl
 
-from torch_l2topo.probe_layout import LINE_BYTES as _LINE_BYTES
-from torch_l2topo.triton_kernels.l2_probes import _chase, _clock64
+from torch_l2topo.layout import LINE_BYTES as _LINE_BYTES
+from torch_l2topo.triton_kernels.protocol import chase, clock_after, sm_id
 
 LINE_BYTES = tl.constexpr(_LINE_BYTES)
 
@@ -30,20 +30,20 @@ def l2_signature(lines_ptr, idx_ptr, start, K: tl.constexpr, N_WARM: tl.constexp
         i = (start + step) % K
         p = base + tl.load(idx_ptr + i).to(tl.int64) * LINE_BYTES
         for _ in tl.static_range(N_WARM):
-            p = _chase(p)
-        t0 = _clock64(p)
+            p = chase(p)
+        t0 = clock_after(p)
         for _ in tl.static_range(N_TIMED):
-            p = _chase(p)
-        t1 = _clock64(p)
+            p = chase(p)
+        t1 = clock_after(p)
         sig = tl.where(offs == i, t1 - t0, sig)
     return sig
 
 
 @triton.jit
-def whereami_kernel(lines_ptr, idx_ptr, out_ptr, K: tl.constexpr, N_WARM: tl.constexpr, N_TIMED: tl.constexpr):
+def whereami_kernel(lines_ptr, idx_ptr, out_ptr, N_WARM: tl.constexpr, N_TIMED: tl.constexpr, K: tl.constexpr):
     """out[pid] = (%smid, signature[0..K-1])."""
     pid = tl.program_id(0)
     sig = l2_signature(lines_ptr, idx_ptr, pid, K, N_WARM, N_TIMED)
     row = out_ptr + pid * (K + 1)
-    tl.store(row, tl.extra.cuda.smid().to(tl.int64))
+    tl.store(row, sm_id())
     tl.store(row + 1 + tl.arange(0, K), sig)

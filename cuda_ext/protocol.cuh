@@ -1,8 +1,12 @@
-// Device-side helpers shared by the probe kernels: timers, the dependent L2 load, and the SM claim,
-// start barrier and turn protocol with its %globaltimer watchdog. Mirrors triton_kernels/l2_probes.py.
+// The device-side protocol in CUDA: timers, dependent loads, and the claim / barrier / turn protocol with its
+// %globaltimer watchdog. Public API for any CUDA kernel of torch_l2topo or of its users; it mirrors
+// triton_kernels/protocol.py function by function, under the same names (that file documents each one;
+// tests/test_kernel_sources.py checks that the two lists agree). One difference: claim_sm returns the SM id
+// when this CTA may measure and -1 otherwise, where the Triton version returns (sm, go).
+// Call everything from one thread of the CTA: the protocol is scalar.
 #pragma once
 #include <cstdint>
-#include "probe_layout.h"
+#include "layout.h"
 
 namespace l2topo {
 
@@ -41,9 +45,20 @@ __device__ __forceinline__ int64_t chase(int64_t addr) {
   return next;
 }
 
+// The same load allowed to hit in L1 (ld.global.ca): the L1-hit oracle.
+__device__ __forceinline__ int64_t chase_l1(int64_t addr) {
+  int64_t next;
+  asm volatile("ld.global.ca.u64 %0, [%1];" : "=l"(next) : "l"(addr) : "memory");
+  return next;
+}
+
+__device__ __forceinline__ void nanosleep(unsigned ns) { __nanosleep(ns); }
+
+namespace detail {
 __device__ __forceinline__ int64_t volatile_read(const int64_t* p) {
   return *reinterpret_cast<const volatile int64_t*>(p);
 }
+}  // namespace detail
 
 __device__ __forceinline__ void fail(int64_t* ctrl, int64_t code, int64_t detail) {
   // First error wins; its detail is written by the same winner only.
@@ -56,16 +71,15 @@ __device__ __forceinline__ void fail(int64_t* ctrl, int64_t code, int64_t detail
 
 // Spin until ctrl[word] >= target. The watchdog restarts whenever the word moves, so a long run of waves
 // is fine while a stalled one fails after timeout_ns. False on timeout or on another CTA's error.
-__device__ inline bool wait_until_at_least(int64_t* ctrl, int word, int64_t target, int64_t timeout_ns,
-                                    int64_t code) {
-  int64_t last = volatile_read(ctrl + word);
+__device__ inline bool wait_at_least(int64_t* ctrl, int word, int64_t target, int64_t timeout_ns, int64_t code) {
+  int64_t last = detail::volatile_read(ctrl + word);
   int64_t since = global_ns();
   while (true) {
-    const int64_t seen = volatile_read(ctrl + word);
+    const int64_t seen = detail::volatile_read(ctrl + word);
     const int64_t now = global_ns();
     if (seen >= target) return true;
-    if (volatile_read(ctrl + ERROR) != 0) return false;
-    __nanosleep(POLL_BACKOFF_NS);
+    if (detail::volatile_read(ctrl + ERROR) != 0) return false;
+    nanosleep(POLL_BACKOFF_NS);
     if (seen != last) {
       last = seen;
       since = now;
@@ -79,21 +93,21 @@ __device__ inline bool wait_until_at_least(int64_t* ctrl, int word, int64_t targ
 // Claim this CTA's SM; wait until every SM is claimed, then for this SM's wave: SMs measure in waves of
 // `wave` consecutive SM ids, wave k starting once TURN shows every SM of the earlier waves done (wave=1:
 // serialized; wave=n_sm: all at once). Returns the SM id when this CTA may measure, -1 otherwise.
-__device__ inline int64_t own_sm(int64_t* ctrl, int64_t capacity, int64_t n_sm, int64_t wave, int64_t timeout_ns) {
+__device__ inline int64_t claim_sm(int64_t* ctrl, int64_t n_sm, int64_t wave, int64_t timeout_ns) {
   const int64_t sm = sm_id();
-  if (sm >= capacity) {
+  if (sm >= n_sm) {
     fail(ctrl, ERR_SMID_RANGE, sm);
     return -1;
   }
   if (atomicCAS(reinterpret_cast<unsigned long long*>(ctrl + CLAIMS + sm), 0ull, 1ull) != 0ull) return -1;
   atomicAdd(reinterpret_cast<unsigned long long*>(ctrl + ARRIVALS), 1ull);
-  if (!wait_until_at_least(ctrl, ARRIVALS, n_sm, timeout_ns, ERR_BARRIER_TIMEOUT)) return -1;
-  if (!wait_until_at_least(ctrl, TURN, (sm / wave) * wave, timeout_ns, ERR_TURN_TIMEOUT)) return -1;
+  if (!wait_at_least(ctrl, ARRIVALS, n_sm, timeout_ns, ERR_BARRIER_TIMEOUT)) return -1;
+  if (!wait_at_least(ctrl, TURN, (sm / wave) * wave, timeout_ns, ERR_TURN_TIMEOUT)) return -1;
   return sm;
 }
 
 // This SM is done: its results are visible before the next wave starts measuring.
-__device__ __forceinline__ void done(int64_t* ctrl) {
+__device__ __forceinline__ void finish_turn(int64_t* ctrl) {
   __threadfence();
   atomicAdd(reinterpret_cast<unsigned long long*>(ctrl + TURN), 1ull);
 }

@@ -1,9 +1,10 @@
-"""The CUDA extension loader on CPU: a lock file left by a killed build does not block the next build."""
+"""extension.py on CPU: a lock file left by a killed build does not block the next build; failures are one line."""
 import types
 
 import pytest
 
-from torch_l2topo import cuda_ext
+from torch_l2topo import extension
+from torch_l2topo.errors import BackendUnavailable, L2TopoError
 
 
 @pytest.fixture
@@ -23,23 +24,23 @@ def fake_build(monkeypatch, tmp_path):
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     monkeypatch.setattr(cpp_extension, "load", load)
     monkeypatch.setattr(torch.version, "cuda", "13.0")
-    monkeypatch.setattr(cuda_ext, "_loaded", {})
-    monkeypatch.setattr(cuda_ext, "_failed", {})
+    monkeypatch.setattr(extension, "_loaded", {})
+    monkeypatch.setattr(extension, "_failed", {})
     monkeypatch.setattr(torch, "ops", types.SimpleNamespace(l2topo="ops"))
     return calls
 
 
 def test_stale_lock_from_a_killed_build_is_removed(fake_build, tmp_path):
-    build_dir = tmp_path / cuda_ext.extension_name((9, 0))
+    build_dir = tmp_path / extension.extension_name((9, 0))
     build_dir.mkdir()
     (build_dir / "lock").touch()  # what a build killed half-way leaves behind
-    assert cuda_ext.load((9, 0)) == "ops"
+    assert extension.load((9, 0)) == "ops"
     assert len(fake_build) == 1 and fake_build[0]["name"].endswith("_sm90")
-    assert cuda_ext.load((9, 0)) == "ops" and len(fake_build) == 1  # loaded once per process
+    assert extension.load((9, 0)) == "ops" and len(fake_build) == 1  # loaded once per process
 
 
 def test_extension_name_carries_torch_version_and_arch():
-    name = cuda_ext.extension_name((8, 6))
+    name = extension.extension_name((8, 6))
     assert name.startswith("l2topo_ext_torch") and name.endswith("_sm86")
 
 
@@ -47,9 +48,9 @@ def test_no_cuda_torch_is_a_clear_error(monkeypatch):
     import torch
 
     monkeypatch.setattr(torch.version, "cuda", None)
-    monkeypatch.setattr(cuda_ext, "_loaded", {})
-    with pytest.raises(cuda_ext.ExtensionUnavailable, match="no CUDA support"):
-        cuda_ext.load((9, 0))
+    monkeypatch.setattr(extension, "_loaded", {})
+    with pytest.raises(BackendUnavailable, match="no CUDA support"):
+        extension.load((9, 0))
 
 
 def test_a_failed_build_is_not_retried_in_the_same_process(monkeypatch, tmp_path):
@@ -65,9 +66,12 @@ def test_a_failed_build_is_not_retried_in_the_same_process(monkeypatch, tmp_path
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     monkeypatch.setattr(cpp_extension, "load", broken)
     monkeypatch.setattr(torch.version, "cuda", "13.0")
-    monkeypatch.setattr(cuda_ext, "_loaded", {})
-    monkeypatch.setattr(cuda_ext, "_failed", {})
+    monkeypatch.setattr(extension, "_loaded", {})
+    monkeypatch.setattr(extension, "_failed", {})
     for _ in range(2):
-        with pytest.raises(cuda_ext.ExtensionUnavailable, match="nvcc: error"):
-            cuda_ext.load((9, 0))
+        with pytest.raises(BackendUnavailable, match="nvcc: error") as info:
+            extension.load((9, 0))
+        assert isinstance(info.value, L2TopoError) and "\n" not in str(info.value)  # one line, caught by the CLI
     assert len(calls) == 1
+    log = tmp_path / extension.extension_name((9, 0)) / extension.ERROR_LOG
+    assert "nvcc: error" in str(info.value) and str(log) in str(info.value) and log.read_text() == "nvcc: error"

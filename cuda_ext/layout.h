@@ -1,0 +1,42 @@
+// Memory layouts shared by the host and the kernels: a mirror of torch_l2topo/layout.py, which is the
+// reference (it documents each word); tests/test_kernel_sources.py checks that every number here matches it.
+#pragma once
+
+namespace l2topo {
+
+// ---- probe control block (int64) ----
+constexpr int ERROR = 0;
+constexpr int ERROR_DETAIL = 1;
+constexpr int ARRIVALS = 2;
+constexpr int TURN = 3;
+constexpr int CLAIMS = 4;
+
+constexpr int ERR_SMID_RANGE = 1;
+constexpr int ERR_BARRIER_TIMEOUT = 2;
+constexpr int ERR_TURN_TIMEOUT = 3;
+
+constexpr int POLL_BACKOFF_NS = 2000;
+
+constexpr int LINE_BYTES = 128;
+constexpr int LINE_WORDS = LINE_BYTES / 8;
+constexpr int OUT_WORDS = 3;
+
+// ---- placement plan (int32) ----
+constexpr int PLAN_N_SLOTS = 0;
+constexpr int PLAN_N_STATIC = 1;
+constexpr int PLAN_N_TAIL = 2;
+constexpr int PLAN_MAGIC = 3;
+constexpr int PLAN_HEADER = 4;
+constexpr int PLAN_MAGIC_VALUE = 0x4C32504C;
+
+// ---- placement state (int64) ----
+constexpr int STATE_TAIL = 0;
+constexpr int STATE_FINISHED = 1;
+constexpr int STATE_ERROR = 2;
+constexpr int STATE_CURSORS = 3;
+constexpr int STAT_ITEMS = 0;
+constexpr int STAT_BUSY_NS = 1;
+constexpr int STAT_CTAS = 2;
+constexpr int N_STATS = 3;
+
+}  // namespace l2topo

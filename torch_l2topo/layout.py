@@ -1,0 +1,72 @@
+"""Memory layouts shared by the host and the kernels: the probes' control block and the placement plan.
+
+This module imports nothing else of torch_l2topo (and nothing beyond the standard library), so that the
+kernel folders can depend on it alone: triton_kernels/*.py import it as `torch_l2topo.layout`, and
+cuda_ext/layout.h mirrors every number (tests/test_kernel_sources.py checks that the two agree).
+Dependency direction: layout <- kernels (triton_kernels/, cuda_ext/) <- launch <- probes <- calibration.
+
+Control block (int64): four counters, then one claim flag per SM slot.
+Placement plan (int32, read-only on the device): a header, per-SM offsets into a flat item list (CSR),
+the items, then the dynamic tail. Placement state (int64, zero at rest): per-SM cursors, the tail cursor,
+the count of finished CTAs (the last CTA out zeroes the cursors, so launches need no host reset and can be
+captured in CUDA graphs), then per-SM statistics that accumulate across launches.
+"""
+
+# ---- probe control block ------------------------------------------------------------------------------
+ERROR = 0          # first error code set by any program (0: none)
+ERROR_DETAIL = 1   # what the failing program saw (SM id, arrivals, turn)
+ARRIVALS = 2       # programs that claimed an SM and reached the start barrier
+TURN = 3           # SMs done measuring; SM s starts once TURN >= (s // wave) * wave
+CLAIMS = 4         # CLAIMS + sm: 1 once a program owns that SM
+
+ERR_SMID_RANGE = 1       # %smid was >= the SM slot capacity
+ERR_BARRIER_TIMEOUT = 2  # not every SM got a program within the watchdog timeout
+ERR_TURN_TIMEOUT = 3     # the waves stopped moving
+
+# Waiting CTAs sleep this long between polls: without it, 131 SMs polling one control word keep its L2
+# slice busy and disturb the SM that is measuring (seen on the H200 in serialized mode).
+POLL_BACKOFF_NS = 2000
+
+LINE_BYTES = 128           # an L2 line (four 32-byte sectors)
+LINE_WORDS = LINE_BYTES // 8  # int64 words per line: pointers are stored in the first word of a line
+OUT_WORDS = 3              # per-SM output words: cycles, ns, and (chain) end address / (lines) broken count
+
+# ---- placement plan (int32) ---------------------------------------------------------------------------
+PLAN_N_SLOTS = 0    # SM slots with a static share (the calibration's SM count)
+PLAN_N_STATIC = 1   # items in the static shares
+PLAN_N_TAIL = 2     # items in the dynamic tail, taken by whichever CTA asks first
+PLAN_MAGIC = 3      # PLAN_MAGIC_VALUE: a kernel handed anything else fails instead of guessing
+PLAN_HEADER = 4     # offsets[n_slots + 1] start here, then items[n_static], then tail[n_tail]
+PLAN_MAGIC_VALUE = 0x4C32504C  # "L2PL"
+
+# ---- placement state (int64) --------------------------------------------------------------------------
+# Fixed words first, then cursor[s] at STATE_CURSORS + s, then per-SM statistics that accumulate across
+# launches: statistic k of SM s at STATE_CURSORS + (1 + k) * n_slots + s.
+STATE_TAIL = 0      # next tail item to hand out
+STATE_FINISHED = 1  # CTAs that finished this launch; the last one zeroes cursors, tail and this count
+STATE_ERROR = 2     # set when a kernel was handed a plan without PLAN_MAGIC_VALUE
+STATE_CURSORS = 3
+STAT_ITEMS = 0      # items done by the CTAs on SM s
+STAT_BUSY_NS = 1    # %globaltimer ns those CTAs spent from start to finish, summed
+STAT_CTAS = 2       # CTAs that ran on SM s
+N_STATS = 3
+
+
+def control_words(capacity: int) -> int:
+    """Length of the control block for `capacity` SM slots."""
+    return CLAIMS + capacity
+
+
+def plan_words(n_slots: int, n_static: int, n_tail: int) -> int:
+    """Length of a plan tensor."""
+    return PLAN_HEADER + n_slots + 1 + n_static + n_tail
+
+
+def state_words(n_slots: int) -> int:
+    """Length of a placement state tensor."""
+    return STATE_CURSORS + (1 + N_STATS) * n_slots
+
+
+def stat_offset(stat: int, n_slots: int) -> int:
+    """Index of statistic `stat` of SM 0 in a placement state tensor."""
+    return STATE_CURSORS + (1 + stat) * n_slots

@@ -1,0 +1,144 @@
+"""The device-side protocol in Triton: timers, dependent loads, and the claim / barrier / turn protocol.
+
+Public API for any Triton kernel of torch_l2topo or of its users (cuda_ext/protocol.cuh mirrors every
+function under the same name; tests/test_kernel_sources.py checks that the two lists agree):
+
+    sm_id()                        %smid of the SM running this program (int64)
+    global_ns()                    %globaltimer, ns, device-wide (32 ns steps on Hopper)
+    clock_after(dep)               %clock64, read only once `dep` has arrived (see below)
+    chase(addr)                    one dependent load through L2 (ld.global.cg: skips L1); returns the loaded word
+    chase_l1(addr)                 the same load allowed to hit in L1 (ld.global.ca): the L1-hit oracle
+    nanosleep(ns)                  back off between polls
+    fail(ctrl, code, detail)       record the first error in a control block (layout.py)
+    wait_at_least(ctrl, word, target, timeout_ns, code) -> ok
+                                   spin until ctrl[word] >= target, bounded by a %globaltimer watchdog
+    claim_sm(ctrl, n_sm, wave, timeout_ns) -> (sm, go)
+                                   claim this program's SM; go is true for exactly one program per SM once
+                                   every SM is claimed and its wave's turn has come
+    finish_turn(ctrl)              this SM is done: release the next wave
+
+Every function does scalar work: launch kernels that use them with num_warps=1 (inline asm repeats per
+replicated element, and one warp keeps one dependent chain per SM). Every wait is bounded: the watchdog
+restarts whenever the awaited word moves, and when nothing moves for `timeout_ns` the waiter records an
+error and gives up; every other waiter gives up as soon as it sees the error. A kernel built on this
+protocol never hangs the GPU, whatever else runs on it.
+
+This module imports only torch_l2topo.layout (layout.py says why).
+"""
+import triton
+import triton.language as tl
+
+from torch_l2topo import layout as _layout
+
+# Triton kernels may only read module globals that are constexpr.
+ERROR = tl.constexpr(_layout.ERROR)
+ERROR_DETAIL = tl.constexpr(_layout.ERROR_DETAIL)
+ARRIVALS = tl.constexpr(_layout.ARRIVALS)
+TURN = tl.constexpr(_layout.TURN)
+CLAIMS = tl.constexpr(_layout.CLAIMS)
+ERR_SMID_RANGE = tl.constexpr(_layout.ERR_SMID_RANGE)
+ERR_BARRIER_TIMEOUT = tl.constexpr(_layout.ERR_BARRIER_TIMEOUT)
+ERR_TURN_TIMEOUT = tl.constexpr(_layout.ERR_TURN_TIMEOUT)
+POLL_BACKOFF_NS = tl.constexpr(_layout.POLL_BACKOFF_NS)
+
+
+@triton.jit
+def sm_id():
+    return tl.extra.cuda.smid().to(tl.int64)
+
+
+@triton.jit
+def global_ns():
+    return tl.extra.cuda.globaltimer().to(tl.int64)
+
+
+@triton.jit
+def clock_after(dep):
+    # The read is predicated on a compare of `dep`, so it cannot issue before the load that produced `dep`
+    # completes: an unused input alone does not stop ptxas from scheduling the read early, and then one
+    # load latency is missing from the interval or added to it. dep is an address or a count, never -1.
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred ready; setp.ne.s64 ready, $1, -1; @ready mov.u64 $0, %clock64; @!ready mov.u64 $0, 0; }",
+        "=l,l", [dep], dtype=tl.int64, is_pure=False, pack=1)
+
+
+@triton.jit
+def chase(addr):
+    # Written as asm rather than tl.load so that the emitted instruction is exactly the CUDA backend's.
+    return tl.inline_asm_elementwise("ld.global.cg.u64 $0, [$1];", "=l,l", [addr], dtype=tl.int64,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
+def chase_l1(addr):
+    return tl.inline_asm_elementwise("ld.global.ca.u64 $0, [$1];", "=l,l", [addr], dtype=tl.int64,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
+def nanosleep(ns):
+    tl.inline_asm_elementwise("nanosleep.u32 $1; mov.u32 $0, 0;", "=r,r", [ns], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
+@triton.jit
+def _i64(x):
+    # Control-block atomics need operands of exactly int64.
+    return tl.full((), x, tl.int64)
+
+
+@triton.jit
+def fail(ctrl_ptr, code, detail):
+    # First error wins; its detail is written by the same winner only.
+    if tl.atomic_cas(ctrl_ptr + ERROR, _i64(0), _i64(code)) == 0:
+        tl.atomic_xchg(ctrl_ptr + ERROR_DETAIL, detail.to(tl.int64))
+
+
+@triton.jit
+def wait_at_least(ctrl_ptr, word, target, timeout_ns, code):
+    """1 once ctrl[word] >= target; 0 on timeout (recorded with `code`) or on another program's error."""
+    last = tl.load(ctrl_ptr + word, volatile=True)
+    since = global_ns()
+    state = 0  # 0 waiting, 1 reached, 2 gave up
+    while state == 0:
+        seen = tl.load(ctrl_ptr + word, volatile=True)
+        now = global_ns()
+        if seen >= target:
+            state = 1
+        elif tl.load(ctrl_ptr + ERROR, volatile=True) != 0:
+            state = 2
+        elif seen != last:
+            last = seen
+            since = now
+        elif now - since > timeout_ns:
+            fail(ctrl_ptr, code, seen)
+            state = 2
+        if state == 0:
+            nanosleep(tl.full((), POLL_BACKOFF_NS, tl.int32))
+    return state == 1
+
+
+@triton.jit
+def claim_sm(ctrl_ptr, n_sm, wave, timeout_ns):
+    """Claim this program's SM; wait until every SM is claimed, then for this SM's wave.
+
+    SMs measure in waves of `wave` consecutive SM ids; wave k starts once TURN shows every SM of the earlier
+    waves done (wave=1: serialized; wave=n_sm: all at once). Returns (sm, go): go is true for exactly one
+    program per SM once it may measure; the others must exit without touching the SM's results.
+    """
+    sm = sm_id()
+    go = False
+    if sm >= n_sm:
+        fail(ctrl_ptr, ERR_SMID_RANGE, sm)
+    elif tl.atomic_cas(ctrl_ptr + CLAIMS + sm, _i64(0), _i64(1)) == 0:
+        tl.atomic_add(ctrl_ptr + ARRIVALS, 1)
+        go = wait_at_least(ctrl_ptr, ARRIVALS, n_sm, timeout_ns, ERR_BARRIER_TIMEOUT)
+        if go:
+            go = wait_at_least(ctrl_ptr, TURN, (sm // wave) * wave, timeout_ns, ERR_TURN_TIMEOUT)
+    return sm, go
+
+
+@triton.jit
+def finish_turn(ctrl_ptr):
+    # Release: this SM's results are visible before the next wave starts measuring.
+    tl.atomic_add(ctrl_ptr + TURN, 1, sem="release")
