@@ -6,17 +6,22 @@
 
 namespace l2topo {
 
-// Per SM: one warm pass over its ring, then a timed pass. starts[sm] is the word where SM `sm` starts: the
-// buffer holds LINE_WORDS independent rings, one per 8-byte word, so SMs of one wave chase different
-// random orders. out[sm] = (clock64 cycles, globaltimer ns,
-// final address) of the timed pass; after a whole pass the chase is back at its start, which the host checks.
+// Per SM: warm loads, then a timed pass over its whole ring. starts[sm] is the word where SM `sm` starts: the
+// buffer holds LINE_WORDS independent rings, one per 8-byte word, so SMs of one wave chase different random
+// orders. SMs of the first wave make n_warm_first warm loads (a whole pass brings every line into L2, for
+// every ring at once); later SMs only n_warm, to settle their chase. out[sm] = (clock64 cycles, globaltimer
+// ns, final address - start address, globaltimer at the start) of the timed pass; after a whole pass the
+// chase is back where it started, which the host checks.
 __global__ void __launch_bounds__(32) chain_probe_kernel(ProbeLaunch launch, const int64_t* starts,
-                                                         int64_t* out, int64_t n_loads) {
+                                                         int64_t* out, int64_t n_loads, int64_t n_warm_first,
+                                                         int64_t n_warm) {
   if (threadIdx.x != 0) return;
   const int64_t sm = claim_sm(launch.ctrl, launch.n_sm, launch.wave, launch.timeout_ns);
   if (sm < 0) return;
   int64_t p = starts[sm];
-  for (int64_t i = 0; i < n_loads; ++i) p = chase(p);
+  const int64_t warm = sm < launch.wave ? n_warm_first : n_warm;
+  for (int64_t i = 0; i < warm; ++i) p = chase(p);
+  const int64_t begin = p;
   const int64_t t0 = clock_after(p);
   const int64_t g0 = global_ns();
   for (int64_t i = 0; i < n_loads; ++i) p = chase(p);
@@ -24,13 +29,15 @@ __global__ void __launch_bounds__(32) chain_probe_kernel(ProbeLaunch launch, con
   const int64_t g1 = global_ns();
   out[sm * OUT_WORDS + 0] = t1 - t0;
   out[sm * OUT_WORDS + 1] = g1 - g0;
-  out[sm * OUT_WORDS + 2] = p;
+  out[sm * OUT_WORDS + 2] = p - begin;
+  out[sm * OUT_WORDS + 3] = g0;
   finish_turn(launch.ctrl);
 }
 
 // Per SM and line: n_warm loads, then n_timed dependent loads timed with clock64. Each line holds its own
 // address, so the chase stays on one line. SMs start at different lines (rotation by position in the wave)
-// so SMs of one wave never load the same line at once. per_sm[sm] = (cycles, ns, lines whose chase left the line).
+// so SMs of one wave never load the same line at once. per_sm[sm] = (cycles, ns, lines whose chase left the line,
+// globaltimer at the start).
 __global__ void __launch_bounds__(32) line_probe_kernel(ProbeLaunch launch, const int64_t* lines,
                                                         int64_t* cycles, int64_t* per_sm, int64_t n_lines,
                                                         int64_t n_warm, int64_t n_timed) {
@@ -57,12 +64,14 @@ __global__ void __launch_bounds__(32) line_probe_kernel(ProbeLaunch launch, cons
   per_sm[sm * OUT_WORDS + 0] = c_end - c_start;
   per_sm[sm * OUT_WORDS + 1] = g_end - g_start;
   per_sm[sm * OUT_WORDS + 2] = broken;
+  per_sm[sm * OUT_WORDS + 3] = g_start;
   finish_turn(launch.ctrl);
 }
 
 cudaError_t launch_chain_probe(const ProbeLaunch& launch, const int64_t* starts, int64_t* out,
-                               int64_t n_loads, cudaStream_t stream) {
-  chain_probe_kernel<<<static_cast<unsigned>(launch.grid), 32, 0, stream>>>(launch, starts, out, n_loads);
+                               int64_t n_loads, int64_t n_warm_first, int64_t n_warm, cudaStream_t stream) {
+  chain_probe_kernel<<<static_cast<unsigned>(launch.grid), 32, 0, stream>>>(launch, starts, out, n_loads,
+                                                                            n_warm_first, n_warm);
   return cudaGetLastError();
 }
 

@@ -19,7 +19,7 @@ constexpr int POLL_BACKOFF_NS = 2000;
 
 constexpr int LINE_BYTES = 128;
 constexpr int LINE_WORDS = LINE_BYTES / 8;
-constexpr int OUT_WORDS = 3;
+constexpr int OUT_WORDS = 4;
 
 // ---- placement plan (int32) ----
 constexpr int PLAN_N_SLOTS = 0;

@@ -83,6 +83,7 @@ def test_key_holds_everything_that_invalidates_a_calibration():
                 cache.cache_key(dict(dev, sm_count=114), cfg, __version__, "triton", "waves"),
                 cache.cache_key(dict(dev, mig=True), cfg, __version__, "triton", "waves"),
                 cache.cache_key(dict(dev, driver="1.0"), cfg, __version__, "triton", "waves"),
+                cache.cache_key(dict(dev, sm_clock_limit_mhz=1500), cfg, __version__, "triton", "waves"),
                 cache.cache_key(dev, cfg, "9.9", "triton", "waves"),
                 cache.cache_key(dev, dict(cfg, seed=1), __version__, "triton", "waves")]
     paths = {cache.cache_path(k) for k in [base, *variants]}

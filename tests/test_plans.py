@@ -1,49 +1,352 @@
-"""Probe plans: the invariants the kernels rely on (single-cycle rings, distinct starts, distinct lines)."""
+"""Placement plans: coverage of every item, the device format, predictions against hand-computed oracles and a
+naive per-item simulation of the protocol, the LP bound, and the real H200 calibration's predicted cuts."""
+import heapq
+import math
+
 import numpy as np
 import pytest
 
-from torch_l2topo.plans import cycle_length, line_offsets, ring_plan
-from torch_l2topo.probe_layout import LINE_BYTES, LINE_WORDS
+import torch_l2topo
+from torch_l2topo.layout import PLAN_HEADER, PLAN_MAGIC, plan_words
+from torch_l2topo.plans import (DEFAULT_TAIL_FRACTION, POLICIES, Plan, SpeedModel, Workload, gain_fraction, limit,
+                                make_plan, predict)
 
 
-@pytest.mark.parametrize("n_lines,n_sm", [(16384, 132), (4096, 108), (2, 1), (100, 200)])
-def test_every_ring_is_one_cycle_through_every_line(n_lines, n_sm):
-    plan = ring_plan(n_lines, n_sm, seed=3)
-    assert plan.successor.shape == (LINE_WORDS, n_lines)
-    for ring in plan.successor:
-        assert sorted(ring.tolist()) == list(range(n_lines))  # a permutation...
-        assert cycle_length(ring) == n_lines                  # ...made of a single cycle
+def two_partition_model(n_sm, near=280.0, far=312.0, spread=0.04, seed=0):
+    """SMs alternate sides; each SM is (1 +- spread) slower or faster overall; unknown homes cost the mean."""
+    rng = np.random.default_rng(seed)
+    part = np.arange(n_sm) % 2
+    speed = 1 + rng.uniform(-spread, spread, n_sm)
+    cost = np.empty((n_sm, 3))
+    cost[np.arange(n_sm), part] = near * speed
+    cost[np.arange(n_sm), 1 - part] = far * speed
+    cost[:, 2] = (near + far) / 2 * speed
+    return SpeedModel(cost, part, "synthetic")
 
 
-def test_rings_differ_and_smps_sharing_a_ring_start_apart():
-    plan = ring_plan(16384, 132, seed=0)
-    assert len({tuple(r[:64]) for r in plan.successor}) == LINE_WORDS
-    assert plan.start_ring.tolist() == [s % LINE_WORDS for s in range(132)]
-    for r in range(LINE_WORDS):
-        starts = plan.start_line[plan.start_ring == r]
-        assert len(set(starts.tolist())) == len(starts)
+def class_mix(kind, n, seed=0):
+    rng = np.random.default_rng(seed)
+    return {"all2": None, "random01": rng.integers(0, 2, n), "mostly0": (rng.random(n) >= 0.9).astype(int)}[kind]
 
 
-def test_plan_is_reproducible_from_its_seed():
-    a, b, c = ring_plan(1024, 16, seed=7), ring_plan(1024, 16, seed=7), ring_plan(1024, 16, seed=8)
-    np.testing.assert_array_equal(a.successor, b.successor)
-    assert not np.array_equal(a.successor, c.successor)
+def plan_of(policy, speeds, workload, **kw):
+    k = max(1, speeds.n_sm // 2) if policy == "fastest" else None
+    return make_plan(policy, speeds, workload, k=k, **kw)
 
 
-def test_cycle_length_detects_a_broken_ring():
-    ring = np.array([1, 0, 3, 2])  # two 2-cycles
-    assert cycle_length(ring) == 2
+def reference_makespan(plan, speeds, workload, available=None, claim=0.0):
+    """The protocol, one claim at a time: the earliest free SM (ties: lowest id) takes its own next item, else
+    the next tail item, else the next item of the SM with the most unclaimed items."""
+    cls, loads = workload.classes(), workload.loads()
+    cursor, hi = plan.offsets[:-1].copy(), plan.offsets[1:]
+    sms = range(plan.n_slots) if available is None else np.flatnonzero(available)
+    heap = [(0.0, int(s)) for s in sms]
+    heapq.heapify(heap)
+    counts, next_tail, makespan = np.zeros(plan.n_slots, int), 0, 0.0
+    while heap:
+        t, s = heapq.heappop(heap)
+        extra = claim
+        if cursor[s] < hi[s]:
+            item, extra = plan.items[cursor[s]], 0.0
+            cursor[s] += 1
+        elif next_tail < len(plan.tail):
+            item = plan.tail[next_tail]
+            next_tail += 1
+        else:
+            victim = int(np.argmax(hi - cursor))
+            if cursor[victim] == hi[victim]:
+                makespan = max(makespan, t)
+                continue
+            item = plan.items[cursor[victim]]
+            cursor[victim] += 1
+        counts[s] += 1
+        heapq.heappush(heap, (t + (loads[item] * speeds.cost[s, cls[item]] + extra), s))
+    return makespan, counts
 
 
-def test_line_offsets_are_distinct_consecutive_lines():
-    off = line_offsets(512, first_line=3)
-    assert len(set(off.tolist())) == 512
-    assert off[0] == 3 * LINE_BYTES and np.all(np.diff(off) == LINE_BYTES)
+# ---- every item exactly once, and the device format ----------------------------------------------------------
+@pytest.mark.parametrize("n_sm", [1, 7, 132])
+@pytest.mark.parametrize("mix", ["all2", "random01", "mostly0"])
+def test_every_policy_covers_every_item_once(n_sm, mix):
+    speeds = two_partition_model(n_sm)
+    for n in (0, 1, 5, 1000, 100003):
+        workload = Workload(n, class_mix(mix, n))
+        for policy in POLICIES:
+            plan = plan_of(policy, speeds, workload)
+            plan.validate(n)
+            assert plan.n_slots == n_sm and np.isfinite(plan.predicted_makespan)
+            back = Plan.from_array(plan.to_array(), policy)
+            for name in ("offsets", "items", "tail"):
+                np.testing.assert_array_equal(getattr(back, name), getattr(plan, name))
 
 
-@pytest.mark.parametrize("args", [(1, 4), (16, 0), (16, 4, 0, 0), (16, 4, 0, LINE_WORDS + 1)])
-def test_bad_plan_parameters_are_rejected(args):
-    with pytest.raises(ValueError):
-        ring_plan(*args)
-    with pytest.raises(ValueError):
-        line_offsets(0)
+def test_device_array_layout_and_rejections():
+    plan = make_plan("uniform", two_partition_model(4), Workload(10), tail_fraction=0.2)
+    a = plan.to_array()
+    assert a.dtype == np.int32 and len(a) == plan_words(4, len(plan.items), len(plan.tail))
+    assert a[:3].tolist() == [4, 8, 2] and a[PLAN_HEADER:PLAN_HEADER + 5].tolist() == plan.offsets.tolist()
+    bad = a.copy()
+    bad[PLAN_MAGIC] = 0
+    with pytest.raises(ValueError, match="magic"):
+        Plan.from_array(bad)
+    with pytest.raises(ValueError, match="does not match its length"):
+        Plan.from_array(a[:-1])
+    with pytest.raises(ValueError, match="at least"):
+        Plan.from_array(a[:2])
+    bad = a.copy()
+    bad[PLAN_HEADER + 1], bad[PLAN_HEADER + 2] = bad[PLAN_HEADER + 2], bad[PLAN_HEADER + 1]
+    with pytest.raises(ValueError, match="monotonically"):
+        Plan.from_array(bad)
+    with pytest.raises(ValueError, match="int32"):
+        Plan("uniform", 1, [0, 1], [2**31], []).to_array()
+
+
+def test_validate_names_missing_and_duplicated_items():
+    plan = Plan("uniform", 2, [0, 2, 4], [0, 1, 1, 3], [4])
+    with pytest.raises(ValueError, match=r"1 missing \[2\], 1 duplicated \[1\]"):
+        plan.validate(5)
+    with pytest.raises(ValueError, match="outside"):
+        plan.validate(3)
+
+
+def test_shares_are_contiguous_deterministic_and_cut_at_their_ends():
+    speeds, workload = two_partition_model(7), Workload(1000)
+    plan = make_plan("uniform", speeds, workload, tail_fraction=0)
+    sizes = np.diff(plan.offsets)
+    assert sizes.max() - sizes.min() <= 1 and len(plan.tail) == 0
+    for s in range(7):  # contiguous id blocks in id order
+        np.testing.assert_array_equal(plan.share(s), np.arange(plan.offsets[s], plan.offsets[s + 1]))
+    cut = make_plan("uniform", speeds, workload)
+    assert len(cut.tail) == round(DEFAULT_TAIL_FRACTION * 1000)
+    for s in range(7):  # the tail comes off the end of each share, in proportion
+        share = cut.share(s)
+        np.testing.assert_array_equal(share, plan.share(s)[:len(share)])
+        assert abs((sizes[s] - len(share)) - len(cut.tail) / 7) <= 1
+    again = make_plan("uniform", speeds, workload)
+    assert np.array_equal(again.items, cut.items) and np.array_equal(again.tail, cut.tail)
+    assert len(make_plan("dynamic", speeds, workload).items) == 0
+
+
+def test_affinity_keeps_classes_on_their_near_sms():
+    speeds = two_partition_model(8)
+    workload = Workload(4000, class_mix("random01", 4000))
+    plan = make_plan("partition_affine", speeds, workload, tail_fraction=0)
+    for s in range(8):
+        assert (workload.classes()[plan.share(s)] == speeds.partition[s]).all()
+    lone = SpeedModel(np.ones((3, 3)), [0, 0, -1])  # nobody is near partition 1: its items spread over all
+    plan = make_plan("partition_affine", lone, workload, tail_fraction=0)
+    assert all((workload.classes()[plan.share(s)] == 1).sum() > 0 for s in range(3))
+
+
+def test_weighted_shares_follow_speed_and_fastest_uses_k_sms():
+    speeds = SpeedModel(np.repeat([[1.0], [2.0], [4.0]], 3, axis=1), [-1, -1, -1])
+    plan = make_plan("weighted", speeds, Workload(700), tail_fraction=0)
+    assert np.diff(plan.offsets).tolist() == [400, 200, 100]
+    plan = make_plan("fastest", speeds, Workload(700), k=2, tail_fraction=0)
+    assert np.diff(plan.offsets).tolist() == [467, 233, 0]
+
+
+# ---- predictions against oracles ---------------------------------------------------------------------------
+def test_uniform_single_class_is_the_slowest_share():
+    speeds = two_partition_model(7)
+    workload = Workload(1000, None, 3.0)
+    plan = make_plan("uniform", speeds, workload, tail_fraction=0)
+    oracle = max(len(plan.share(s)) * 3.0 * speeds.cost[s, 2] for s in range(7))
+    assert predict(plan, speeds, workload, steal=False) == pytest.approx(oracle, rel=1e-12)
+    equal = SpeedModel.uniform(7)  # equal costs: stealing cannot beat the largest share
+    assert predict(make_plan("uniform", equal, workload, tail_fraction=0), equal, workload) == 143 * 3.0
+
+
+@pytest.mark.parametrize("n_sm", [1, 7, 132])
+def test_dynamic_with_equal_costs_is_ceil_n_over_sms(n_sm):
+    speeds = SpeedModel(np.full((n_sm, 3), 5.0), np.full(n_sm, -1))
+    for n in (1, 1000, 100003):
+        assert predict(make_plan("dynamic", speeds, Workload(n)), speeds, Workload(n)) == math.ceil(n / n_sm) * 5.0
+
+
+def test_limit_of_one_class_is_the_closed_form():
+    speeds = two_partition_model(132, seed=3)
+    workload = Workload(10000, None, np.linspace(1, 3, 10000))
+    closed = workload.loads().sum() / (1 / speeds.cost[:, 2]).sum()
+    assert limit(speeds, workload) == pytest.approx(closed, rel=1e-6)
+    assert limit(speeds, Workload(0)) == 0.0
+
+
+@pytest.mark.parametrize("mix", ["all2", "random01", "mostly0"])
+def test_limit_bounds_every_policy(mix):
+    speeds = two_partition_model(16, spread=0.1, seed=1)
+    workload = Workload(5000, class_mix(mix, 5000), np.random.default_rng(2).uniform(1, 8, 5000))
+    bound = limit(speeds, workload)
+    for policy in POLICIES:
+        for tail_fraction in (0.0, DEFAULT_TAIL_FRACTION, 0.5):
+            plan = plan_of(policy, speeds, workload, tail_fraction=tail_fraction)
+            assert bound <= plan.predicted_makespan * (1 + 1e-9), (policy, tail_fraction)
+
+
+def test_affine_weighted_is_within_one_percent_of_the_limit():
+    speeds = two_partition_model(16, spread=0.05, seed=4)
+    workload = Workload(10000, class_mix("mostly0", 10000))  # class 0 overloaded: some of it must go far
+    plan = make_plan("affine_weighted", speeds, workload)
+    assert plan.predicted_makespan <= limit(speeds, workload) * 1.01
+
+
+@pytest.mark.parametrize("n_sm", [3, 20])  # the tail's heap (few SMs) and its vectorized rounds (many)
+@pytest.mark.parametrize("claim", [0.0, 40.0])
+def test_predict_matches_a_naive_simulation_of_the_protocol(n_sm, claim):
+    rng = np.random.default_rng(n_sm)
+    speeds = SpeedModel(rng.uniform(100, 300, (n_sm, 3)), rng.integers(-1, 2, n_sm))
+    workload = Workload(400, rng.integers(0, 3, 400), rng.uniform(1, 5, 400))
+    available = rng.random(n_sm) < 0.7
+    available[0] = True
+    for policy in POLICIES:
+        for tail_fraction in (0.0, 0.2):
+            plan = plan_of(policy, speeds, workload, tail_fraction=tail_fraction)
+            for mask in (None, available):
+                got, counts = predict(plan, speeds, workload, available=mask, claim_cycles=claim, return_counts=True)
+                want, want_counts = reference_makespan(plan, speeds, workload, mask, claim)
+                assert got == pytest.approx(want, rel=1e-9), (policy, tail_fraction, mask is None)
+                np.testing.assert_array_equal(counts, want_counts)
+
+
+@pytest.mark.parametrize("n_sm", [7, 20])
+def test_predict_breaks_ties_like_the_protocol(n_sm):
+    speeds = SpeedModel.uniform(n_sm)  # integer costs: every claim ties
+    mask = np.arange(n_sm) % 3 != 1
+    for policy in POLICIES:
+        plan = plan_of(policy, speeds, Workload(1000), tail_fraction=0.1)
+        got = predict(plan, speeds, Workload(1000), available=mask, claim_cycles=1.0, return_counts=True)
+        want = reference_makespan(plan, speeds, Workload(1000), mask, 1.0)
+        assert got[0] == want[0]
+        np.testing.assert_array_equal(got[1], want[1])
+
+
+# ---- the real H200 calibration -----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def h200():
+    return SpeedModel.from_topology(torch_l2topo.load_example("h200"))
+
+
+def test_h200_speed_model_has_near_faster_than_far(h200):
+    topo = torch_l2topo.load_example("h200")
+    assert h200.n_sm == 132 and h200.source.startswith("calibration ")
+    decided = np.flatnonzero(h200.partition >= 0)
+    assert len(decided) > 100
+    near = h200.cost[decided, h200.partition[decided]]
+    far = h200.cost[decided, 1 - h200.partition[decided]]
+    assert (near < far).all()
+    assert 25 < (far - near).mean() < 37
+    np.testing.assert_array_equal(h200.cost[:, 2], topo.chain_cycles)
+
+
+@pytest.fixture(scope="module")
+def h200_workload():
+    n = 132 * 64
+    return Workload(n, np.arange(n) % 2, 512.0)  # every contiguous block is half near, half far
+
+
+def test_h200_static_shares_reproduce_the_measured_cuts(h200, h200_workload):
+    """Without stealing and tail (the chase experiments: weighting -4.5%, affinity -6.8%, both -9.9%)."""
+    static = {p: predict(make_plan(p, h200, h200_workload, tail_fraction=0), h200, h200_workload, steal=False)
+              for p in ("uniform", "weighted", "partition_affine", "affine_weighted")}
+    bound = limit(h200, h200_workload)
+    assert static["uniform"] > static["weighted"] > static["partition_affine"] > static["affine_weighted"] >= bound
+    assert 0.01 < 1 - static["weighted"] / static["uniform"] < 0.08
+    assert 0.05 < 1 - static["partition_affine"] / static["uniform"] < 0.12
+    assert 0.05 < 1 - static["affine_weighted"] / static["uniform"] < 0.12
+
+
+def test_h200_protocol_predictions(h200, h200_workload):
+    """With the tail and stealing, uniform shares already balance per-SM speed; affinity still pays."""
+    pred = {p: make_plan(p, h200, h200_workload).predicted_makespan
+            for p in ("uniform", "weighted", "partition_affine", "affine_weighted")}
+    bound = limit(h200, h200_workload)
+    assert abs(1 - pred["weighted"] / pred["uniform"]) < 0.01
+    assert pred["uniform"] > pred["partition_affine"] >= pred["affine_weighted"] >= bound
+    assert 0.05 < 1 - pred["affine_weighted"] / pred["uniform"] < 0.12
+    assert 0.03 < 1 - pred["partition_affine"] / pred["uniform"] < 0.12
+
+
+def test_missing_sms_have_their_shares_stolen(h200, h200_workload):
+    available = np.ones(132, bool)
+    available[::6][:20] = False
+    assert available.sum() == 112
+    for policy in POLICIES:
+        plan = plan_of(policy, h200, h200_workload)
+        makespan, counts = predict(plan, h200, h200_workload, available=available, return_counts=True)
+        assert np.isfinite(makespan) and makespan >= plan.predicted_makespan
+        assert counts.sum() == h200_workload.n_items and (counts[~available] == 0).all()
+    plan = make_plan("uniform", h200, h200_workload)
+    assert predict(plan, h200, h200_workload, available=available, steal=False) == math.inf
+
+
+# ---- speed models, workloads, arguments ----------------------------------------------------------------------
+def test_speed_model_validation():
+    with pytest.raises(ValueError, match="shape"):
+        SpeedModel(np.ones((4, 2)), np.zeros(4, int))
+    with pytest.raises(ValueError, match="partition must have shape"):
+        SpeedModel(np.ones((4, 3)), np.zeros(3, int))
+    for bad in (0.0, -1.0, np.nan, np.inf):
+        cost = np.ones((4, 3))
+        cost[2, 1] = bad
+        with pytest.raises(ValueError, match="finite and > 0"):
+            SpeedModel(cost, np.zeros(4, int))
+    with pytest.raises(ValueError, match="partition values"):
+        SpeedModel(np.ones((2, 3)), [0, 2])
+    speeds = SpeedModel.uniform(132)
+    assert speeds.n_sm == 132 and (speeds.partition == -1).all()
+    with pytest.raises(ValueError, match="132 SM slots but the SpeedModel 7"):
+        predict(make_plan("uniform", speeds, Workload(10)), SpeedModel.uniform(7), Workload(10))
+
+
+def test_measured_speed_model():
+    speeds = SpeedModel.from_measured([100, 50, 0, 200], [1000.0, 1000.0, 0.0, 1000.0])
+    np.testing.assert_allclose(speeds.cost[:, 0], [10, 20, 10, 5])  # the idle SM gets the median
+    assert (speeds.cost == speeds.cost[:, :1]).all() and speeds.source == "measured"
+    plan = make_plan("measured", speeds, Workload(800), tail_fraction=0)
+    assert np.array_equal(plan.offsets, make_plan("weighted", speeds, Workload(800), tail_fraction=0).offsets)
+    for items, busy, match in (([1, -1], [1.0, 1.0], ">= 0"), ([1, 1], [np.nan, 1.0], "finite"),
+                               ([0, 0], [1.0, 1.0], "no SM did any item"), ([1, 2], [1.0], "one length")):
+        with pytest.raises(ValueError, match=match):
+            SpeedModel.from_measured(items, busy)
+
+
+def test_workload_helpers_and_validation():
+    w = Workload(4, [0, 1, 1, 2], [1.0, 2.0, 3.0, 4.0])
+    assert w.class_counts().tolist() == [1, 2, 1] and w.class_loads().tolist() == [1.0, 5.0, 4.0]
+    speeds = SpeedModel(np.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]), [0, 1])
+    np.testing.assert_allclose(w.item_cost(speeds, 1, [0, 3]), [4.0, 24.0])
+    np.testing.assert_allclose(w.mean_item_cost(speeds), [(1 + 10 + 12) / 4, (4 + 25 + 24) / 4])
+    with pytest.raises(ValueError, match="loads_per_item"):
+        Workload(3, None, 0.0)
+    with pytest.raises(ValueError, match="loads_per_item"):
+        Workload(3, None, [1.0, -1.0, 1.0])
+    with pytest.raises(ValueError, match="item_class values"):
+        Workload(3, [0, 1, 3])
+    with pytest.raises(ValueError, match="item_class must be"):
+        Workload(3, [0, 1])
+    with pytest.raises(ValueError, match="n_items"):
+        Workload(-1)
+
+
+def test_make_plan_argument_errors():
+    speeds, workload = SpeedModel.uniform(8), Workload(100)
+    with pytest.raises(ValueError, match="policy must be one of uniform, dynamic, weighted, fastest"):
+        make_plan("auto", speeds, workload)
+    for k in (None, 0, 9):
+        with pytest.raises(ValueError, match=r"'fastest' needs k.*1\.\.8"):
+            make_plan("fastest", speeds, workload, k=k)
+    with pytest.raises(ValueError, match="k applies only"):
+        make_plan("uniform", speeds, workload, k=2)
+    for tail_fraction in (-0.1, 1.0):
+        with pytest.raises(ValueError, match="tail_fraction"):
+            make_plan("uniform", speeds, workload, tail_fraction=tail_fraction)
+    with pytest.raises(ValueError, match="available must have shape"):
+        predict(make_plan("uniform", speeds, workload), speeds, workload, available=np.ones(3, bool))
+    with pytest.raises(ValueError, match="no SM is available"):
+        predict(make_plan("uniform", speeds, workload), speeds, workload, available=np.zeros(8, bool))
+
+
+def test_gain_fraction():
+    assert gain_fraction(95.0, 100.0, 90.0) == pytest.approx(0.5)
+    assert gain_fraction(100.0, 100.0, 90.0) == 0.0
+    assert math.isnan(gain_fraction(95.0, 90.0, 90.0))

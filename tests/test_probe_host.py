@@ -33,12 +33,14 @@ def fake_launch(kernel, backend, grid, ctrl, *args):
     c[L.CLAIMS:L.CLAIMS + n_sm] = 1
     c[L.ARRIVALS] = c[L.TURN] = n_sm
     if kernel == "chain_probe":
-        starts, out, n_loads = kernel_args
+        starts, out, n_loads, n_warm_first, n_warm = kernel_args
+        fake_launch.warm.append((n_warm_first, n_warm))
         ring = fake_launch.ring
         out = _words(out).reshape(n_sm, L.OUT_WORDS)
         for sm, start in enumerate(_words(starts)):
-            end = _chase(ring, int(_chase(ring, int(start), n_loads)), n_loads)
-            out[sm] = (CYCLES_PER_LOAD * n_loads + sm, NS_PER_LOAD * n_loads, end)
+            begin = _chase(ring, int(start), n_warm_first if sm < wave else n_warm)
+            end = _chase(ring, begin, n_loads)
+            out[sm] = (CYCLES_PER_LOAD * n_loads + sm, NS_PER_LOAD * n_loads, end - begin, 1000 * sm)
     else:
         assert kernel == "line_probe"
         lines, cycles, per_sm, n_lines, n_warm, n_timed = kernel_args
@@ -51,7 +53,7 @@ def fake_launch(kernel, backend, grid, ctrl, *args):
                 home = base + line * L.LINE_BYTES
                 broken += _chase(lines, home, n_warm + n_timed) != home
                 cycles[sm, line] = (CYCLES_PER_LOAD + line % 2) * n_timed
-            per_sm[sm] = (2 * n_lines, n_lines, broken)
+            per_sm[sm] = (2 * n_lines, n_lines, broken, 1000 * sm)
 
 
 @pytest.fixture
@@ -59,7 +61,7 @@ def cpu_probes(monkeypatch):
     monkeypatch.setattr(probes, "_to_device", lambda a, device: torch.from_numpy(np.ascontiguousarray(a)))
     monkeypatch.setattr(probes, "_wait", lambda device, deadline, what: None)
     monkeypatch.setattr(probes, "launch", fake_launch)
-    fake_launch.waves = []
+    fake_launch.waves, fake_launch.warm = [], []
     real_zeros = torch.zeros
 
     def zeros(*args, **kw):  # remember the chain buffer: the fake kernel chases it
@@ -77,8 +79,11 @@ def test_chain_buffers_chase_back_to_every_start(cpu_probes, mode, wave):
     n_sm = 40  # more SMs than rings: SMs share rings and must start apart
     plan = ring_plan(64, n_sm, seed=2)
     fake_launch.expect_ring = plan.n_lines * L.LINE_WORDS
-    results = cpu_probes.run_chain("cpu", n_sm, plan, "triton", mode, 2.0, repeats=2)
+    results = cpu_probes.run_chain("cpu", n_sm, plan, "triton", mode, 2.0, repeats=2, settle=7)
     assert fake_launch.waves == [wave, wave]  # the mode reached the kernel as its wave size
+    # a whole warm pass for the very first wave only; every other SM, and later repeats, settle with 7 loads
+    assert fake_launch.warm == [(64, 7), (7, 7)]
+    np.testing.assert_array_equal(results[1].start_ns, 1000 * np.arange(n_sm))
     assert len(results) == 2
     np.testing.assert_allclose(results[0].cycles, CYCLES_PER_LOAD + np.arange(n_sm) / 64)
     np.testing.assert_allclose(results[0].clock_ghz, results[0].cycles / NS_PER_LOAD)

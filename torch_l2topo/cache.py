@@ -2,7 +2,8 @@
 
 One file per GPU and probe configuration under $TORCH_L2TOPO_CACHE (default: $XDG_CACHE_HOME/torch_l2topo
 or ~/.cache/torch_l2topo). The key holds everything that invalidates a calibration: the GPU's uuid, SM
-count, MIG flag, driver, the package version and the probe configuration. A file that is corrupt or was
+count, MIG flag, driver, SM clock setting, the package version and the probe configuration. Only
+calibrations that passed their self-checks (trust.py) are stored. A file that is corrupt or was
 written under another key is reported in one line and replaced, never trusted.
 """
 from __future__ import annotations
@@ -27,10 +28,11 @@ def cache_dir() -> Path:
 
 
 def cache_key(device: dict, config: dict, package_version: str, backend: str, mode: str) -> dict:
-    """The fields that must match for a cached calibration to be reused."""
+    """The fields that must match for a cached calibration to be reused: a new driver or other clock
+    settings (device.sm_clock_limit_mhz) mean a new calibration."""
     return {"uuid": device["uuid"], "sm_count": device["sm_count"], "mig": device["mig"],
-            "driver": device["driver"], "package_version": package_version, "backend": backend,
-            "mode": mode, "config": config}
+            "driver": device["driver"], "sm_clock_limit_mhz": device.get("sm_clock_limit_mhz"),
+            "package_version": package_version, "backend": backend, "mode": mode, "config": config}
 
 
 def key_digest(key: dict) -> str:
@@ -67,6 +69,17 @@ def load_cached(key: dict, quiet: bool = False) -> Topology | None:
             log.warning("torch_l2topo: cached calibration %s was made under another key; recalibrating", path)
         return None
     return topo
+
+
+def latest_for_gpu(uuid: str) -> Topology | None:
+    """The most recently written readable calibration of this GPU, under any key (None if there is none):
+    what a new calibration is compared with, to say when the clock or the map moved."""
+    for path in sorted(cache_dir().glob(f"{_safe(uuid)}-*.npz"), key=lambda p: p.stat().st_mtime, reverse=True):
+        try:
+            return Topology.load(path)
+        except (TopologyFormatError, OSError):
+            continue
+    return None
 
 
 def store(topo: Topology, key: dict) -> Path:

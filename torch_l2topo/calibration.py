@@ -1,16 +1,17 @@
-"""calibrate(): measure the per-SM L2 map of a GPU, or load it from the cache."""
+"""calibrate(): measure the per-SM L2 map of a GPU (checked by trust.py), or load it from the cache."""
 from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import logging
 import time
 from contextlib import contextmanager
 
 import numpy as np
 
-from . import cache
+from . import cache, trust
 from .device import device_info, resolve_device
-from .errors import check_choice
+from .errors import CalibrationDisturbed, check_choice
 from .files import exclusive
 from .launch import BACKEND_CHOICES, resolve_backend
 from .probes import DEFAULT_MODE, MODES, ProbeConfig, measure
@@ -18,6 +19,10 @@ from .topology import Topology
 from .version import __version__
 
 CALIBRATION_LOCK_TIMEOUT_S = 120.0  # another process calibrating the same GPU takes well under this
+ATTEMPTS = 3             # measurements before a disturbed calibration is refused
+RETRY_BACKOFF_S = 0.2    # times the attempt number: a short burst of other work can pass meanwhile
+
+log = logging.getLogger("torch_l2topo")
 
 
 @contextmanager
@@ -29,7 +34,8 @@ def measuring(index: int):
 
 
 def calibrate(device=None, *, backend: str = "auto", mode: str = DEFAULT_MODE, force: bool = False,
-              use_cache: bool = True, gpc: bool = False, **config) -> Topology:
+              use_cache: bool = True, gpc: bool = False, check: bool = True, attempts: int = ATTEMPTS,
+              **config) -> Topology:
     """Measure (or load from the cache) the per-SM L2 latency map of a CUDA device.
 
     device: None (current), an index, "cuda:N" or a torch.device. backend: "auto" (Triton, else the CUDA
@@ -39,13 +45,21 @@ def calibrate(device=None, *, backend: str = "auto", mode: str = DEFAULT_MODE, f
     calibration exists. use_cache: read and write the cache at all. gpc: also record the GPC of every SM
     from thread-block cluster co-residence (sm_90+, builds the CUDA extension once) as
     topo.extras["gpc_truth"]. config: ProbeConfig fields (chain_bytes, n_lines, line_warm, line_timed,
-    repeats, seed, timeout_s, warmup_ms).
+    repeats, seed, timeout_s, warmup_ms, chain_settle).
+
+    Every measurement checks itself before it is returned or cached (trust.py: the ring stayed L2-resident,
+    the repeats agree, the clock held). A disturbed measurement is retried, up to `attempts` in all; then
+    check=True raises CalibrationDisturbed saying what disturbed it, and check=False returns the map with
+    topo.meta["trust"]["trusted"] False. A disturbed map is never cached. topo.meta["trust"] holds the
+    verdict, including notes such as a clock that moved since the GPU's previous calibration.
 
     Two processes calibrating one GPU at once take turns on a per-GPU lock (measurements would disturb
     each other); the second then finds the first's fresh result in the cache.
     """
     check_choice("mode", mode, MODES)
     check_choice("backend", backend, BACKEND_CHOICES)
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+        raise ValueError(f"attempts must be a positive integer, got {attempts!r}")
     unknown = set(config) - {f.name for f in dataclasses.fields(ProbeConfig)}
     if unknown:
         raise TypeError(f"calibrate() got unknown options {sorted(unknown)}")
@@ -54,20 +68,40 @@ def calibrate(device=None, *, backend: str = "auto", mode: str = DEFAULT_MODE, f
     cfg = ProbeConfig(**config).validate(info.l2_bytes)
     backend = resolve_backend(backend)
     key = cache.cache_key(info.as_dict(), dataclasses.asdict(cfg), __version__, backend, mode)
-    if not use_cache:
-        return _with_gpc(_measure(index, info, cfg, backend, mode), index, gpc)
-    if not force:
+    if use_cache and not force:
         hit = cache.load_cached(key)
         if hit is not None and (not gpc or "gpc_truth" in hit.extras):
             return hit
     with measuring(index):
         # another process may have finished while we waited for the lock
-        topo = None if force else cache.load_cached(key, quiet=True)
+        topo = cache.load_cached(key, quiet=True) if use_cache and not force else None
         if topo is None:
-            topo = _measure(index, info, cfg, backend, mode)
-        elif not gpc or "gpc_truth" in topo.extras:
+            previous = cache.latest_for_gpu(info.uuid) if use_cache else None
+            topo = _checked_measure(index, info, cfg, backend, mode, check, attempts, previous)
+        topo = _with_gpc(topo, index, gpc)
+        if use_cache and topo.meta["trust"]["trusted"]:
+            cache.store(topo, key)
+    return topo
+
+
+def _checked_measure(index: int, info, cfg: ProbeConfig, backend: str, mode: str, check: bool, attempts: int,
+                     previous) -> Topology:
+    """Measure until a calibration passes its self-checks, `attempts` times at most."""
+    for attempt in range(1, attempts + 1):
+        topo = _measure(index, info, cfg, backend, mode)
+        verdict = trust.check(trust.Repeats.from_extras(topo.extras), previous)
+        topo.meta["trust"] = dict(verdict.to_meta(), attempt=attempt)
+        for note in verdict.notes:
+            log.warning("torch_l2topo: cuda:%d: %s", index, note)
+        if verdict.trusted:
             return topo
-        cache.store(_with_gpc(topo, index, gpc), key)
+        log.warning("torch_l2topo: cuda:%d calibration attempt %d of %d disturbed: %s", index, attempt, attempts,
+                    "; ".join(verdict.problems))
+        time.sleep(RETRY_BACKOFF_S * attempt)  # let a burst of other work pass
+    if check:
+        raise CalibrationDisturbed(
+            f"calibrating cuda:{index} was disturbed on all {attempts} attempts; last: {verdict.problems[0]}. "
+            "Calibrate when the GPU is free, or pass check=False to get the map untrusted (never cached)")
     return topo
 
 
@@ -87,7 +121,7 @@ def _measure(index: int, info, cfg: ProbeConfig, backend: str, mode: str) -> Top
     with torch.cuda.device(index):
         chains, lines = measure(device, info.sm_count, cfg, backend, mode)
     wall = time.perf_counter() - t0
-    chain_cycles = np.stack([c.cycles for c in chains])
+    repeats = trust.Repeats.from_results(chains, lines)
     line_cycles = np.stack([r.cycles for r in lines])
     versions = {"torch_l2topo": __version__, "torch": torch.__version__, "cuda": torch.version.cuda,
                 "triton": _triton_version()}
@@ -98,10 +132,10 @@ def _measure(index: int, info, cfg: ProbeConfig, backend: str, mode: str) -> Top
         "wall_s": wall, "probe_s": {"chain": [c.elapsed_s for c in chains], "lines": [r.elapsed_s for r in lines]},
     }
     return Topology(  # medians over the repeats: a disturbance that hits one repeat does not move the map
-        chain_cycles=np.median(chain_cycles, axis=0), chain_ns=np.median(np.stack([c.ns for c in chains]), axis=0),
+        chain_cycles=np.median(repeats.chain_cycles, axis=0), chain_ns=np.median(repeats.chain_ns, axis=0),
         line_cycles=np.median(line_cycles, axis=0).astype(np.float32), line_addresses=lines[0].line_addresses,
-        chain_noise=np.ptp(chain_cycles, axis=0), line_noise=np.median(np.ptp(line_cycles, axis=0), axis=1),
-        sm_clock_ghz=np.stack([r.sm_clock_ghz for r in lines]).mean(axis=0), meta=meta)
+        chain_noise=np.ptp(repeats.chain_cycles, axis=0), line_noise=np.median(np.ptp(line_cycles, axis=0), axis=1),
+        sm_clock_ghz=np.stack([r.sm_clock_ghz for r in lines]).mean(axis=0), meta=meta, extras=repeats.to_extras())
 
 
 def _triton_version() -> str | None:

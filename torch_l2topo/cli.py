@@ -18,7 +18,8 @@ def _emit(topo, as_json: bool) -> None:
 def cmd_calibrate(args) -> int:
     from .calibration import calibrate
 
-    topo = calibrate(args.device, backend=args.backend, mode=args.mode, force=args.force, gpc=args.gpc)
+    topo = calibrate(args.device, backend=args.backend, mode=args.mode, force=args.force, gpc=args.gpc,
+                     check=not args.no_check)
     if args.out:
         topo.save(args.out)
     _emit(topo, args.json)
@@ -45,7 +46,7 @@ def cmd_main_job(args) -> int:
 
     if torch.cuda.is_available():
         return cmd_calibrate(argparse.Namespace(device=None, backend="auto", mode=DEFAULT_MODE, force=False,
-                                                gpc=False, out=None, json=False))
+                                                gpc=False, out=None, json=False, no_check=False))
     topo = load_example(DEFAULT_EXAMPLE)
     dev = topo.meta["device"]
     print(f"No CUDA GPU on this machine: showing bundled data, a real calibration of an {dev['name']} "
@@ -68,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--force", action="store_true", help="measure even if a cached calibration exists")
     c.add_argument("--gpc", action="store_true",
                    help="also record each SM's GPC from thread-block clusters (sm_90+, builds the CUDA extension)")
+    c.add_argument("--no-check", action="store_true",
+                   help="return the map even when its self-checks fail (a busy GPU); it is then never cached")
     c.add_argument("--out", help="also save the calibration to this .npz file")
     c.add_argument("--json", action="store_true", help="print JSON instead of the text summary")
     c.set_defaults(func=cmd_calibrate)

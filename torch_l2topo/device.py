@@ -21,6 +21,7 @@ class DeviceInfo:
     total_memory: int
     driver: str
     mig: bool
+    sm_clock_limit_mhz: int | None = None  # the SM clock the GPU is set to run at (NVML; None without it)
 
     @property
     def uuid_hash(self) -> str:
@@ -76,11 +77,29 @@ def device_info(index: int) -> DeviceInfo:
     mig = "MIG" in props.name or uuid.startswith("MIG-") or "MIG-" in visible
     info = DeviceInfo(index=index, name=props.name, uuid=uuid, cc=cc,
                       sm_count=props.multi_processor_count, l2_bytes=int(getattr(props, "L2_cache_size", 0)),
-                      total_memory=props.total_memory, driver=driver_version(), mig=mig)
+                      total_memory=props.total_memory, driver=driver_version(), mig=mig,
+                      sm_clock_limit_mhz=sm_clock_limit_mhz(uuid))
     if cc < MIN_COMPUTE_CAPABILITY:
         raise DeviceError(f"{info.name} (device {index}) has compute capability {cc[0]}.{cc[1]}; the probes "
                           f"need {MIN_COMPUTE_CAPABILITY[0]}.{MIN_COMPUTE_CAPABILITY[1]} or newer")
     return info
+
+
+def sm_clock_limit_mhz(uuid: str) -> int | None:
+    """The SM clock this GPU is set to run at: its application clock (what `nvidia-smi -ac` changes), read
+    through NVML when nvidia-ml-py is installed; None otherwise. Part of the calibration cache key: latencies
+    in cycles change when the clocks do, so a calibration made at other clock settings is not reused."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}")
+            return int(pynvml.nvmlDeviceGetApplicationsClock(handle, pynvml.NVML_CLOCK_SM))
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # NVML is optional, and some GPUs or drivers do not report application clocks
+        return None
 
 
 def driver_version() -> str:

@@ -29,7 +29,7 @@ POLL_BACKOFF_NS = 2000
 
 LINE_BYTES = 128           # an L2 line (four 32-byte sectors)
 LINE_WORDS = LINE_BYTES // 8  # int64 words per line: pointers are stored in the first word of a line
-OUT_WORDS = 3              # per-SM output words: cycles, ns, and (chain) end address / (lines) broken count
+OUT_WORDS = 4              # per-SM output words: cycles, ns, (chain) end address / (lines) broken count, start ns
 
 # ---- placement plan (int32) ---------------------------------------------------------------------------
 PLAN_N_SLOTS = 0    # SM slots with a static share (the calibration's SM count)

@@ -41,7 +41,9 @@ class ProbeConfig:
 
     repeats=3 and the median: on one H200 a short disturbance shifted every SM of one wave by 0.6-1.1
     cycles in one of two repeats (GPU d00e55, benchmarks/results/calibrate_h200_d00e55.json); the median of
-    three drops it.
+    three drops it. chain_settle: warm loads before the timed pass, for every SM but those of the very first
+    wave, which warm with a whole pass: that pass brings every line of the ring buffer into L2 for all rings
+    at once, so the others only need their chase to settle.
     """
 
     chain_bytes: int = 2 << 20
@@ -52,13 +54,14 @@ class ProbeConfig:
     seed: int = 0
     timeout_s: float = 2.0
     warmup_ms: float = 50.0
+    chain_settle: int = 512
 
     def validate(self, l2_bytes: int | None = None) -> "ProbeConfig":
-        for name in ("chain_bytes", "n_lines", "line_warm", "line_timed", "repeats", "seed"):
+        for name in ("chain_bytes", "n_lines", "line_warm", "line_timed", "repeats", "seed", "chain_settle"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
                 raise ValueError(f"{name} must be an integer, got {value!r}")
-            low = 0 if name in ("line_warm", "seed") else 1
+            low = 0 if name in ("line_warm", "seed", "chain_settle") else 1
             if value < low:
                 raise ValueError(f"{name} must be >= {low}, got {value}")
         for name in ("timeout_s", "warmup_ms"):
@@ -83,6 +86,7 @@ class ProbeConfig:
 class ChainResult:
     cycles: np.ndarray      # (n_sm,) clock64 cycles per load
     ns: np.ndarray          # (n_sm,) globaltimer ns per load
+    start_ns: np.ndarray    # (n_sm,) %globaltimer when each SM's timed pass began
     elapsed_s: float        # host wall time of the launch, including the wait
 
     @property
@@ -96,6 +100,7 @@ class LineResult:
     cycles: np.ndarray        # (n_sm, n_lines) clock64 cycles per load
     sm_clock_ghz: np.ndarray  # (n_sm,) clock64 cycles / globaltimer ns over each SM's whole run
     line_addresses: np.ndarray  # (n_lines,) virtual address of each probed line
+    start_ns: np.ndarray      # (n_sm,) %globaltimer when each SM began
     elapsed_s: float
 
 
@@ -155,18 +160,20 @@ def _to_device(a: np.ndarray, device):
 
 
 def _checked_launches(device, backend: str, kind: str, n_sm: int, wave: int, timeout_s: float,
-                      per_sm_loads: int, repeats: int, kernel_args: tuple):
+                      per_sm_loads: int, repeats: int, kernel_args):
     """Launch the `kind` probe `repeats` times on one control block; yield each launch's host wall time
     once it finished within its deadline and its control block shows every SM measured without error.
-    kernel_args: the kernel's arguments between the control block and (n_sm, wave, timeout_ns)."""
+    kernel_args(r): the kernel's arguments between the control block and (n_sm, wave, timeout_ns) for
+    launch r (a tuple, the same for every launch)."""
     import torch
 
     ctrl = torch.zeros(L.control_words(n_sm), dtype=torch.int64, device=device)
     deadline = _deadline(per_sm_loads, n_sm, wave, timeout_s)
-    for _ in range(repeats):
+    for r in range(repeats):
+        args = kernel_args(r) if callable(kernel_args) else kernel_args
         ctrl.zero_()
         t0 = time.perf_counter()
-        launch(f"{kind}_probe", backend, GRID_FACTOR * n_sm, ctrl, *kernel_args, n_sm, wave, int(timeout_s * 1e9))
+        launch(f"{kind}_probe", backend, GRID_FACTOR * n_sm, ctrl, *args, n_sm, wave, int(timeout_s * 1e9))
         _wait(device, deadline, kind)
         elapsed = time.perf_counter() - t0
         _check_control(ctrl.cpu().numpy(), n_sm, timeout_s, kind)
@@ -174,8 +181,11 @@ def _checked_launches(device, backend: str, kind: str, n_sm: int, wave: int, tim
 
 
 def run_chain(device, n_sm: int, plan: ChainPlan, backend: str, mode: str, timeout_s: float,
-              repeats: int = 1) -> list[ChainResult]:
-    """`repeats` launches of the chain probe over one ring: a warm and a timed pass on every SM each."""
+              repeats: int = 1, settle: int | None = None) -> list[ChainResult]:
+    """`repeats` launches of the chain probe over one ring: warm loads and a timed pass on every SM each.
+
+    The first launch's first wave warms with a whole pass over the ring (every line of the buffer into L2);
+    every other SM makes `settle` warm loads (default: a whole pass too)."""
     import torch
 
     check_choice("backend", backend, BACKENDS)
@@ -186,18 +196,23 @@ def run_chain(device, n_sm: int, plan: ChainPlan, backend: str, mode: str, timeo
     for r in range(plan.n_rings):  # word r of line i points to word r of the line after i in ring r
         words[:, r] = base + plan.successor[r] * L.LINE_BYTES + r * 8
     ring.copy_(_to_device(words.ravel(), device))
-    starts_np = base + plan.start_line * L.LINE_BYTES + plan.start_ring * 8
-    starts = _to_device(starts_np, device)
+    starts = _to_device(base + plan.start_line * L.LINE_BYTES + plan.start_ring * 8, device)
     out = torch.zeros(n_sm * L.OUT_WORDS, dtype=torch.int64, device=device)
     results = []
+    settle = plan.n_lines if settle is None else settle
+
+    def args(r):
+        return starts, out, plan.n_lines, plan.n_lines if r == 0 else settle, settle
+
     for elapsed in _checked_launches(device, backend, "chain", n_sm, wave, timeout_s, 2 * plan.n_lines, repeats,
-                                     (starts, out, plan.n_lines)):
+                                     args):
         o = out.view(n_sm, L.OUT_WORDS).cpu().numpy()
-        broken = np.flatnonzero(o[:, 2] != starts_np).tolist()
+        broken = np.flatnonzero(o[:, 2] != 0).tolist()
         if broken:
             raise ProbeError(f"chain probe: the chase did not return to its start on SMs {_ids(broken)}: the "
                              "ring was corrupted or a load returned wrong data")
-        results.append(ChainResult(cycles=o[:, 0] / plan.n_lines, ns=o[:, 1] / plan.n_lines, elapsed_s=elapsed))
+        results.append(ChainResult(cycles=o[:, 0] / plan.n_lines, ns=o[:, 1] / plan.n_lines, start_ns=o[:, 3],
+                                   elapsed_s=elapsed))
     return results
 
 
@@ -241,7 +256,7 @@ def run_lines(device, n_sm: int, n_lines: int, n_warm: int, n_timed: int, backen
             raise ProbeError(f"line probe: a self-pointing line returned another address on SMs {_ids(broken)}")
         results.append(LineResult(cycles=cycles.view(n_sm, n_lines).cpu().numpy() / n_timed,
                                   sm_clock_ghz=s[:, 0] / np.maximum(s[:, 1], 1), line_addresses=addresses,
-                                  elapsed_s=elapsed))
+                                  start_ns=s[:, 3], elapsed_s=elapsed))
     return results
 
 
@@ -267,7 +282,7 @@ def measure(device, n_sm: int, config: ProbeConfig, backend: str, mode: str):
     """
     warm_clocks(device, config.warmup_ms)
     plan = ring_plan(config.chain_lines, n_sm, config.seed)
-    chains = run_chain(device, n_sm, plan, backend, mode, config.timeout_s, config.repeats)
+    chains = run_chain(device, n_sm, plan, backend, mode, config.timeout_s, config.repeats, config.chain_settle)
     lines = run_lines(device, n_sm, config.n_lines, config.line_warm, config.line_timed, backend, mode,
                       config.timeout_s, config.repeats)
     return chains, lines

@@ -192,6 +192,11 @@ class Topology:
             f"max {lc.max():.1f}; per-line mean over SMs {line_means.min():.1f}-{line_means.max():.1f}; "
             f"repeat noise median {np.median(self.line_noise):.3f}",
         ]
+        verdict = m.get("trust")
+        if verdict and not verdict.get("trusted", True):
+            lines.append("NOT TRUSTED (failed its self-checks; not cached): " + "; ".join(verdict.get("problems", [])))
+        for note in (verdict or {}).get("notes", []):
+            lines.append(f"note: {note}")
         if m.get("source"):
             lines.append(f"source: {m['source']}")
         return "\n".join(lines)

@@ -15,30 +15,36 @@ LINE_WORDS = tl.constexpr(_layout.LINE_WORDS)
 
 
 @triton.jit
-def chain_probe_kernel(ctrl_ptr, starts_ptr, out_ptr, n_loads, n_sm, wave, timeout_ns):
-    """Per SM: one warm pass over its ring, then a timed pass.
+def chain_probe_kernel(ctrl_ptr, starts_ptr, out_ptr, n_loads, n_warm_first, n_warm, n_sm, wave, timeout_ns):
+    """Per SM: warm loads, then a timed pass over its whole ring.
 
     starts[sm] is the address of the word where SM `sm` starts: the line buffer holds LINE_WORDS
-    independent rings, one per 8-byte word, so SMs of one wave chase different random orders.
+    independent rings, one per 8-byte word, so SMs of one wave chase different random orders. SMs of the
+    first wave make n_warm_first warm loads (a whole pass brings every line of the buffer into L2, for every
+    ring at once); later SMs only n_warm, to settle their chase.
 
-    out[sm] = (clock64 cycles, globaltimer ns, final address) of the timed pass; after a whole pass the
-    chase is back at its start address, which the host checks.
+    out[sm] = (clock64 cycles, globaltimer ns, final address, globaltimer at the start) of the timed pass;
+    after a whole pass the chase is back where the timed pass started, which the host checks.
     """
     sm, go = claim_sm(ctrl_ptr, n_sm, wave, timeout_ns)
     if go:
         p = tl.load(starts_ptr + sm)
-        for _ in range(n_loads):
+        warm = n_warm
+        if sm < wave:
+            warm = n_warm_first
+        for _ in range(warm):
             p = chase(p)
+        begin = p
         t0 = clock_after(p)
         g0 = global_ns()
         for _ in range(n_loads):
             p = chase(p)
-        end = p
-        t1 = clock_after(end)
+        t1 = clock_after(p)
         g1 = global_ns()
         tl.store(out_ptr + sm * OUT_WORDS + 0, t1 - t0)
         tl.store(out_ptr + sm * OUT_WORDS + 1, g1 - g0)
-        tl.store(out_ptr + sm * OUT_WORDS + 2, end)
+        tl.store(out_ptr + sm * OUT_WORDS + 2, p - begin)
+        tl.store(out_ptr + sm * OUT_WORDS + 3, g0)
         finish_turn(ctrl_ptr)
 
 
@@ -50,7 +56,7 @@ def line_probe_kernel(ctrl_ptr, lines_ptr, cycles_ptr, per_sm_ptr, n_lines, n_wa
     Each line holds its own address, so the chase stays on one line. SMs start at different lines
     (rotation by position in the wave) so that SMs of one wave never load the same line at once.
     cycles[sm, line] = clock64 cycles of the timed run; per_sm[sm] = (cycles, ns, lines whose chase left
-    the line) over the whole SM's run.
+    the line, globaltimer at the start) over the whole SM's run.
     """
     sm, go = claim_sm(ctrl_ptr, n_sm, wave, timeout_ns)
     if go:
@@ -75,4 +81,5 @@ def line_probe_kernel(ctrl_ptr, lines_ptr, cycles_ptr, per_sm_ptr, n_lines, n_wa
         tl.store(per_sm_ptr + sm * OUT_WORDS + 0, c_end - c_start)
         tl.store(per_sm_ptr + sm * OUT_WORDS + 1, g_end - g_start)
         tl.store(per_sm_ptr + sm * OUT_WORDS + 2, broken.to(tl.int64))
+        tl.store(per_sm_ptr + sm * OUT_WORDS + 3, g_start)
         finish_turn(ctrl_ptr)

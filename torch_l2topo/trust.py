@@ -1,0 +1,125 @@
+"""Self-checks of one calibration: is the map it produced an L2 map of an undisturbed GPU?
+
+A busy GPU can make the probes measure something else without failing: another process's matrix products
+evict the L2-resident ring, and the chain probe then times DRAM (seen on an H200: +340 cycles per load,
+returned normally and cached). calibrate() therefore checks every calibration on its raw repeats before it
+returns or caches it, and retries or refuses one that fails (calibration.py). Pure numpy on the repeats.
+
+The checks, each against a measurement made in the same run:
+- residency: each SM's chain latency against the L2 hits its own line probe timed in the same run (a line
+  loaded twice, then timed: an L2 hit whatever happened to the ring). An L2-resident random ring runs at
+  0.90-1.02 of that on H200s; an evicted one at about twice it.
+- repeats agree: the chain repeats of each SM lie within REPEAT_PTP_MAX cycles of each other.
+- clocks held: the SM clock while probing (clock64 cycles / %globaltimer ns) is one clock for every SM and
+  every repeat.
+Against the GPU's previous trusted calibration (the cache's), a moved clock or map is said, not refused: a
+driver or clock-setting change legitimately moves the map.
+
+Thresholds were set on the clean calibrations recorded before this check existed (40 calibrations of six
+H200s, benchmarks/results/calibrations/ and ../shared/evidence/: ratio 0.896-1.015, repeat range <= 1.16
+cycles, clock spread <= 0.43%) and tested on recordings of disturbed and clean runs
+(benchmarks/results/trust/, tests/test_trust.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+RESIDENT_RATIO_MAX = 1.10   # chain / same-SM line-probe L2 hit; clean <= 1.015, an evicted ring ~2
+REPEAT_PTP_MAX = 2.0        # cycles between an SM's chain repeats; clean <= 1.16
+CLOCK_SPREAD_MAX = 0.01     # relative range of the SM clock over SMs and repeats; clean <= 0.0043
+PREVIOUS_SHIFT_NOTE = 2.0   # cycles: a median chain shift against the previous calibration worth saying
+
+_EXTRA_KEYS = {"chain_cycles": "repeat_chain_cycles", "chain_ns": "repeat_chain_ns",
+               "chain_start_ns": "repeat_chain_start_ns", "line_median": "repeat_line_median"}
+
+
+@dataclass(frozen=True)
+class Repeats:
+    """The raw repeats of one calibration, (repeats, n_sm) each: chain cycles and ns per load, when each SM's
+    timed pass began (ns, relative to the first), and each SM's median line-probe latency (cycles)."""
+
+    chain_cycles: np.ndarray
+    chain_ns: np.ndarray
+    chain_start_ns: np.ndarray
+    line_median: np.ndarray
+
+    def __post_init__(self):
+        shapes = {k: np.shape(getattr(self, k)) for k in _EXTRA_KEYS}
+        if len(set(shapes.values())) != 1 or len(shapes["chain_cycles"]) != 2 or 0 in shapes["chain_cycles"]:
+            raise ValueError(f"repeats must all have one shape (repeats, n_sm), got {shapes}")
+        for k in ("chain_cycles", "chain_ns", "line_median"):
+            a = getattr(self, k)
+            if not np.all(np.isfinite(a)) or np.any(a <= 0):
+                raise ValueError(f"{k} must be finite and positive")
+
+    @property
+    def clock_ghz(self) -> np.ndarray:
+        return self.chain_cycles / self.chain_ns
+
+    @classmethod
+    def from_results(cls, chains, lines) -> "Repeats":
+        """From the probes' ChainResult and LineResult lists (one per repeat)."""
+        start = np.stack([c.start_ns for c in chains]).astype(np.int64)
+        return cls(chain_cycles=np.stack([c.cycles for c in chains]), chain_ns=np.stack([c.ns for c in chains]),
+                   chain_start_ns=start - start.min(),
+                   line_median=np.stack([np.median(r.cycles, axis=1) for r in lines]))
+
+    def to_extras(self) -> dict:
+        return {extra: np.asarray(getattr(self, k)) for k, extra in _EXTRA_KEYS.items()}
+
+    @classmethod
+    def from_extras(cls, extras: dict) -> "Repeats | None":
+        """The repeats a Topology carries (extras), or None for calibrations made before they were kept."""
+        if not all(extra in extras for extra in _EXTRA_KEYS.values()):
+            return None
+        return cls(**{k: np.asarray(extras[extra]) for k, extra in _EXTRA_KEYS.items()})
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """trusted: every check passed. problems: why not (one line each). notes: what is said without refusing
+    (the clock or map moved since the previous calibration). figures: the numbers the checks looked at."""
+
+    trusted: bool
+    problems: tuple = ()
+    notes: tuple = ()
+    figures: dict = field(default_factory=dict)
+
+    def to_meta(self) -> dict:
+        return {"trusted": self.trusted, "problems": list(self.problems), "notes": list(self.notes),
+                "figures": self.figures}
+
+
+def check(repeats: Repeats, previous=None) -> Verdict:
+    """Run every check on one calibration's repeats; `previous`: the GPU's previous trusted Topology, if any."""
+    problems, notes = [], []
+    ratio = repeats.chain_cycles / repeats.line_median
+    r, sm = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
+    figures = {"resident_ratio_max": float(ratio.max()), "resident_ratio_median": float(np.median(ratio))}
+    if ratio.max() > RESIDENT_RATIO_MAX:
+        problems.append(
+            f"the ring was not L2-resident: SM {sm} chased at {repeats.chain_cycles[r, sm]:.0f} cycles per load, "
+            f"{ratio.max():.2f}x the L2 hits its line probe timed in the same run (another process evicting L2?)")
+    ptp = np.ptp(repeats.chain_cycles, axis=0)
+    figures["repeat_ptp_max"] = float(ptp.max())
+    if ptp.max() > REPEAT_PTP_MAX:
+        problems.append(f"the repeats disagree: SM {int(np.argmax(ptp))}'s chain latency moved by {ptp.max():.2f} "
+                        f"cycles between repeats (other work on the GPU?)")
+    clock = repeats.clock_ghz
+    spread = float(np.ptp(clock) / np.median(clock))
+    figures.update(clock_ghz_median=float(np.median(clock)), clock_spread=spread)
+    if spread > CLOCK_SPREAD_MAX:
+        problems.append(f"the SM clock moved while probing: {clock.min():.3f}-{clock.max():.3f} GHz over SMs and "
+                        f"repeats (power or thermal limits, or clock changes by another process)")
+    if previous is not None and previous.n_sm == repeats.chain_cycles.shape[1]:
+        old_clock = float(np.median(previous.sm_clock_ghz))
+        shift = float(np.median(np.median(repeats.chain_cycles, axis=0) - previous.chain_cycles))
+        figures.update(previous_clock_ghz=old_clock, previous_shift_cycles=shift)
+        if abs(figures["clock_ghz_median"] - old_clock) > CLOCK_SPREAD_MAX * old_clock:
+            notes.append(f"the SM clock while probing was {figures['clock_ghz_median']:.3f} GHz, the previous "
+                         f"calibration's {old_clock:.3f} GHz: latencies in cycles are not comparable across them")
+        if abs(shift) > PREVIOUS_SHIFT_NOTE:
+            notes.append(f"the chain map moved by {shift:+.1f} cycles (median) since the previous calibration")
+    return Verdict(not problems, tuple(problems), tuple(notes), figures)
