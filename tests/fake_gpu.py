@@ -56,6 +56,7 @@ def install(patch, measurements_dir: Path, measure_seconds: float = 0.0, info: D
 
     patch(cal, "resolve_device", lambda device=None: 0)
     patch(cal, "device_info", lambda index: info)
+    patch(cal, "device_uuid", lambda index: info.uuid)
     patch(cal, "_measure", fake_measure)
     patch(cal, "RETRY_BACKOFF_S", 0.0)
 

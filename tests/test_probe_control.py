@@ -4,7 +4,7 @@ import pytest
 
 from torch_l2topo import ProbeError
 from torch_l2topo import layout as L
-from torch_l2topo.probes import MODES, _check_control, _deadline, wave_size
+from torch_l2topo.probes import MODES, check_control, host_deadline, wave_size
 
 
 def control(n_sm, claimed, error=0, detail=0):
@@ -16,34 +16,34 @@ def control(n_sm, claimed, error=0, detail=0):
 
 
 def test_all_claimed_and_no_error_passes():
-    _check_control(control(8, range(8)), 8, 2.0, "chain")
+    check_control(control(8, range(8)), 8, 2.0, "chain")
 
 
 def test_barrier_timeout_names_the_sms_not_reached():
     with pytest.raises(ProbeError, match=r"only 6 of 8 SMs.*not reached: 3, 5\. Other work"):
-        _check_control(control(8, [0, 1, 2, 4, 6, 7], L.ERR_BARRIER_TIMEOUT, 6), 8, 2.0, "chain")
+        check_control(control(8, [0, 1, 2, 4, 6, 7], L.ERR_BARRIER_TIMEOUT, 6), 8, 2.0, "chain")
 
 
 def test_long_missing_lists_are_shortened():
     with pytest.raises(ProbeError, match=r"\.\.\. \(40 in all\)"):
-        _check_control(control(132, range(92), L.ERR_BARRIER_TIMEOUT, 92), 132, 2.0, "line")
+        check_control(control(132, range(92), L.ERR_BARRIER_TIMEOUT, 92), 132, 2.0, "line")
 
 
 def test_smid_out_of_range_points_at_mig():
     with pytest.raises(ProbeError, match="SM id 140.*MIG"):
-        _check_control(control(132, [], L.ERR_SMID_RANGE, 140), 132, 2.0, "chain")
+        check_control(control(132, [], L.ERR_SMID_RANGE, 140), 132, 2.0, "chain")
 
 
 def test_stalled_waves_and_unknown_codes():
     with pytest.raises(ProbeError, match="stalled after 17 SMs"):
-        _check_control(control(32, range(32), L.ERR_TURN_TIMEOUT, 17), 32, 2.0, "chain")
+        check_control(control(32, range(32), L.ERR_TURN_TIMEOUT, 17), 32, 2.0, "chain")
     with pytest.raises(ProbeError, match="unknown error code 9"):
-        _check_control(control(4, range(4), 9), 4, 2.0, "chain")
+        check_control(control(4, range(4), 9), 4, 2.0, "chain")
 
 
 def test_a_silent_gap_in_the_claims_is_still_an_error():
     with pytest.raises(ProbeError, match="no CTA measured SMs 2"):
-        _check_control(control(4, [0, 1, 3]), 4, 2.0, "chain")
+        check_control(control(4, [0, 1, 3]), 4, 2.0, "chain")
 
 
 def test_wave_sizes_and_deadlines():
@@ -53,4 +53,4 @@ def test_wave_sizes_and_deadlines():
     with pytest.raises(ValueError):
         wave_size("fast", 132)
     # serialized waits for every SM in turn: its deadline grows with the SM count, concurrent's does not
-    assert _deadline(1000, 132, 1, 2.0) > _deadline(1000, 132, 16, 2.0) > _deadline(1000, 132, 132, 2.0)
+    assert host_deadline(1000, 132, 1, 2.0) > host_deadline(1000, 132, 16, 2.0) > host_deadline(1000, 132, 132, 2.0)

@@ -58,8 +58,8 @@ def fake_launch(kernel, backend, grid, ctrl, *args):
 
 @pytest.fixture
 def cpu_probes(monkeypatch):
-    monkeypatch.setattr(probes, "_to_device", lambda a, device: torch.from_numpy(np.ascontiguousarray(a)))
-    monkeypatch.setattr(probes, "_wait", lambda device, deadline, what: None)
+    monkeypatch.setattr(probes, "to_device", lambda a, device: torch.from_numpy(np.ascontiguousarray(a)))
+    monkeypatch.setattr(probes, "wait_with_deadline", lambda device, deadline, what: None)
     monkeypatch.setattr(probes, "launch", fake_launch)
     fake_launch.waves, fake_launch.warm = [], []
     real_zeros = torch.zeros

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from . import cache, trust
-from .device import device_info, resolve_device
+from .device import device_info, device_uuid, resolve_device
 from .errors import CalibrationDisturbed, check_choice
 from .files import exclusive
 from .launch import BACKEND_CHOICES, resolve_backend
@@ -29,7 +29,7 @@ log = logging.getLogger("torch_l2topo")
 def measuring(index: int):
     """Hold this GPU's measurement lock: probes of two processes on one GPU would disturb each other, so
     calibrate(), the Localizer and partition maps take turns on it."""
-    with exclusive(cache.gpu_lock_path(device_info(index).uuid), CALIBRATION_LOCK_TIMEOUT_S, "GPU measurement"):
+    with exclusive(cache.gpu_lock_path(device_uuid(index)), CALIBRATION_LOCK_TIMEOUT_S, "GPU measurement"):
         yield
 
 

@@ -72,7 +72,7 @@ def device_info(index: int) -> DeviceInfo:
 
     props = torch.cuda.get_device_properties(index)
     cc = (props.major, props.minor)
-    uuid = str(getattr(props, "uuid", "")) or f"unknown-{index}"
+    uuid = device_uuid(index)
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
     mig = "MIG" in props.name or uuid.startswith("MIG-") or "MIG-" in visible
     info = DeviceInfo(index=index, name=props.name, uuid=uuid, cc=cc,
@@ -83,6 +83,13 @@ def device_info(index: int) -> DeviceInfo:
         raise DeviceError(f"{info.name} (device {index}) has compute capability {cc[0]}.{cc[1]}; the probes "
                           f"need {MIN_COMPUTE_CAPABILITY[0]}.{MIN_COMPUTE_CAPABILITY[1]} or newer")
     return info
+
+
+def device_uuid(index: int) -> str:
+    """The uuid of CUDA device `index` as torch reports it (cheap: no NVML)."""
+    import torch
+
+    return str(getattr(torch.cuda.get_device_properties(index), "uuid", "")) or f"unknown-{index}"
 
 
 def sm_clock_limit_mhz(uuid: str) -> int | None:

@@ -104,7 +104,7 @@ class LineResult:
     elapsed_s: float
 
 
-def _wait(device, deadline_s: float, what: str) -> None:
+def wait_with_deadline(device, deadline_s: float, what: str) -> None:
     """Wait for the work queued so far on the current stream, polling, for at most deadline_s."""
     import torch
 
@@ -120,7 +120,7 @@ def _wait(device, deadline_s: float, what: str) -> None:
         time.sleep(2e-4)
 
 
-def _check_control(ctrl: np.ndarray, n_sm: int, timeout_s: float, what: str) -> None:
+def check_control(ctrl: np.ndarray, n_sm: int, timeout_s: float, what: str) -> None:
     """Turn the control block's error code and claims into a clear exception, or return if all is well."""
     code, detail = int(ctrl[L.ERROR]), int(ctrl[L.ERROR_DETAIL])
     claims = ctrl[L.CLAIMS:L.CLAIMS + n_sm]
@@ -146,12 +146,12 @@ def _ids(ids: list[int]) -> str:
     return ", ".join(map(str, ids[:16])) + (f" ... ({len(ids)} in all)" if len(ids) > 16 else "")
 
 
-def _deadline(per_sm_loads: int, n_sm: int, wave: int, timeout_s: float) -> float:
+def host_deadline(per_sm_loads: int, n_sm: int, wave: int, timeout_s: float) -> float:
     loads = per_sm_loads * -(-n_sm // wave)
     return loads * WORST_LOAD_S + timeout_s + HOST_SLACK_S
 
 
-def _to_device(a: np.ndarray, device):
+def to_device(a: np.ndarray, device):
     # Pinned and non-blocking: a pageable copy would block the host behind any work queued on the GPU,
     # and the host-side deadline could never fire.
     import torch
@@ -159,7 +159,7 @@ def _to_device(a: np.ndarray, device):
     return torch.from_numpy(np.ascontiguousarray(a)).pin_memory().to(device, non_blocking=True)
 
 
-def _checked_launches(device, backend: str, kind: str, n_sm: int, wave: int, timeout_s: float,
+def checked_launches(device, backend: str, kind: str, n_sm: int, wave: int, timeout_s: float,
                       per_sm_loads: int, repeats: int, kernel_args):
     """Launch the `kind` probe `repeats` times on one control block; yield each launch's host wall time
     once it finished within its deadline and its control block shows every SM measured without error.
@@ -168,15 +168,15 @@ def _checked_launches(device, backend: str, kind: str, n_sm: int, wave: int, tim
     import torch
 
     ctrl = torch.zeros(L.control_words(n_sm), dtype=torch.int64, device=device)
-    deadline = _deadline(per_sm_loads, n_sm, wave, timeout_s)
+    deadline = host_deadline(per_sm_loads, n_sm, wave, timeout_s)
     for r in range(repeats):
         args = kernel_args(r) if callable(kernel_args) else kernel_args
         ctrl.zero_()
         t0 = time.perf_counter()
         launch(f"{kind}_probe", backend, GRID_FACTOR * n_sm, ctrl, *args, n_sm, wave, int(timeout_s * 1e9))
-        _wait(device, deadline, kind)
+        wait_with_deadline(device, deadline, kind)
         elapsed = time.perf_counter() - t0
-        _check_control(ctrl.cpu().numpy(), n_sm, timeout_s, kind)
+        check_control(ctrl.cpu().numpy(), n_sm, timeout_s, kind)
         yield elapsed
 
 
@@ -195,8 +195,8 @@ def run_chain(device, n_sm: int, plan: ChainPlan, backend: str, mode: str, timeo
     words = np.zeros((plan.n_lines, L.LINE_WORDS), dtype=np.int64)
     for r in range(plan.n_rings):  # word r of line i points to word r of the line after i in ring r
         words[:, r] = base + plan.successor[r] * L.LINE_BYTES + r * 8
-    ring.copy_(_to_device(words.ravel(), device))
-    starts = _to_device(base + plan.start_line * L.LINE_BYTES + plan.start_ring * 8, device)
+    ring.copy_(to_device(words.ravel(), device))
+    starts = to_device(base + plan.start_line * L.LINE_BYTES + plan.start_ring * 8, device)
     out = torch.zeros(n_sm * L.OUT_WORDS, dtype=torch.int64, device=device)
     results = []
     settle = plan.n_lines if settle is None else settle
@@ -204,7 +204,7 @@ def run_chain(device, n_sm: int, plan: ChainPlan, backend: str, mode: str, timeo
     def args(r):
         return starts, out, plan.n_lines, plan.n_lines if r == 0 else settle, settle
 
-    for elapsed in _checked_launches(device, backend, "chain", n_sm, wave, timeout_s, 2 * plan.n_lines, repeats,
+    for elapsed in checked_launches(device, backend, "chain", n_sm, wave, timeout_s, 2 * plan.n_lines, repeats,
                                      args):
         o = out.view(n_sm, L.OUT_WORDS).cpu().numpy()
         broken = np.flatnonzero(o[:, 2] != 0).tolist()
@@ -221,7 +221,7 @@ def line_buffer(n_lines: int, device):
     import torch
 
     lines = torch.zeros(n_lines * L.LINE_WORDS, dtype=torch.int64, device=device)
-    lines.view(n_lines, L.LINE_WORDS)[:, 0] = _to_device(_line_addresses(lines), device)
+    lines.view(n_lines, L.LINE_WORDS)[:, 0] = to_device(_line_addresses(lines), device)
     return lines
 
 
@@ -248,7 +248,7 @@ def run_lines(device, n_sm: int, n_lines: int, n_warm: int, n_timed: int, backen
     cycles = torch.zeros(n_sm * n_lines, dtype=torch.int64, device=device)
     per_sm = torch.zeros(n_sm * L.OUT_WORDS, dtype=torch.int64, device=device)
     results = []
-    for elapsed in _checked_launches(device, backend, "line", n_sm, wave, timeout_s, n_lines * (n_warm + n_timed),
+    for elapsed in checked_launches(device, backend, "line", n_sm, wave, timeout_s, n_lines * (n_warm + n_timed),
                                      repeats, (lines, cycles, per_sm, n_lines, n_warm, n_timed)):
         s = per_sm.view(n_sm, L.OUT_WORDS).cpu().numpy()
         broken = np.flatnonzero(s[:, 2] != 0).tolist()
