@@ -1,23 +1,29 @@
 #!/usr/bin/env bash
-# Every GPU measurement behind benchmarks/results/, in one call on a two-GPU H200 machine (the device tool's
-# nvidia-h200-x2). Writes everything under $OUT/r and packs it as $OUT/r.tgz.
-#   bash benchmarks/run_h200_suite.sh
+# Every GPU measurement behind benchmarks/results/, in one call on the device machine (one or two H200s).
+# Writes everything under $OUT/r and packs it as $OUT/r.tgz. Steps are independent: one failing does not
+# stop the others (each logs to $OUT/r/<step>.log).
+#   bash benchmarks/run_h200_suite.sh [steps...]     steps: tests noise trust placement partition fingerprint sanitizer
 set -u
 python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -1
 export PYTHONUNBUFFERED=1 MAX_JOBS=16
 R=$OUT/r
-mkdir -p "$R/calibrations" "$R/selfloc"
-python3 -m pytest -q -p no:cacheprovider -m gpu tests --timeout 300 2>&1 | tee "$R/gpu_tests.log" | tail -4
-cd benchmarks
-for d in 0 1; do
-  python3 bench_calibrate.py --device $d --gpc --cold-runs 3 --out "$R/calibrate_h200_gpu$d.json" \
-    --save-dir "$R/calibrations" 2>&1 | tail -18
+mkdir -p "$R/calibrations" "$R/trust"
+NGPU=$(python3 -c 'import torch; print(torch.cuda.device_count())')
+steps=${*:-tests noise trust placement partition}
+run() { echo "== $1 $(date +%T)"; }
+for step in $steps; do
+  run "$step"
+  case $step in
+    tests) python3 -m pytest -q -p no:cacheprovider -m gpu tests --timeout 300 2>&1 | tee "$R/gpu_tests.log" | tail -15 ;;
+    noise) for d in $(seq 0 $((NGPU - 1))); do
+             (cd benchmarks && python3 bench_noise.py --device $d --out "$R/noise_h200_gpu$d.json" --raw "$R/noise_gpu$d.npz" > "$R/noise_gpu$d.log" 2>&1; tail -12 "$R/noise_gpu$d.log") &
+           done; wait ;;
+    trust) for d in $(seq 0 $((NGPU - 1))); do
+             (cd benchmarks && python3 bench_trust.py --device $d --out "$R/trust_h200_gpu$d.json" --raw "$R/trust/gpu$d.npz" 2>&1 | tee "$R/trust_gpu$d.log" | tail -6)
+           done ;;
+    placement) (cd benchmarks && python3 bench_placement.py --device 0 --out "$R/placement_h200.json" 2>&1 | tee "$R/placement.log" | tail -60) ;;
+    partition) (cd benchmarks && python3 bench_partition_map.py --device 0 --out "$R/partition_map_h200.json" 2>&1 | tee "$R/partition.log" | tail -12) ;;
+    sanitizer) bash benchmarks/run_sanitizer.sh "$R/sanitizer" ;;
+  esac
 done
-for d in 0 1; do python3 bench_selfloc.py record --device $d --out "$R/selfloc/gpu$d.npz" 2>&1 | tail -2; done
-python3 bench_selfloc.py record --device 0 --out "$R/selfloc/gpu0-second-process.npz" 2>&1 | tail -2
-for d in 0 1; do python3 bench_fingerprint_gpu.py --device $d --phase restart --out "$R/calibrations" 2>&1 | tail -2; done
-for d in 0 1; do
-  python3 bench_fingerprint_gpu.py --device $d --phase load --burn-s "${BURN_S:-120}" --out "$R/calibrations" 2>&1 | tail -2 &
-done
-wait
 cd "$OUT" && tar czf r.tgz r && rm -rf r && ls -la "$OUT"

@@ -7,4 +7,4 @@ l2_signature.cuh (self-localization) and placement.cuh (SM-aware work plans).
 from pathlib import Path
 
 SOURCE_DIR = Path(__file__).resolve().parent
-SOURCES = ("l2_probes.cu", "cluster_probe.cu", "whereami.cu", "bindings.cpp")
+SOURCES = ("l2_probes.cu", "cluster_probe.cu", "whereami.cu", "placement_demo.cu", "bindings.cpp")

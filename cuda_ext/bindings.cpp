@@ -11,6 +11,7 @@
 #include "cluster_probe.h"
 #include "l2_probes.h"
 #include "layout.h"
+#include "placement_demo.h"
 #include "whereami.h"
 
 namespace l2topo {
@@ -77,6 +78,21 @@ void whereami(at::Tensor lines, at::Tensor idx, at::Tensor out, int64_t n_warm, 
                                  out.data_ptr<int64_t>(), grid, c10::cuda::getCurrentCUDAStream()));
 }
 
+void placement_demo(at::Tensor out, at::Tensor count, int64_t n_out, at::Tensor plan, at::Tensor state,
+                    int64_t grid) {
+  const c10::cuda::CUDAGuard guard(out.device());
+  check_int64_cuda(out, "out");
+  check_int64_cuda(state, "state");
+  TORCH_CHECK(count.is_cuda() && count.scalar_type() == at::kInt && count.is_contiguous(), "count must be CUDA int32");
+  TORCH_CHECK(plan.is_cuda() && plan.scalar_type() == at::kInt && plan.is_contiguous(), "plan must be CUDA int32");
+  TORCH_CHECK(n_out >= 1 && out.numel() >= n_out, "out must hold n_out >= 1 slots, got n_out=", n_out);
+  TORCH_CHECK(plan.numel() > PLAN_HEADER && state.numel() > STATE_CURSORS, "plan/state shorter than their headers");
+  TORCH_CHECK(grid >= 1, "grid must be >= 1, got ", grid);
+  C10_CUDA_CHECK(launch_placement_demo(out.data_ptr<int64_t>(), count.data_ptr<int32_t>(), n_out,
+                                       plan.data_ptr<int32_t>(), state.data_ptr<int64_t>(), grid,
+                                       c10::cuda::getCurrentCUDAStream()));
+}
+
 }  // namespace
 
 TORCH_LIBRARY(l2topo, m) {
@@ -86,6 +102,7 @@ TORCH_LIBRARY(l2topo, m) {
         "int n_warm, int n_timed, int n_sm, int wave, int timeout_ns, int grid) -> ()");
   m.def("cluster_probe(Tensor(a!) out, int cluster, int smem_bytes, int hold_ns, int grid) -> ()");
   m.def("whereami(Tensor lines, Tensor idx, Tensor(a!) out, int n_warm, int n_timed, int grid) -> ()");
+  m.def("placement_demo(Tensor(a!) out, Tensor(b!) count, int n_out, Tensor plan, Tensor(c!) state, int grid) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(l2topo, CUDA, m) {
@@ -93,6 +110,7 @@ TORCH_LIBRARY_IMPL(l2topo, CUDA, m) {
   m.impl("line_probe", &line_probe);
   m.impl("cluster_probe", &cluster_probe);
   m.impl("whereami", &whereami);
+  m.impl("placement_demo", &placement_demo);
 }
 
 }  // namespace l2topo

@@ -28,6 +28,7 @@ constexpr int PLAN_N_TAIL = 2;
 constexpr int PLAN_MAGIC = 3;
 constexpr int PLAN_HEADER = 4;
 constexpr int PLAN_MAGIC_VALUE = 0x4C32504C;
+constexpr int PLAN_MAX_SLOTS = 256;
 
 // ---- placement state (int64) ----
 constexpr int STATE_TAIL = 0;

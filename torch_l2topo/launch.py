@@ -35,6 +35,7 @@ KERNELS = {
     "line_probe": Kernel("l2_probes:line_probe_kernel", "line_probe"),
     "whereami": Kernel("whereami:whereami_kernel", "whereami", constexprs=lambda args: {"K": args[1].numel()}),
     "cluster_probe": Kernel(None, "cluster_probe"),
+    "placement_demo": Kernel("placement_demo:checksum_kernel", "placement_demo", num_warps=4),
     "latency_oracle": Kernel("oracle:latency_oracle_kernel", None),
     "partition_probe": Kernel("partition_probe:partition_probe_kernel", None),
 }

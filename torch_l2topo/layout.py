@@ -38,6 +38,9 @@ PLAN_N_TAIL = 2     # items in the dynamic tail, taken by whichever CTA asks fir
 PLAN_MAGIC = 3      # PLAN_MAGIC_VALUE: a kernel handed anything else fails instead of guessing
 PLAN_HEADER = 4     # offsets[n_slots + 1] start here, then items[n_static], then tail[n_tail]
 PLAN_MAGIC_VALUE = 0x4C32504C  # "L2PL"
+# Width of the device's steal scan: every slot's cursor is read in one vector. 256 covers every NVIDIA GPU to
+# date (H200: 132 SMs, B200: 148); the host refuses plans with more slots.
+PLAN_MAX_SLOTS = 256
 
 # ---- placement state (int64) --------------------------------------------------------------------------
 # Fixed words first, then cursor[s] at STATE_CURSORS + s, then per-SM statistics that accumulate across

@@ -1,0 +1,255 @@
+"""Makespan of SM-aware placement on the local GPU, every policy side by side: the placement issue's figures.
+
+1. Latency-bound chase (placement_workloads.Chase), one CTA of one warp per SM, footprints 4-40 MB and a
+   256 MB DRAM-bound control: plain launch (one program per item), every plan policy, "auto", and the
+   limit (plans.limit, scaled from cycles to ms by uniform's measured/predicted ratio).
+2. Embedding-bag-like gather at 1, 4, 16 and 64 warps per SM: the policies that matter there, and "auto".
+3. @sm_aware launch overhead over a plain Triton launch of the same kernel: eager, and inside a CUDA graph.
+Every result is checked against its reference once per policy (chase ends, bag sums) and every launch's
+items are counted on the device (the placement statistics): each item exactly once. Makespan = one
+kernel's CUDA-event time, median over --reps launches (p20/p80 kept).
+
+    python benchmarks/bench_placement.py --device 0 --out benchmarks/results/placement_h200.json
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+
+import numpy as np
+
+from common import quantiles, write_result
+from placement_workloads import (chase_kernel, chase_plain_kernel, chase_workload, gather_kernel, gather_plain_kernel,
+                                 gather_workload)
+
+CHASE_FOOTPRINTS_MB = (4, 8, 16, 24, 32, 40, 256)
+CHASE_ITEMS_PER_SM = 64
+CHASE_LOADS = 320            # ~3 ms makespan: 64 items x 320 loads x ~290 cycles / 1.98 GHz per SM
+GATHER_TABLE_MB = 16
+GATHER_BAGS = 65536
+GATHER_OCCUPANCY = {1: (1, 1), 4: (4, 1), 16: (16, 1), 64: (32, 2)}  # warps/SM: (CTAs per SM, warps per CTA)
+POLICIES = ("uniform", "dynamic", "weighted", "partition_affine", "affine_weighted", "measured", "auto")
+GATHER_POLICIES = ("uniform", "dynamic", "partition_affine", "affine_weighted", "auto")
+
+
+def timed(launch, reps: int, warmup: int = 3) -> dict:
+    """CUDA-event times (ms) of `reps` launches after `warmup`."""
+    import torch
+
+    for _ in range(warmup):
+        launch()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for start, end in events:
+        start.record()
+        launch()
+        end.record()
+    torch.cuda.synchronize()
+    return quantiles([s.elapsed_time(e) for s, e in events])
+
+
+def settle(kernel, launch):
+    """Launch until an "auto" kernel has decided, or a "measured" one has rebuilt its plan a few times."""
+    import torch
+
+    if kernel.policy == "measured":
+        for _ in range(3 * kernel.refresh + 1):
+            launch()
+    while kernel.policy == "auto" and not kernel.decisions:
+        launch()
+        torch.cuda.synchronize()  # lets the trial launches' events complete
+
+
+def run_policies(make_kernel, args, n_items, classes, loads, policies, reps, check) -> dict:
+    """Time each policy's kernel; check its result and that every launch did each item exactly once."""
+    import torch
+
+    out = {}
+    for policy in policies:
+        kernel = make_kernel(policy)
+
+        def launch():
+            kernel(*args, n_items=n_items, item_class=classes, loads_per_item=loads)
+
+        settle(kernel, launch)
+        before = time.perf_counter()
+        launch()
+        torch.cuda.synchronize()
+        check(policy)
+        result = timed(launch, reps)
+        used = kernel.decisions[next(iter(kernel.decisions))]["policy"] if policy == "auto" else policy
+        # every launch of this plan counted on the device: n_items each, or an item was lost or done twice
+        done = int(kernel.slot(n_items, classes, loads, policy=used).stats()["items"].sum())
+        if done % n_items or done < reps * n_items:
+            raise AssertionError(f"{policy}: the device counted {done} items, not a whole number of launches of "
+                                 f"{n_items}")
+        result["policy_used"] = used
+        if policy == "auto":
+            result["decision"] = {k: v for k, v in kernel.decisions[next(iter(kernel.decisions))].items()
+                                  if k != "timings"}
+        result["first_launch_s"] = time.perf_counter() - before
+        out[policy] = result
+        print(f"  {policy:17s} {result['p50']:8.3f} ms  (p20 {result['p20']:.3f}, p80 {result['p80']:.3f})"
+              + (f"  -> {used}" if policy == "auto" else ""), flush=True)
+    return out
+
+
+def with_ratios(results: dict, predicted: dict | None = None, limit_cycles: float | None = None) -> dict:
+    uniform = results["uniform"]["p50"]
+    for r in results.values():
+        r["makespan_ms"] = r["p50"]
+        r["vs_uniform"] = r["p50"] / uniform
+    out = {"policies": results}
+    if predicted:
+        out["predicted_cycles"] = predicted
+        out["predicted_vs_uniform"] = {p: v / predicted["uniform"] for p, v in predicted.items()}
+    if limit_cycles is not None:
+        out["limit_ms"] = uniform * limit_cycles / predicted["uniform"]
+        out["limit_vs_uniform"] = limit_cycles / predicted["uniform"]
+    return out
+
+
+def bench_chase(dev, topo, reps) -> dict:
+    import torch
+
+    from torch_l2topo.plans import SpeedModel, Workload, limit, make_plan, predict
+    from torch_l2topo.sm_aware import sm_aware
+
+    speeds = SpeedModel.from_topology(topo)
+    n_items = CHASE_ITEMS_PER_SM * topo.n_sm
+    figures = {}
+    for mb in CHASE_FOOTPRINTS_MB:
+        w = chase_workload(dev, mb << 20, n_items, CHASE_LOADS)
+        ends = torch.zeros(n_items, dtype=torch.int64, device=dev)
+        print(f"chase {mb} MB: rings of {w.ring_lines} lines, partition map {w.map_s * 1e3:.1f} ms", flush=True)
+
+        def check(policy):
+            got = ends.cpu().numpy()
+            bad = np.flatnonzero(got != w.expected)
+            if bad.size:
+                raise AssertionError(f"chase {mb} MB, {policy}: {bad.size} items ended elsewhere (first {bad[:5]})")
+            ends.zero_()
+
+        def make(policy):
+            return sm_aware(chase_kernel, policy=policy, num_warps=1, topology=topo)
+
+        results = run_policies(make, (w.starts, ends, CHASE_LOADS), n_items, w.classes, CHASE_LOADS, POLICIES, reps,
+                               check)
+        results["plain"] = timed(lambda: chase_plain_kernel[(n_items,)](w.starts, ends, CHASE_LOADS, num_warps=1), reps)
+        check("plain")
+        wl = Workload(n_items, item_class=w.classes, loads_per_item=CHASE_LOADS)
+        predicted = {p: predict(make_plan(p, speeds, wl), speeds, wl)
+                     for p in ("uniform", "dynamic", "weighted", "partition_affine", "affine_weighted")}
+        figures[f"{mb}MB"] = dict(with_ratios(results, predicted, limit(speeds, wl)), ring_lines=w.ring_lines,
+                                  partition_map_s=w.map_s, items=n_items, loads_per_item=CHASE_LOADS)
+    return figures
+
+
+def bench_gather(dev, topo, reps) -> dict:
+    import torch
+
+    from torch_l2topo.sm_aware import sm_aware
+
+    w = gather_workload(dev, GATHER_TABLE_MB << 20, GATHER_BAGS)
+    out = torch.empty_like(w.reference)
+    figures = {}
+
+    def check(policy):
+        torch.testing.assert_close(out, w.reference, rtol=1e-5, atol=1e-4, msg=lambda m: f"gather {policy}: {m}")
+        out.zero_()
+
+    for warps, (ctas, num_warps) in GATHER_OCCUPANCY.items():
+        print(f"gather, {warps} warps/SM", flush=True)
+
+        def make(policy):
+            return sm_aware(gather_kernel, policy=policy, ctas_per_sm=ctas, num_warps=num_warps, topology=topo)
+
+        results = run_policies(make, (w.table, w.idx, out), GATHER_BAGS, w.classes, 1.0, GATHER_POLICIES, reps,
+                               check)
+        figures[f"{warps}_warps_per_sm"] = with_ratios(results)
+    # one program per bag: the hardware scheduler places them (the plain launch of this kernel)
+    figures["plain"] = timed(lambda: gather_plain_kernel[(GATHER_BAGS,)](w.table, w.idx, out, w.bag, w.dim,
+                                                                          num_warps=1), reps)
+    check("plain")
+    return figures
+
+
+def bench_overhead(dev, topo) -> dict:
+    """Host time per launch (eager) and device time per launch (graph) of a one-item-per-SM no-op workload."""
+    import torch
+
+    from placement_workloads import chase_kernel as kernel_fn
+    from torch_l2topo.launch import launch_triton
+    from torch_l2topo.sm_aware import sm_aware
+
+    n = topo.n_sm
+    starts = torch.zeros(n, dtype=torch.int64, device=dev)  # chase 0 loads: the item loop itself is the work
+    ends = torch.zeros(n, dtype=torch.int64, device=dev)
+    out = {}
+    for policy in ("dynamic", "auto"):
+        kernel = sm_aware(kernel_fn, policy=policy, num_warps=1, topology=topo)
+
+        def wrapped():
+            kernel(starts, ends, 0, n_items=n)
+
+        settle(kernel, wrapped)
+        plan, state = kernel.plan_tensors(n)
+
+        def plain():
+            launch_triton(kernel_fn, n, (starts, ends, 0, plan, state), 1)
+
+        row = {}
+        for name, fn in (("plain_triton", plain), ("sm_aware", wrapped)):
+            for _ in range(50):
+                fn()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(2000):
+                fn()
+            row[f"{name}_host_us"] = (time.perf_counter() - t0) / 2000 * 1e6
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            stream = torch.cuda.Stream()
+            with torch.cuda.stream(stream):
+                with torch.cuda.graph(graph, stream=stream):
+                    for _ in range(100):
+                        fn()
+            graph.replay()
+            torch.cuda.synchronize()
+            t = timed(graph.replay, 20)
+            row[f"{name}_graph_us_per_launch"] = t["p50"] * 1e3 / 100
+        row["eager_overhead_us"] = row["sm_aware_host_us"] - row["plain_triton_host_us"]
+        row["graph_overhead_us"] = row["sm_aware_graph_us_per_launch"] - row["plain_triton_graph_us_per_launch"]
+        out[policy] = row
+        print(f"overhead {policy}: {row}", flush=True)
+    return out
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", type=int, default=0)
+    p.add_argument("--reps", type=int, default=15)
+    p.add_argument("--out", required=True)
+    p.add_argument("--only", choices=("chase", "gather", "overhead"), action="append")
+    args = p.parse_args(argv)
+    os.environ.setdefault("TORCH_L2TOPO_CACHE", tempfile.mkdtemp(prefix="l2topo-placement-"))
+
+    import torch
+
+    import torch_l2topo
+
+    dev = torch.device("cuda", args.device)
+    torch.cuda.set_device(dev)
+    topo = torch_l2topo.calibrate(dev)
+    parts = args.only or ("chase", "gather", "overhead")
+    figures = {"calibration": {"uuid_hash": topo.meta["uuid_hash"], "trust": topo.meta.get("trust", {}).get("trusted")}}
+    for part, fn in (("chase", bench_chase), ("gather", bench_gather), ("overhead", bench_overhead)):
+        if part in parts:
+            figures[part] = fn(dev, topo, args.reps) if part != "overhead" else fn(dev, topo)
+            write_result(args.out, figures, args.device)  # keep what is done if a later part fails
+    return figures
+
+
+if __name__ == "__main__":
+    main()

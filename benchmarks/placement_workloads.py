@@ -1,0 +1,146 @@
+"""The workloads of benchmarks/bench_placement.py: a latency-bound chase and an embedding-bag-like gather,
+each as a persistent kernel on the placement helpers and as a plain launch (one program per item), with
+their data laid out by the buffer's partition map and an independent reference to check every result.
+
+Chase: item i chases `loads` dependent lines (one thread, ld.global.cg) through a random ring of the lines
+homed in partition class[i]; classes alternate 0, 1, 0, ... so that a plan blind to homes gives every SM
+half near and half far items. Gather: bag i sums 32 rows of a float32 table (64 columns = 256 bytes, one
+partition block per row), all rows homed in partition class[i].
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import triton
+import triton.language as tl
+
+from torch_l2topo.layout import LINE_BYTES, LINE_WORDS
+from torch_l2topo.triton_kernels.placement import plan_finish, plan_next, plan_start
+from torch_l2topo.triton_kernels.protocol import chase
+
+
+@triton.jit
+def chase_kernel(starts_ptr, ends_ptr, n_loads, plan_ptr, state_ptr):
+    sm, t0 = plan_start(plan_ptr, state_ptr)
+    item, phase = plan_next(plan_ptr, state_ptr, sm, 0)
+    n_done = 0
+    while item >= 0:
+        p = tl.load(starts_ptr + item)
+        for _ in range(n_loads):
+            p = chase(p)
+        tl.store(ends_ptr + item, p)
+        n_done += 1
+        item, phase = plan_next(plan_ptr, state_ptr, sm, phase)
+    plan_finish(plan_ptr, state_ptr, sm, t0, n_done)
+
+
+@triton.jit
+def chase_plain_kernel(starts_ptr, ends_ptr, n_loads):
+    item = tl.program_id(0)
+    p = tl.load(starts_ptr + item)
+    for _ in range(n_loads):
+        p = chase(p)
+    tl.store(ends_ptr + item, p)
+
+
+@triton.jit
+def _bag_sum(table_ptr, idx_ptr, out_ptr, item, BAG: tl.constexpr, DIM: tl.constexpr):
+    rows = tl.load(idx_ptr + item * BAG + tl.arange(0, BAG)).to(tl.int64)
+    values = tl.load(table_ptr + rows[:, None] * DIM + tl.arange(0, DIM)[None, :])
+    tl.store(out_ptr + item * DIM + tl.arange(0, DIM), tl.sum(values, axis=0))
+
+
+@triton.jit
+def gather_kernel(table_ptr, idx_ptr, out_ptr, BAG: tl.constexpr, DIM: tl.constexpr, plan_ptr, state_ptr):
+    sm, t0 = plan_start(plan_ptr, state_ptr)
+    item, phase = plan_next(plan_ptr, state_ptr, sm, 0)
+    n_done = 0
+    while item >= 0:
+        _bag_sum(table_ptr, idx_ptr, out_ptr, item, BAG, DIM)
+        n_done += 1
+        item, phase = plan_next(plan_ptr, state_ptr, sm, phase)
+    plan_finish(plan_ptr, state_ptr, sm, t0, n_done)
+
+
+@triton.jit
+def gather_plain_kernel(table_ptr, idx_ptr, out_ptr, BAG: tl.constexpr, DIM: tl.constexpr):
+    _bag_sum(table_ptr, idx_ptr, out_ptr, tl.program_id(0), BAG, DIM)
+
+
+def _alternating(n: int) -> np.ndarray:
+    return (np.arange(n) % 2).astype(np.int8)
+
+
+@dataclass
+class Chase:
+    buffer: object          # the ring buffer (int64 tensor), kept alive: its partition map is cached
+    starts: object          # (n_items,) int64 tensor: the address where item i starts
+    expected: np.ndarray    # (n_items,) where item i must end
+    classes: np.ndarray     # (n_items,) int8 home partition of item i's lines
+    loads: int
+    ring_lines: tuple       # lines homed in partition 0, 1 (each ring's length)
+    map_s: float            # time of the buffer's partition map
+
+
+def chase_workload(device, footprint_bytes: int, n_items: int, loads: int, seed: int = 0) -> Chase:
+    """Two random rings through the lines of a `footprint_bytes` buffer, one per home partition, and n_items
+    items evenly spaced along them (classes alternating)."""
+    import torch
+
+    from torch_l2topo.partition_map import partition_map
+
+    n_lines = footprint_bytes // LINE_BYTES
+    buf = torch.zeros(n_lines * LINE_WORDS, dtype=torch.int64, device=device)
+    pmap = partition_map(buf)
+    line_home = np.repeat(pmap.homes, pmap.block_bytes // LINE_BYTES)[:n_lines]
+    base, rng = buf.data_ptr(), np.random.default_rng(seed)
+    classes = _alternating(n_items)
+    starts = np.empty(n_items, np.int64)
+    expected = np.empty(n_items, np.int64)
+    lengths = []
+    lines = buf.view(n_lines, LINE_WORDS)
+    for c in (0, 1):
+        order = rng.permutation(np.flatnonzero(line_home == c))  # undecided lines are in no ring
+        lengths.append(len(order))
+        ring = torch.from_numpy(order).to(device)
+        lines[ring, 0] = base + torch.roll(ring, -1) * LINE_BYTES
+        mine = np.flatnonzero(classes == c)
+        pos = (np.arange(len(mine)) * len(order)) // max(len(mine), 1)
+        starts[mine] = base + order[pos] * LINE_BYTES
+        expected[mine] = base + order[(pos + loads) % len(order)] * LINE_BYTES
+    return Chase(buf, torch.from_numpy(starts).to(device), expected, classes, loads, tuple(lengths), pmap.elapsed_s)
+
+
+@dataclass
+class Gather:
+    table: object
+    idx: object
+    reference: object       # (n_bags, DIM) float32 tensor: the sums, computed by torch
+    classes: np.ndarray
+    bag: int
+    dim: int
+
+
+def gather_workload(device, table_bytes: int, n_bags: int, bag: int = 32, dim: int = 64, seed: int = 0) -> Gather:
+    """A float32 table of `table_bytes` (rows of dim floats) and n_bags bags of `bag` random rows, all homed in
+    the bag's partition (classes alternating)."""
+    import torch
+
+    from torch_l2topo.partition_map import partition_map
+
+    row_bytes = dim * 4
+    n_rows = table_bytes // row_bytes
+    table = torch.randn(n_rows, dim, device=device)
+    pmap = partition_map(table)
+    if pmap.block_bytes != row_bytes:
+        raise ValueError(f"rows of {row_bytes} bytes must be the partition map's blocks ({pmap.block_bytes})")
+    rng = np.random.default_rng(seed)
+    classes = _alternating(n_bags)
+    idx = np.empty((n_bags, bag), np.int32)
+    for c in (0, 1):
+        rows = np.flatnonzero(pmap.homes[:n_rows] == c)
+        mine = np.flatnonzero(classes == c)
+        idx[mine] = rng.choice(rows, size=(len(mine), bag))
+    idx_t = torch.from_numpy(idx).to(device)
+    return Gather(table, idx_t, table[idx_t.long()].sum(dim=1), classes, bag, dim)

@@ -1,0 +1,100 @@
+"""Launch every kernel of the package once, small, for compute-sanitizer (benchmarks/run_sanitizer.sh).
+
+Each kernel runs through its normal host path with sizes that keep the sanitizer's slowdown to seconds;
+watchdog timeouts are generous because instrumented kernels run far slower. Prints one line per kernel:
+"ok <name>" or "FAILED <name>: <error>", and exits non-zero if any failed.
+
+    compute-sanitizer --tool memcheck python benchmarks/sanitize_kernels.py
+"""
+from __future__ import annotations
+
+import sys
+import traceback
+
+TIMEOUT_S = 60.0
+
+
+def kernels(device):
+    """(name, thunk) for every kernel of the package."""
+    import torch
+
+    from torch_l2topo.device import device_info
+    from torch_l2topo.oracles import measure_oracles
+    from torch_l2topo.probe_plans import ring_plan
+    from torch_l2topo.probes import line_buffer, run_chain, run_lines
+    from torch_l2topo.selfloc import measure_signatures
+
+    n_sm = device_info(device.index).sm_count
+    out = []
+    for backend in ("triton", "cuda"):
+        out.append((f"chain_probe[{backend}]", lambda b=backend: run_chain(
+            device, n_sm, ring_plan(256, n_sm, seed=0), b, "waves", TIMEOUT_S, repeats=2, settle=16)))
+        out.append((f"line_probe[{backend}]", lambda b=backend: run_lines(
+            device, n_sm, 32, 2, 8, b, "waves", TIMEOUT_S)))
+        out.append((f"whereami[{backend}]", lambda b=backend: measure_signatures(
+            line_buffer(64, device), list(range(0, 64, 8)), 2 * n_sm, b)))
+    out.append(("latency_oracle[triton]", lambda: measure_oracles(device, programs=2)))
+    if torch.cuda.get_device_capability(device) >= (9, 0):
+        from torch_l2topo.gpc_probe import gpc_ground_truth
+
+        out.append(("cluster_probe[cuda]", lambda: gpc_ground_truth(device.index, rounds=1)))
+
+    def occupy():
+        from torch_l2topo.triton_kernels.occupy import occupy_sms
+
+        stream, held = occupy_sms(device, [0, 1], seconds=0.01)
+        stream.synchronize()
+
+    out.append(("occupy[triton]", occupy))
+    out += optional_kernels(device)
+    return out
+
+
+def optional_kernels(device):
+    """Kernels of the placement and partition-map modules."""
+    import numpy as np
+    import torch
+
+    from torch_l2topo.launch import launch
+    from torch_l2topo.partition_map import partition_map, reprobe
+    from torch_l2topo.sm_aware import Placement
+
+    data = torch.zeros(1 << 18, device=device)
+    out = [("partition_probe[triton]", lambda: partition_map(data)),
+           ("partition_reprobe[triton]", lambda: reprobe(data, np.arange(0, 4096, 64)))]
+
+    def placement(backend, policy):
+        n = 1000
+        total = torch.zeros(16, dtype=torch.int64, device=device)
+        count = torch.zeros(n, dtype=torch.int32, device=device)
+        Placement(policy=policy)(lambda grid, plan, state: launch("placement_demo", backend, grid, total, count, 16,
+                                                                   plan, state), n_items=n, device=device)
+        torch.cuda.synchronize(device)
+        assert np.all(count.cpu().numpy() == 1)
+
+    for backend in ("triton", "cuda"):
+        for policy in ("dynamic", "weighted"):
+            out.append((f"placement_demo[{backend},{policy}]", lambda b=backend, p=policy: placement(b, p)))
+    return out
+
+
+def main() -> int:
+    import torch
+
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    failed = 0
+    for name, thunk in kernels(device):
+        try:
+            thunk()
+            torch.cuda.synchronize(device)
+            print(f"ok {name}", flush=True)
+        except Exception as exc:  # report every kernel, then fail
+            failed += 1
+            print(f"FAILED {name}: {type(exc).__name__}: {exc}", flush=True)
+            traceback.print_exc()
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

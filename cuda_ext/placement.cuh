@@ -1,0 +1,190 @@
+// The device side of SM-aware placement in CUDA: claim this SM's share of a plan, drain the tail, steal.
+// Public API for any persistent CUDA kernel of torch_l2topo or of its users; it mirrors
+// triton_kernels/placement.py function by function, under the same names (that file documents the protocol;
+// tests/test_kernel_sources.py checks that the two lists agree):
+//
+//   PlanCta plan_start(plan, state)             {%smid, %globaltimer start}; a bad plan sets state[STATE_ERROR]
+//   PlanItem plan_next(plan, state, sm, phase)  {next item or -1, phase to pass back}; start with phase 0
+//   void plan_finish(plan, state, sm, t0, n_done)  per-SM statistics; the last CTA out resets the cursors
+//
+// Where the Triton version returns tuples, these return the small structs PlanCta and PlanItem. Usage:
+//
+//   const l2topo::PlanCta cta = l2topo::plan_start(plan, state);
+//   l2topo::PlanItem next = l2topo::plan_next(plan, state, cta.sm, l2topo::PHASE_SHARE);
+//   int64_t n_done = 0;
+//   while (next.item >= 0) {
+//     ...the CTA works on next.item...
+//     ++n_done;
+//     next = l2topo::plan_next(plan, state, cta.sm, next.phase);
+//   }
+//   l2topo::plan_finish(plan, state, cta.sm, cta.t0, n_done);
+//
+// Block-cooperative: every thread of the CTA calls every function, in the same order (plan_next holds
+// __syncthreads, so never call it from divergent code). Thread 0 does the atomics and broadcasts the item
+// through __shared__ memory with __syncthreads; the steal scan runs on warp 0 (its 32 lanes read up to
+// MAX_SLOTS cursors at once and reduce with shuffles), so the CTA's thread count must be a multiple of 32.
+// Every thread gets the same item and phase, so the loop above stays uniform.
+#pragma once
+#include <cstdint>
+#include <cuda/atomic>
+#include "layout.h"
+#include "protocol.cuh"
+
+namespace l2topo {
+
+constexpr int MAX_SLOTS = PLAN_MAX_SLOTS;  // the width of the steal scan (layout.h)
+
+constexpr int PHASE_SHARE = 0;  // this SM's static share
+constexpr int PHASE_TAIL = 1;   // the dynamic tail
+constexpr int PHASE_STEAL = 2;  // the share of the SM with the most unclaimed items
+constexpr int PHASE_DONE = 3;
+
+struct PlanCta {
+  int64_t sm;  // %smid
+  int64_t t0;  // %globaltimer at plan_start, ns
+};
+
+struct PlanItem {
+  int64_t item;  // item id, -1 when none is left
+  int phase;     // pass back to the next plan_next call
+};
+
+namespace detail {
+__device__ __forceinline__ unsigned long long* as_u64(int64_t* p) { return reinterpret_cast<unsigned long long*>(p); }
+
+__device__ __forceinline__ int thread_rank() {
+  return static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
+}
+
+// A plan without the magic word is not read any further: its sizes could point anywhere.
+__device__ __forceinline__ bool plan_ok(const int32_t* plan) {
+  return plan[PLAN_MAGIC] == PLAN_MAGIC_VALUE && plan[PLAN_N_SLOTS] >= 0 && plan[PLAN_N_SLOTS] <= MAX_SLOTS;
+}
+
+// Cursors move under other CTAs' atomics: read them from L2, never from a stale L1 line.
+__device__ __forceinline__ int64_t cursor_now(int64_t* state, int slot) {
+  return cuda::atomic_ref<int64_t, cuda::thread_scope_device>(state[STATE_CURSORS + slot])
+      .load(cuda::memory_order_relaxed);
+}
+
+// Item at the next index of `slot`'s share, or -1 once that share is exhausted. Relaxed: the claimed index
+// orders nothing else (the plan is read-only during the launch).
+__device__ inline int64_t claim_share(const int32_t* plan, int64_t* state, int slot, int n_slots) {
+  const int64_t lo = plan[PLAN_HEADER + slot];
+  const int64_t hi = plan[PLAN_HEADER + slot + 1];
+  const int64_t i = static_cast<int64_t>(atomicAdd(as_u64(state + STATE_CURSORS + slot), 1ull));
+  return i < hi - lo ? plan[PLAN_HEADER + n_slots + 1 + lo + i] : -1;
+}
+
+// Phases 0 and 1, on thread 0: this SM's share, then the tail. Returns phase PHASE_STEAL once both are empty.
+__device__ inline PlanItem share_or_tail(const int32_t* plan, int64_t* state, int64_t sm, int phase) {
+  if (!plan_ok(plan)) return {-1, PHASE_DONE};
+  const int n_slots = plan[PLAN_N_SLOTS];
+  if (phase == PHASE_SHARE) {
+    if (sm < n_slots) {  // an SM the plan does not know has no share
+      const int64_t item = claim_share(plan, state, static_cast<int>(sm), n_slots);
+      if (item >= 0) return {item, PHASE_SHARE};
+    }
+    phase = PHASE_TAIL;
+  }
+  if (phase == PHASE_TAIL) {
+    const int64_t t = static_cast<int64_t>(atomicAdd(as_u64(state + STATE_TAIL), 1ull));
+    if (t < plan[PLAN_N_TAIL]) return {plan[PLAN_HEADER + n_slots + 1 + plan[PLAN_N_STATIC] + t], PHASE_TAIL};
+    phase = PHASE_STEAL;
+  }
+  return {-1, phase};
+}
+
+// Phase 2, on all of warp 0: find the slot with the most unclaimed items (ties: the lowest slot, as
+// tl.argmax), claim one of its items on lane 0, retry while any slot has items left. The loop ends: a failed
+// claim means that slot's cursor passed its share for good, so there are at most n_slots failures.
+__device__ inline PlanItem steal(const int32_t* plan, int64_t* state, int lane) {
+  constexpr unsigned FULL = 0xffffffffu;
+  const int n_slots = plan[PLAN_N_SLOTS];
+  while (true) {
+    // All loads first, then the arithmetic: the lane's (up to) 8 cursor reads are in flight together.
+    int64_t cursor[MAX_SLOTS / 32];
+#pragma unroll
+    for (int k = 0; k < MAX_SLOTS / 32; ++k) {
+      const int s = lane + 32 * k;
+      cursor[k] = s < n_slots ? cursor_now(state, s) : 0;
+    }
+    int64_t best_left = 0;
+    int best_slot = MAX_SLOTS;
+#pragma unroll
+    for (int k = 0; k < MAX_SLOTS / 32; ++k) {
+      const int s = lane + 32 * k;
+      const int64_t left = s < n_slots ? plan[PLAN_HEADER + s + 1] - plan[PLAN_HEADER + s] - cursor[k] : 0;
+      if (left > best_left) {
+        best_left = left;
+        best_slot = s;
+      }
+    }
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) {
+      const int64_t other_left = __shfl_xor_sync(FULL, best_left, d);
+      const int other_slot = __shfl_xor_sync(FULL, best_slot, d);
+      if (other_left > best_left || (other_left == best_left && other_slot < best_slot)) {
+        best_left = other_left;
+        best_slot = other_slot;
+      }
+    }
+    if (best_left <= 0) return {-1, PHASE_DONE};  // every lane saw the same maximum
+    int64_t item = -1;
+    if (lane == 0) item = claim_share(plan, state, best_slot, n_slots);
+    item = __shfl_sync(FULL, item, 0);
+    if (item >= 0) return {item, PHASE_STEAL};
+  }
+}
+}  // namespace detail
+
+__device__ inline PlanCta plan_start(const int32_t* plan, int64_t* state) {
+  // Every thread reads the timers itself (all threads of a CTA share its SM); only thread 0's t0 is used.
+  const PlanCta cta{sm_id(), global_ns()};
+  if (detail::thread_rank() == 0 && !detail::plan_ok(plan)) atomicExch(detail::as_u64(state + STATE_ERROR), 1ull);
+  return cta;
+}
+
+__device__ inline PlanItem plan_next(const int32_t* plan, int64_t* state, int64_t sm, int phase) {
+  __shared__ PlanItem next;
+  const int rank = detail::thread_rank();
+  __syncthreads();  // every thread has read the previous call's `next` before it is overwritten
+  if (rank < 32) {
+    PlanItem mine{-1, PHASE_DONE};
+    if (rank == 0) mine = detail::share_or_tail(plan, state, sm, phase);
+    mine.item = __shfl_sync(0xffffffffu, mine.item, 0);
+    mine.phase = __shfl_sync(0xffffffffu, mine.phase, 0);
+    if (mine.phase == PHASE_STEAL && mine.item < 0) mine = detail::steal(plan, state, rank);
+    if (rank == 0) next = mine;
+  }
+  __syncthreads();
+  return next;
+}
+
+__device__ inline void plan_finish(const int32_t* plan, int64_t* state, int64_t sm, int64_t t0, int64_t n_done) {
+  // The CTA's last plan_next call ended with __syncthreads after its last item, so thread 0 alone finishes.
+  if (detail::thread_rank() != 0) return;
+  const bool ok = detail::plan_ok(plan);
+  const int n_slots = plan[PLAN_N_SLOTS];
+  if (ok && sm < n_slots) {
+    int64_t* stats = state + STATE_CURSORS + n_slots + sm;  // statistic k of SM sm: stats[k * n_slots]
+    atomicAdd(detail::as_u64(stats + STAT_ITEMS * n_slots), static_cast<unsigned long long>(n_done));
+    atomicAdd(detail::as_u64(stats + STAT_BUSY_NS * n_slots), static_cast<unsigned long long>(global_ns() - t0));
+    atomicAdd(detail::as_u64(stats + STAT_CTAS * n_slots), 1ull);
+  }
+  // Why the last CTA out may reset the state without racing anyone: every CTA makes all its claims (the last
+  // one being the failed claim that returned -1) before this increment, and acq_rel orders them before it
+  // (release) and this CTA's resets after it (acquire). The CTA that sees grid - 1 is therefore the last to
+  // touch the cursors in this launch, and the next launch starts after this one ends in stream order.
+  const unsigned long long grid = static_cast<unsigned long long>(gridDim.x) * gridDim.y * gridDim.z;
+  cuda::atomic_ref<unsigned long long, cuda::thread_scope_device> finished(*detail::as_u64(state + STATE_FINISHED));
+  if (finished.fetch_add(1ull, cuda::memory_order_acq_rel) == grid - 1) {
+    if (ok) {
+      for (int s = 0; s < n_slots; ++s) state[STATE_CURSORS + s] = 0;
+    }
+    state[STATE_TAIL] = 0;
+    state[STATE_FINISHED] = 0;
+  }
+}
+
+}  // namespace l2topo

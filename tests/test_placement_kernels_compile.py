@@ -1,0 +1,252 @@
+"""The placement helpers without a GPU: the Triton checksum kernel compiles for sm_90 at 1 and 4 warps with its
+atomics executed once per program, the CUDA demo compiles without spills, the bounds the host and both
+backends share agree, and the protocol's logic (shares, tail, stealing, the last CTA's reset, statistics, the
+bad-magic error) holds in Triton's interpreter.
+
+On CI (CI=true) a missing nvcc or Triton is a failure, not a skip (as in test_kernel_sources.py).
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+ATOMIC = re.compile(r"^\s*(@!?%p\d+\s+)?(atom|red)\.")
+
+
+def _need(available: bool, what: str):
+    if not available:
+        if IN_CI:
+            pytest.fail(f"{what} is missing on CI")
+        pytest.skip(f"{what} not available here")
+
+
+def _checksum_ptx(num_warps: int) -> str:
+    try:
+        import triton
+    except ImportError:
+        _need(False, "triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from torch_l2topo.triton_kernels.placement_demo import checksum_kernel
+
+    sig = dict(out_ptr="*i64", count_ptr="*i32", n_out="i32", plan_ptr="*i32", state_ptr="*i64")
+    return triton.compile(ASTSource(checksum_kernel, sig, {}), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": num_warps}).asm["ptx"]
+
+
+def _definitions(ptx: str) -> dict:
+    """register -> the instructions that write it (a register may be written more than once)."""
+    defs = {}
+    for line in ptx.splitlines():
+        m = re.match(r"\s*(?:@!?%p\d+\s+)?[a-z][\w.:]*\s+(%\w+)\s*(?:\|\s*%\w+)?\s*,(.*);", line)
+        if m:
+            defs.setdefault(m.group(1), []).append(line)
+    return defs
+
+
+def _from_thread_id(reg: str, defs: dict, seen: set) -> bool:
+    """True if some write of `reg` derives (through any chain of instructions) from %tid.x."""
+    if reg in seen:
+        return False
+    seen.add(reg)
+    for line in defs.get(reg, []):
+        if "%tid.x" in line:
+            return True
+        sources = re.findall(r"%\w+", line.split(",", 1)[1])
+        if any(_from_thread_id(r, defs, seen) for r in sources):
+            return True
+    return False
+
+
+@pytest.mark.parametrize("num_warps", [1, 4])
+def test_triton_checksum_kernel_compiles_with_scalar_atomics(num_warps):
+    ptx = _checksum_ptx(num_warps)
+    for needle in ("atom.global", ".add.", "%smid", "%globaltimer"):
+        assert needle in ptx, needle
+    assert "atom.global.gpu.acq_rel.add" in ptx  # the FINISHED count orders every claim before the reset
+    defs = _definitions(ptx)
+    atomics = [line for line in ptx.splitlines() if ATOMIC.match(line)]
+    # claims (share, tail, steal, in both inlined copies of plan_next), error flag, statistics, FINISHED, and
+    # the kernel's own two adds
+    assert len(atomics) >= 8, atomics
+    for line in atomics:
+        # Executed once per program: predicated on a test `tid-derived value == 0`.
+        pred = re.match(r"\s*@(%p\d+)\s", line)
+        assert pred, f"unpredicated atomic runs on every thread: {line.strip()}"
+        setp = [d for d in defs.get(pred.group(1), []) if d.strip().startswith("setp.eq")]
+        assert setp, f"{pred.group(1)} is not an equality test: {line.strip()}"
+        compared, value = re.search(r",\s*(%\w+),\s*(\w+);", setp[0]).groups()
+        assert value == "0" and _from_thread_id(compared, defs, set()), setp[0]
+
+
+def test_triton_atomic_results_are_broadcast_through_shared_memory():
+    """With 4 warps each returned atomic value goes thread 0 -> st.shared -> bar.sync -> ld.shared: every
+    thread sees the one claim's result (the comment in triton_kernels/placement.py cites this)."""
+    lines = _checksum_ptx(4).splitlines()
+    # the adds: claims and FINISHED, whose results are used (the error flag's exch result is not)
+    returning = [i for i, line in enumerate(lines) if re.match(r"\s*@%p\d+\s+atom\.global[\w.]*\.add", line)]
+    assert returning
+    for i in returning:
+        window = "\n".join(lines[i:i + 12])
+        assert re.search(r"st\.shared.*\n(?:.*\n)*?\s*bar\.sync.*\n(?:.*\n)*?\s*ld\.shared", window), window
+
+
+def _nvcc():
+    nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
+    _need(nvcc is not None, "nvcc")
+    return nvcc
+
+
+def test_cuda_placement_demo_compiles_for_sm90_without_spills(tmp_path):
+    out = subprocess.run([_nvcc(), "-arch=sm_90", "-O3", "-Xptxas", "-v", "-I", str(ROOT / "cuda_ext"), "-c",
+                          str(ROOT / "cuda_ext" / "placement_demo.cu"), "-o", str(tmp_path / "k.o")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "placement_demo_kernel" in out.stderr and " spill stores" in out.stderr
+    assert not re.search(r"[1-9]\d* bytes spill (stores|loads)", out.stderr), out.stderr
+
+
+def test_cuda_placement_demo_ptx_reads_cursors_from_l2_and_orders_the_reset(tmp_path):
+    ptx = tmp_path / "k.ptx"
+    out = subprocess.run([_nvcc(), "-arch=sm_90", "-O3", "-I", str(ROOT / "cuda_ext"), "-ptx",
+                          str(ROOT / "cuda_ext" / "placement_demo.cu"), "-o", str(ptx)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    text = ptx.read_text()
+    assert "ld.relaxed.gpu" in text  # the steal scan's cursor reads bypass stale L1 lines
+    assert re.search(r"atom\.(global\.)?add\.acq_rel\.gpu", text) or "atom.acq_rel.gpu" in text
+    assert "%smid" in text and "%globaltimer" in text and "shfl.sync.bfly" in text
+
+
+def test_device_api_is_the_same_in_both_backends():
+    """The public @triton.jit functions of placement.py are the public device functions of placement.cuh
+    (helpers: a leading _ in Triton, namespace detail in CUDA), as tests/test_kernel_sources.py checks for
+    the probe protocol."""
+    source = (ROOT / "triton_kernels" / "placement.py").read_text()
+    triton_names = set(re.findall(r"@triton\.jit\ndef ([a-z]\w*)\(", source))
+    header = re.sub(r"namespace detail \{.*?\}  // namespace detail", "",
+                    (ROOT / "cuda_ext" / "placement.cuh").read_text(), flags=re.S)
+    cuda_names = set(re.findall(r"__device__ [^(]*?\b([a-z]\w*)\(", header))
+    assert triton_names == cuda_names == {"plan_start", "plan_next", "plan_finish"}
+
+
+def test_the_usage_pattern_compiles_in_a_users_cuda_kernel(tmp_path):
+    """The loop of placement.cuh's usage comment, in a user's kernel with a 2-D block, next to the probe
+    protocol header."""
+    src = tmp_path / "user.cu"
+    src.write_text('''#include "protocol.cuh"
+#include "placement.cuh"
+__global__ void user(const float* x, float* out, const int32_t* plan, int64_t* state) {
+  const l2topo::PlanCta cta = l2topo::plan_start(plan, state);
+  l2topo::PlanItem next = l2topo::plan_next(plan, state, cta.sm, l2topo::PHASE_SHARE);
+  int64_t n_done = 0;
+  while (next.item >= 0) {
+    out[next.item * blockDim.x * blockDim.y + threadIdx.y * blockDim.x + threadIdx.x] = 2 * x[next.item];
+    ++n_done;
+    next = l2topo::plan_next(plan, state, cta.sm, next.phase);
+  }
+  l2topo::plan_finish(plan, state, cta.sm, cta.t0, n_done);
+}
+''')
+    out = subprocess.run([_nvcc(), "-arch=sm_90", "-I", str(ROOT / "cuda_ext"), "-c", str(src), "-o",
+                          str(tmp_path / "user.o")], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+
+
+def test_phases_agree_between_both_backends():
+    pytest.importorskip("triton")
+    from torch_l2topo.triton_kernels import placement
+
+    cuda = dict(re.findall(r"constexpr int (\w+) = (\d+);", (ROOT / "cuda_ext" / "placement.cuh").read_text()))
+    for name in ("PHASE_SHARE", "PHASE_TAIL", "PHASE_STEAL", "PHASE_DONE"):
+        assert getattr(placement, name).value == int(cuda[name]), name
+
+
+# ---- the protocol in Triton's interpreter -------------------------------------------------------------------
+# The interpreter runs programs one after another and has no inline asm: %smid and %globaltimer get stand-ins
+# (program id modulo INTERP_SMS + 1, so one program in INTERP_SMS + 1 sits on an SM the plan does not know;
+# a constant clock). Sequential programs cannot race, so this checks the logic, not the atomics: the GPU
+# tests (tests/test_gpu_placement.py) check those. It runs in a subprocess because TRITON_INTERPRET must be set
+# before any @triton.jit runs.
+INTERP_SMS = 4
+KNOWN_SMS = INTERP_SMS + 1  # %smid stand-in: program id modulo this
+INTERP_CASES = [  # policy, n_items, grid, launches
+    ("weighted", 37, INTERP_SMS + 3, 2),  # programs on slots, one on an unknown SM, shares + tail, two launches
+    ("uniform", 37, 2, 1),                # slots 2, 3 have no program: their shares are stolen
+    ("dynamic", 1, 3, 1),
+    ("uniform", 0, INTERP_SMS, 1),
+]
+
+
+def _interpreter_main():
+    global tl  # @triton.jit functions see module globals only
+    import torch
+    import triton
+    import triton.language as tl
+
+    from torch_l2topo import layout
+    from torch_l2topo.plans import SpeedModel, Workload, make_plan
+    from torch_l2topo.triton_kernels import placement, placement_demo
+
+    @triton.jit
+    def stand_in_sm_id():
+        return (tl.program_id(0) % KNOWN_SMS).to(tl.int64)
+
+    @triton.jit
+    def stand_in_ns():
+        return tl.full((), 1000, tl.int64)
+
+    placement.sm_id, placement.global_ns = stand_in_sm_id, stand_in_ns
+    n_out = 5
+    for policy, n, grid, launches in INTERP_CASES + [("corrupt", 37, INTERP_SMS, 1)]:
+        plan = make_plan("weighted" if policy == "corrupt" else policy, SpeedModel.uniform(INTERP_SMS), Workload(n))
+        words = torch.from_numpy(plan.to_array().copy())
+        if policy == "corrupt":
+            words[layout.PLAN_MAGIC] = 0
+        state = torch.zeros(layout.state_words(INTERP_SMS), dtype=torch.int64)
+        out, count = torch.zeros(n_out, dtype=torch.int64), torch.zeros(max(n, 1), dtype=torch.int32)
+        for _ in range(launches):
+            placement_demo.checksum_kernel[(grid,)](out, count, n_out, words, state)
+        s = state.numpy()
+        stats = s[layout.stat_offset(0, INTERP_SMS):].reshape(layout.N_STATS, INTERP_SMS)
+        on_slots = sum(1 for pid in range(grid) if pid % KNOWN_SMS < INTERP_SMS)
+        fixed = s[:layout.STATE_CURSORS + INTERP_SMS]
+        if policy == "corrupt":
+            assert count.sum() == 0 and out.sum() == 0, policy
+            assert s[layout.STATE_ERROR] == 1 and stats.sum() == 0, s
+            assert s[layout.STATE_TAIL] == 0 and s[layout.STATE_FINISHED] == 0, s
+            continue
+        assert (count.numpy()[:n] == launches).all(), (policy, count)
+        assert (out.numpy() == launches * placement_demo.checksum_reference(n, n_out)).all(), policy
+        assert not fixed.any(), (policy, fixed)  # the last program out left tail, count and cursors at zero
+        assert stats[layout.STAT_CTAS].sum() == launches * on_slots, (policy, stats)
+        assert stats[layout.STAT_ITEMS].sum() <= launches * n, (policy, stats)  # items on unknown SMs: not counted
+        assert (stats[layout.STAT_BUSY_NS] == 0).all(), stats  # the stand-in clock stands still
+    print("interpreter protocol ok")
+
+
+def _major_minor(version: str) -> tuple:
+    return tuple(int(x) for x in re.findall(r"\d+", version)[:2])
+
+
+def test_protocol_logic_in_the_triton_interpreter():
+    import numpy as np
+
+    triton = pytest.importorskip("triton")
+    if _major_minor(triton.__version__) < (3, 7) and _major_minor(np.__version__) >= (2, 4):
+        pytest.skip("Triton < 3.7's interpreter breaks with numpy >= 2.4 (tensor indices); Triton 3.9 runs it")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run([sys.executable, __file__], capture_output=True, text=True, timeout=600, env=env,
+                         cwd=ROOT)
+    assert out.returncode == 0 and "interpreter protocol ok" in out.stdout, out.stdout + out.stderr
+
+
+if __name__ == "__main__":
+    _interpreter_main()
