@@ -32,14 +32,14 @@ ProbeLaunch make_launch(at::Tensor& ctrl, int64_t n_sm, int64_t grid, int64_t wa
 }
 
 void chain_probe(at::Tensor ctrl, at::Tensor starts, at::Tensor out, int64_t n_loads, int64_t n_warm_first,
-                 int64_t n_warm, int64_t n_sm, int64_t wave, int64_t timeout_ns, int64_t grid) {
+                 int64_t n_first, int64_t n_warm, int64_t n_sm, int64_t wave, int64_t timeout_ns, int64_t grid) {
   const c10::cuda::CUDAGuard guard(ctrl.device());
   const ProbeLaunch launch = make_launch(ctrl, n_sm, grid, wave, timeout_ns);
   check_int64_cuda(starts, "starts");
   check_int64_cuda(out, "out");
   TORCH_CHECK(starts.numel() >= n_sm && out.numel() >= n_sm * OUT_WORDS, "starts/out too short");
   C10_CUDA_CHECK(launch_chain_probe(launch, starts.data_ptr<int64_t>(), out.data_ptr<int64_t>(), n_loads,
-                                    n_warm_first, n_warm, c10::cuda::getCurrentCUDAStream()));
+                                    n_warm_first, n_first, n_warm, c10::cuda::getCurrentCUDAStream()));
 }
 
 void line_probe(at::Tensor ctrl, at::Tensor lines, at::Tensor cycles, at::Tensor per_sm, int64_t n_lines,
@@ -97,7 +97,7 @@ void placement_demo(at::Tensor out, at::Tensor count, int64_t n_out, at::Tensor 
 
 TORCH_LIBRARY(l2topo, m) {
   m.def("chain_probe(Tensor(a!) ctrl, Tensor starts, Tensor(b!) out, int n_loads, int n_warm_first, "
-        "int n_warm, int n_sm, int wave, int timeout_ns, int grid) -> ()");
+        "int n_first, int n_warm, int n_sm, int wave, int timeout_ns, int grid) -> ()");
   m.def("line_probe(Tensor(a!) ctrl, Tensor lines, Tensor(b!) cycles, Tensor(c!) per_sm, int n_lines, "
         "int n_warm, int n_timed, int n_sm, int wave, int timeout_ns, int grid) -> ()");
   m.def("cluster_probe(Tensor(a!) out, int cluster, int smem_bytes, int hold_ns, int grid) -> ()");

@@ -8,18 +8,19 @@ namespace l2topo {
 
 // Per SM: warm loads, then a timed pass over its whole ring. starts[sm] is the word where SM `sm` starts: the
 // buffer holds LINE_WORDS independent rings, one per 8-byte word, so SMs of one wave chase different random
-// orders. SMs of the first wave make n_warm_first warm loads (a whole pass brings every line into L2, for
-// every ring at once); later SMs only n_warm, to settle their chase. out[sm] = (clock64 cycles, globaltimer
+// orders. SMs 0 to n_first - 1 make n_warm_first warm loads (whole passes over every ring bring every word
+// into L2: a load fetches one 32-byte sector, so one ring alone leaves the others' sectors in DRAM); the others
+// only n_warm, to settle their chase. out[sm] = (clock64 cycles, globaltimer
 // ns, final address - start address, globaltimer at the start) of the timed pass; after a whole pass the
 // chase is back where it started, which the host checks.
 __global__ void __launch_bounds__(32) chain_probe_kernel(ProbeLaunch launch, const int64_t* starts,
                                                          int64_t* out, int64_t n_loads, int64_t n_warm_first,
-                                                         int64_t n_warm) {
+                                                         int64_t n_first, int64_t n_warm) {
   if (threadIdx.x != 0) return;
   const int64_t sm = claim_sm(launch.ctrl, launch.n_sm, launch.wave, launch.timeout_ns);
   if (sm < 0) return;
   int64_t p = starts[sm];
-  const int64_t warm = sm < launch.wave ? n_warm_first : n_warm;
+  const int64_t warm = sm < n_first ? n_warm_first : n_warm;
   for (int64_t i = 0; i < warm; ++i) p = chase(p);
   const int64_t begin = p;
   const int64_t t0 = clock_after(p);
@@ -69,9 +70,10 @@ __global__ void __launch_bounds__(32) line_probe_kernel(ProbeLaunch launch, cons
 }
 
 cudaError_t launch_chain_probe(const ProbeLaunch& launch, const int64_t* starts, int64_t* out,
-                               int64_t n_loads, int64_t n_warm_first, int64_t n_warm, cudaStream_t stream) {
+                               int64_t n_loads, int64_t n_warm_first, int64_t n_first, int64_t n_warm,
+                               cudaStream_t stream) {
   chain_probe_kernel<<<static_cast<unsigned>(launch.grid), 32, 0, stream>>>(launch, starts, out, n_loads,
-                                                                            n_warm_first, n_warm);
+                                                                            n_warm_first, n_first, n_warm);
   return cudaGetLastError();
 }
 

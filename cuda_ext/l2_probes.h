@@ -15,7 +15,8 @@ struct ProbeLaunch {
 };
 
 cudaError_t launch_chain_probe(const ProbeLaunch& launch, const int64_t* starts, int64_t* out,
-                               int64_t n_loads, int64_t n_warm_first, int64_t n_warm, cudaStream_t stream);
+                               int64_t n_loads, int64_t n_warm_first, int64_t n_first, int64_t n_warm,
+                               cudaStream_t stream);
 
 cudaError_t launch_line_probe(const ProbeLaunch& launch, const int64_t* lines, int64_t* cycles,
                               int64_t* per_sm, int64_t n_lines, int64_t n_warm, int64_t n_timed,

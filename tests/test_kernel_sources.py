@@ -96,8 +96,8 @@ PTR, I32, I64 = "*i64", "i32", "i64"
 def test_triton_chain_probe_compiles_to_sm90_ptx():
     from torch_l2topo.triton_kernels import l2_probes as k
 
-    sig = dict(ctrl_ptr=PTR, starts_ptr=PTR, out_ptr=PTR, n_loads=I32, n_warm_first=I32, n_warm=I32, n_sm=I32,
-               wave=I32, timeout_ns=I64)
+    sig = dict(ctrl_ptr=PTR, starts_ptr=PTR, out_ptr=PTR, n_loads=I32, n_warm_first=I32, n_first=I32, n_warm=I32,
+               n_sm=I32, wave=I32, timeout_ns=I64)
     ptx = _triton_compile(k.chain_probe_kernel, sig, {})
     assert ptx.count("ld.global.cg.u64") >= 2  # warm and timed chase
     for needle in ("%smid", "%clock64", "%globaltimer", "nanosleep.u32", "atom.global"):

@@ -33,12 +33,12 @@ def fake_launch(kernel, backend, grid, ctrl, *args):
     c[L.CLAIMS:L.CLAIMS + n_sm] = 1
     c[L.ARRIVALS] = c[L.TURN] = n_sm
     if kernel == "chain_probe":
-        starts, out, n_loads, n_warm_first, n_warm = kernel_args
-        fake_launch.warm.append((n_warm_first, n_warm))
+        starts, out, n_loads, n_warm_first, n_first, n_warm = kernel_args
+        fake_launch.warm.append((n_warm_first, n_first, n_warm))
         ring = fake_launch.ring
         out = _words(out).reshape(n_sm, L.OUT_WORDS)
         for sm, start in enumerate(_words(starts)):
-            begin = _chase(ring, int(start), n_warm_first if sm < wave else n_warm)
+            begin = _chase(ring, int(start), n_warm_first if sm < n_first else n_warm)
             end = _chase(ring, begin, n_loads)
             out[sm] = (CYCLES_PER_LOAD * n_loads + sm, NS_PER_LOAD * n_loads, end - begin, 1000 * sm)
     else:
@@ -81,8 +81,10 @@ def test_chain_buffers_chase_back_to_every_start(cpu_probes, mode, wave):
     fake_launch.expect_ring = plan.n_lines * L.LINE_WORDS
     results = cpu_probes.run_chain("cpu", n_sm, plan, "triton", mode, 2.0, repeats=2, settle=7)
     assert fake_launch.waves == [wave, wave]  # the mode reached the kernel as its wave size
-    # a whole warm pass for the very first wave only; every other SM, and later repeats, settle with 7 loads
-    assert fake_launch.warm == [(64, 7), (7, 7)]
+    # whole warm passes for one SM of every ring (or the whole first wave), in the first launch only; every
+    # other SM, and later repeats, settle with 7 loads
+    first = max(wave, L.LINE_WORDS)
+    assert fake_launch.warm == [(64, first, 7), (7, first, 7)]
     np.testing.assert_array_equal(results[1].start_ns, 1000 * np.arange(n_sm))
     assert len(results) == 2
     np.testing.assert_allclose(results[0].cycles, CYCLES_PER_LOAD + np.arange(n_sm) / 64)

@@ -184,8 +184,9 @@ def run_chain(device, n_sm: int, plan: ChainPlan, backend: str, mode: str, timeo
               repeats: int = 1, settle: int | None = None) -> list[ChainResult]:
     """`repeats` launches of the chain probe over one ring: warm loads and a timed pass on every SM each.
 
-    The first launch's first wave warms with a whole pass over the ring (every line of the buffer into L2);
-    every other SM makes `settle` warm loads (default: a whole pass too)."""
+    In the first launch, the first SM of each ring (or the whole first wave, if larger) warms with a whole
+    pass, which brings every word of the buffer into L2; every other SM makes `settle` warm loads (default: a
+    whole pass too)."""
     import torch
 
     check_choice("backend", backend, BACKENDS)
@@ -201,8 +202,10 @@ def run_chain(device, n_sm: int, plan: ChainPlan, backend: str, mode: str, timeo
     results = []
     settle = plan.n_lines if settle is None else settle
 
+    n_first = min(n_sm, max(wave, plan.n_rings))
+
     def args(r):
-        return starts, out, plan.n_lines, plan.n_lines if r == 0 else settle, settle
+        return starts, out, plan.n_lines, plan.n_lines if r == 0 else settle, n_first, settle
 
     for elapsed in checked_launches(device, backend, "chain", n_sm, wave, timeout_s, 2 * plan.n_lines, repeats,
                                      args):

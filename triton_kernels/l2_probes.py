@@ -15,13 +15,15 @@ LINE_WORDS = tl.constexpr(_layout.LINE_WORDS)
 
 
 @triton.jit
-def chain_probe_kernel(ctrl_ptr, starts_ptr, out_ptr, n_loads, n_warm_first, n_warm, n_sm, wave, timeout_ns):
+def chain_probe_kernel(ctrl_ptr, starts_ptr, out_ptr, n_loads, n_warm_first, n_first, n_warm, n_sm, wave,
+                       timeout_ns):
     """Per SM: warm loads, then a timed pass over its whole ring.
 
     starts[sm] is the address of the word where SM `sm` starts: the line buffer holds LINE_WORDS
-    independent rings, one per 8-byte word, so SMs of one wave chase different random orders. SMs of the
-    first wave make n_warm_first warm loads (a whole pass brings every line of the buffer into L2, for every
-    ring at once); later SMs only n_warm, to settle their chase.
+    independent rings, one per 8-byte word, so SMs of one wave chase different random orders. SMs 0 to
+    n_first - 1 make n_warm_first warm loads (whole passes over every ring bring every word of the buffer
+    into L2: a load fetches one 32-byte sector, so one ring alone leaves the others' sectors in DRAM); the
+    others only n_warm, to settle their chase.
 
     out[sm] = (clock64 cycles, globaltimer ns, final address, globaltimer at the start) of the timed pass;
     after a whole pass the chase is back where the timed pass started, which the host checks.
@@ -30,7 +32,7 @@ def chain_probe_kernel(ctrl_ptr, starts_ptr, out_ptr, n_loads, n_warm_first, n_w
     if go:
         p = tl.load(starts_ptr + sm)
         warm = n_warm
-        if sm < wave:
+        if sm < n_first:
             warm = n_warm_first
         for _ in range(warm):
             p = chase(p)
