@@ -24,7 +24,7 @@ import numpy as np
 from common import quantiles, write_result
 
 BACKENDS = ("triton", "cuda")
-VARIANTS = {"default": {}, "full_warm": {"chain_settle": 16384}, "repeats5": {"repeats": 5}}
+VARIANTS = {"default": {}, "repeats5": {"repeats": 5}}
 
 
 def pair_figures(maps: list[np.ndarray], wave: int) -> dict:

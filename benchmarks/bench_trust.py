@@ -18,6 +18,7 @@ import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -85,18 +86,23 @@ class OtherProcess:
 
 def run_condition(dev, name, idle_map=None) -> tuple[dict, dict]:
     import torch_l2topo
-    from torch_l2topo.errors import CalibrationDisturbed
+    from torch_l2topo.errors import L2TopoError
 
     out = {}
     t0 = time.perf_counter()
     try:
         topo = torch_l2topo.calibrate(dev, force=True)
         out.update(outcome="trusted", attempts=topo.meta["trust"]["attempt"], notes=topo.meta["trust"]["notes"])
-    except CalibrationDisturbed as exc:
-        out.update(outcome="refused", message=str(exc))
+    except L2TopoError as exc:
+        out.update(outcome=f"refused ({type(exc).__name__})", message=str(exc))
     out["wall_s"] = time.perf_counter() - t0
-    out["cached_files"] = len(list(__import__("pathlib").Path(os.environ["TORCH_L2TOPO_CACHE"]).glob("*.npz")))
-    raw = torch_l2topo.calibrate(dev, use_cache=False, check=False, attempts=1)
+    out["cached_files"] = len(list(Path(os.environ["TORCH_L2TOPO_CACHE"]).glob("*.npz")))
+    try:
+        raw = torch_l2topo.calibrate(dev, use_cache=False, check=False, attempts=1)
+    except L2TopoError as exc:  # the probe could not run at all (SMs held): nothing to record
+        out["unchecked"] = {"error": str(exc)}
+        print(f"{name:8s} {out['outcome']:8s} {out['wall_s']:.2f} s  unchecked: {exc}", flush=True)
+        return out, {}
     verdict = raw.meta["trust"]
     out["unchecked"] = {"trusted": verdict["trusted"], "problems": verdict["problems"], "figures": verdict["figures"],
                         "chain_median": float(np.median(raw.chain_cycles))}

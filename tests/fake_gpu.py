@@ -18,7 +18,8 @@ import numpy as np
 import torch_l2topo
 from torch_l2topo import calibration as cal
 from torch_l2topo.device import DeviceInfo
-from torch_l2topo.trust import Repeats
+from torch_l2topo.errors import ProbeError
+from torch_l2topo.repeats import Repeats
 
 EVICTED_EXTRA_CYCLES = 340.0
 
@@ -35,9 +36,10 @@ def repeats_of(topo, n: int = 3, extra_cycles: float = 0.0, seed: int = 0) -> Re
 
 
 def install(patch, measurements_dir: Path, measure_seconds: float = 0.0, info: DeviceInfo = FAKE,
-            disturbed=()) -> None:
+            disturbed=(), blocked=()) -> None:
     """patch(obj, name, value): monkeypatch.setattr in a test, setattr in a child process. disturbed: the
-    1-based numbers of the measurements (in this process) whose ring is evicted."""
+    1-based numbers of the measurements (in this process) whose ring is evicted; blocked: those whose probe
+    could not claim every SM (the watchdog's ProbeError)."""
     measurements_dir = Path(measurements_dir)
     count = [0]
 
@@ -45,6 +47,8 @@ def install(patch, measurements_dir: Path, measure_seconds: float = 0.0, info: D
         time.sleep(measure_seconds)  # a measurement takes time; concurrent callers must overlap
         (measurements_dir / f"{os.getpid()}-{uuid.uuid4().hex}").touch()
         count[0] += 1
+        if count[0] in blocked:
+            raise ProbeError("chain probe: only 20 of 132 SMs got a probe CTA within 2 s; SMs not reached: 0, 1")
         topo = torch_l2topo.load_example("h200")
         extra = EVICTED_EXTRA_CYCLES if count[0] in disturbed else 0.0
         repeats = repeats_of(topo, cfg.repeats, extra, seed=count[0])

@@ -18,7 +18,7 @@ LAYERS = [
     ("data", {"device", "topology", "cache", "bundled", "probe_plans"}),
     ("launch", {"launch", "extension"}),
     ("probes", {"probes", "oracles", "gpc_probe"}),
-    ("calibration", {"calibration", "trust"}),
+    ("calibration", {"calibration", "trust", "repeats"}),
     ("analysis", {"nuca", "labels", "structure", "slices", "compare", "analysis"}),
     ("uses", {"localize", "selfloc", "fingerprint", "registry", "hashed", "plans", "launcher", "sm_aware",
               "partition_map"}),

@@ -237,3 +237,16 @@ def test_the_bundled_h200_calibration_fits_an_h200():
 def test_a_calibration_of_another_gpu_is_refused(device):
     with pytest.raises(PlacementError, match="calibrate this device"):
         check_topology(load_example("h200"), device)
+
+
+def test_fast_key_names_a_workload_by_identity_and_never_by_a_recycled_id():
+    import torch
+
+    from torch_l2topo.sm_aware import _fast_key
+
+    classes = np.zeros(10, np.int8)
+    key, objects, refs = _fast_key(torch.device("cuda", 0), 10, classes, 1.0)
+    assert key == (0, 10, id(classes), 1.0) and objects == (classes, 1.0) and refs[0]() is classes
+    assert _fast_key(torch.device("cuda", 0), 10, [0, 1], 1.0) is None  # a list: no identity to trust
+    del classes, objects
+    assert refs[0]() is None  # a new array that reuses the id will not match the stored reference

@@ -6,6 +6,7 @@ import pytest
 import fake_gpu
 import torch_l2topo
 from torch_l2topo import trust
+from torch_l2topo.repeats import Repeats
 from torch_l2topo.errors import CalibrationDisturbed
 
 TOPO = torch_l2topo.load_example("h200")
@@ -31,7 +32,7 @@ def test_repeats_that_disagree_are_refused():
     r = fake_gpu.repeats_of(TOPO)
     chain = r.chain_cycles.copy()
     chain[1, 17] += 3.0  # one SM disturbed in one repeat
-    v = trust.check(trust.Repeats(chain, chain / 1.98, r.chain_start_ns, r.line_median))
+    v = trust.check(Repeats(chain, chain / 1.98, r.chain_start_ns, r.line_median))
     assert not v.trusted and "SM 17" in v.problems[0] and "repeats disagree" in v.problems[0]
 
 
@@ -39,7 +40,7 @@ def test_a_clock_that_moved_while_probing_is_refused():
     r = fake_gpu.repeats_of(TOPO)
     ns = r.chain_ns.copy()
     ns[2] *= 1.05  # the third repeat ran at a 5% lower clock
-    v = trust.check(trust.Repeats(r.chain_cycles, ns, r.chain_start_ns, r.line_median))
+    v = trust.check(Repeats(r.chain_cycles, ns, r.chain_start_ns, r.line_median))
     assert not v.trusted and "clock moved" in v.problems[0]
 
 
@@ -54,19 +55,19 @@ def test_a_clock_or_map_that_moved_since_the_previous_calibration_is_said_not_re
 def test_repeats_validate_their_input():
     r = fake_gpu.repeats_of(TOPO)
     with pytest.raises(ValueError, match="one shape"):
-        trust.Repeats(r.chain_cycles, r.chain_ns[:, :5], r.chain_start_ns, r.line_median)
+        Repeats(r.chain_cycles, r.chain_ns[:, :5], r.chain_start_ns, r.line_median)
     with pytest.raises(ValueError, match="finite and positive"):
-        trust.Repeats(r.chain_cycles * np.nan, r.chain_ns, r.chain_start_ns, r.line_median)
-    assert trust.Repeats.from_extras({}) is None
-    back = trust.Repeats.from_extras(r.to_extras())
+        Repeats(r.chain_cycles * np.nan, r.chain_ns, r.chain_start_ns, r.line_median)
+    assert Repeats.from_extras({}) is None
+    back = Repeats.from_extras(r.to_extras())
     assert np.array_equal(back.chain_cycles, r.chain_cycles)
 
 
 # ---- calibrate() on a stand-in GPU ---------------------------------------------------------------------
 @pytest.fixture
 def gpu(monkeypatch, tmp_path):
-    def install(disturbed=()):
-        fake_gpu.install(monkeypatch.setattr, tmp_path / "m", disturbed=disturbed)
+    def install(disturbed=(), blocked=()):
+        fake_gpu.install(monkeypatch.setattr, tmp_path / "m", disturbed=disturbed, blocked=blocked)
         return tmp_path / "m"
 
     (tmp_path / "m").mkdir()
@@ -87,6 +88,19 @@ def test_a_calibration_disturbed_on_every_attempt_is_refused_and_not_cached(gpu,
     with pytest.raises(CalibrationDisturbed, match="disturbed on all 3 attempts; last: the ring was not L2-resident"):
         torch_l2topo.calibrate()
     assert fake_gpu.measurements(runs) == 3
+    assert not list(cache_dir.glob("*.npz"))
+
+
+def test_sms_held_by_other_work_count_as_a_disturbed_attempt(gpu, cache_dir):
+    runs = gpu(blocked=(1,))
+    assert torch_l2topo.calibrate().meta["trust"]["attempt"] == 2
+    assert fake_gpu.measurements(runs) == 2
+
+
+def test_sms_held_on_every_attempt_is_refused_even_unchecked(gpu, cache_dir):
+    gpu(blocked=(1, 2))
+    with pytest.raises(CalibrationDisturbed, match="only 20 of 132 SMs got a probe CTA"):
+        torch_l2topo.calibrate(check=False, attempts=2)
     assert not list(cache_dir.glob("*.npz"))
 
 

@@ -11,10 +11,11 @@ import numpy as np
 
 from . import cache, trust
 from .device import device_info, device_uuid, resolve_device
-from .errors import CalibrationDisturbed, check_choice
+from .errors import CalibrationDisturbed, ProbeError, check_choice
 from .files import exclusive
 from .launch import BACKEND_CHOICES, resolve_backend
-from .probes import DEFAULT_MODE, MODES, ProbeConfig, measure
+from .probes import DEFAULT_MODE, MODES, ProbeConfig, measure, wave_size
+from .repeats import Repeats, combine
 from .topology import Topology
 from .version import __version__
 
@@ -86,22 +87,31 @@ def calibrate(device=None, *, backend: str = "auto", mode: str = DEFAULT_MODE, f
 
 def _checked_measure(index: int, info, cfg: ProbeConfig, backend: str, mode: str, check: bool, attempts: int,
                      previous) -> Topology:
-    """Measure until a calibration passes its self-checks, `attempts` times at most."""
+    """Measure until a calibration passes its self-checks, `attempts` times at most. A probe that could not
+    run (other work held SMs past the watchdog) counts as a disturbed attempt too; with check=False and no
+    map measured at all, its error is raised."""
+    topo, problem = None, ""
     for attempt in range(1, attempts + 1):
-        topo = _measure(index, info, cfg, backend, mode)
-        verdict = trust.check(trust.Repeats.from_extras(topo.extras), previous)
-        topo.meta["trust"] = dict(verdict.to_meta(), attempt=attempt)
-        for note in verdict.notes:
-            log.warning("torch_l2topo: cuda:%d: %s", index, note)
-        if verdict.trusted:
-            return topo
+        try:
+            measured = _measure(index, info, cfg, backend, mode)
+        except ProbeError as exc:  # CalibrationDisturbed is raised below, never here
+            problem = str(exc)
+        else:
+            topo = measured
+            verdict = trust.check(Repeats.from_extras(topo.extras), previous)
+            topo.meta["trust"] = dict(verdict.to_meta(), attempt=attempt)
+            for note in verdict.notes:
+                log.warning("torch_l2topo: cuda:%d: %s", index, note)
+            if verdict.trusted:
+                return topo
+            problem = "; ".join(verdict.problems)
         log.warning("torch_l2topo: cuda:%d calibration attempt %d of %d disturbed: %s", index, attempt, attempts,
-                    "; ".join(verdict.problems))
+                    problem)
         time.sleep(RETRY_BACKOFF_S * attempt)  # let a burst of other work pass
-    if check:
+    if check or topo is None:
         raise CalibrationDisturbed(
-            f"calibrating cuda:{index} was disturbed on all {attempts} attempts; last: {verdict.problems[0]}. "
-            "Calibrate when the GPU is free, or pass check=False to get the map untrusted (never cached)")
+            f"calibrating cuda:{index} was disturbed on all {attempts} attempts; last: {problem}. Calibrate when "
+            "the GPU is free, or pass check=False to get the map untrusted (never cached)")
     return topo
 
 
@@ -121,8 +131,9 @@ def _measure(index: int, info, cfg: ProbeConfig, backend: str, mode: str) -> Top
     with torch.cuda.device(index):
         chains, lines = measure(device, info.sm_count, cfg, backend, mode)
     wall = time.perf_counter() - t0
-    repeats = trust.Repeats.from_results(chains, lines)
+    repeats = Repeats.from_results(chains, lines)
     line_cycles = np.stack([r.cycles for r in lines])
+    wave = wave_size(mode, info.sm_count)
     versions = {"torch_l2topo": __version__, "torch": torch.__version__, "cuda": torch.version.cuda,
                 "triton": _triton_version()}
     meta = {
@@ -131,9 +142,9 @@ def _measure(index: int, info, cfg: ProbeConfig, backend: str, mode: str) -> Top
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "wall_s": wall, "probe_s": {"chain": [c.elapsed_s for c in chains], "lines": [r.elapsed_s for r in lines]},
     }
-    return Topology(  # medians over the repeats: a disturbance that hits one repeat does not move the map
-        chain_cycles=np.median(repeats.chain_cycles, axis=0), chain_ns=np.median(repeats.chain_ns, axis=0),
-        line_cycles=np.median(line_cycles, axis=0).astype(np.float32), line_addresses=lines[0].line_addresses,
+    return Topology(  # aligned medians over the repeats (repeats.py): one disturbed repeat does not move the map
+        chain_cycles=combine(repeats.chain_cycles, wave), chain_ns=combine(repeats.chain_ns, wave),
+        line_cycles=combine(line_cycles, wave).astype(np.float32), line_addresses=lines[0].line_addresses,
         chain_noise=np.ptp(repeats.chain_cycles, axis=0), line_noise=np.median(np.ptp(line_cycles, axis=0), axis=1),
         sm_clock_ghz=np.stack([r.sm_clock_ghz for r in lines]).mean(axis=0), meta=meta, extras=repeats.to_extras())
 

@@ -108,6 +108,7 @@ class PlanSlot:
             self.state = torch.zeros(state_words(self.n_slots), dtype=torch.int64, device=self.device)
         self.plan = None
         self.loaded = None  # the plans.Plan last loaded
+        self._pinned = None  # the host buffer of snapshot(), allocated once: pinning memory costs ~100 us
 
     def load(self, plan) -> None:
         """Write `plan` (a plans.Plan of n_slots slots) into the plan tensor and clear the error flag.
@@ -142,15 +143,17 @@ class PlanSlot:
         return _stats_dict(self._stat_words().cpu().numpy())
 
     def snapshot(self) -> StatsSnapshot:
-        """The statistics as of the launches queued so far, copied without blocking (see StatsSnapshot)."""
+        """The statistics as of the launches queued so far, copied without blocking (see StatsSnapshot). One
+        snapshot at a time: the next one reuses the same host buffer."""
         import torch
 
         with torch.cuda.device(self.device):
-            buffer = torch.empty((N_STATS, self.n_slots), dtype=torch.int64, pin_memory=True)
-            buffer.copy_(self._stat_words(), non_blocking=True)
+            if self._pinned is None:
+                self._pinned = torch.empty((N_STATS, self.n_slots), dtype=torch.int64, pin_memory=True)
+            self._pinned.copy_(self._stat_words(), non_blocking=True)
             event = torch.cuda.Event()
             event.record()
-        return StatsSnapshot(buffer, event)
+        return StatsSnapshot(self._pinned, event)
 
     def error(self) -> bool:
         """True if a launch since the last load() was handed a plan without the magic word (a corrupted or

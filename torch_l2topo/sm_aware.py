@@ -50,6 +50,7 @@ from __future__ import annotations
 import hashlib
 import re
 import statistics
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -110,6 +111,28 @@ def trial_schedule(candidates, trials: int) -> list:
 def _digest(a) -> str:
     a = np.ascontiguousarray(a)
     return f"{a.dtype.str}{a.shape}:" + hashlib.blake2b(a.tobytes(), digest_size=12).hexdigest()
+
+
+def _fast_key(device, n_items, item_class, loads_per_item):
+    """(key, objects, weak refs) naming a call's workload by identity, not content, or None where an argument
+    cannot be weakly referenced (a list). Hashing item_class costs ~2 ms per million items; once a workload's
+    plan is final, a call with the very same array objects (checked through the weak refs, so a recycled id
+    never matches) reuses it. Arrays changed in place are not seen: pass a new array when the classes change."""
+    objects, refs, ident = (item_class, loads_per_item), [], []
+    for obj in objects:
+        if obj is None or isinstance(obj, (int, float, np.number)):
+            refs.append(None)
+            ident.append(obj)
+        else:
+            try:
+                refs.append(weakref.ref(obj))
+            except TypeError:
+                return None
+            ident.append(id(obj))
+    index = device.index if isinstance(device, torch.device) else device
+    if index is None:
+        index = torch.cuda.current_device()
+    return (index, int(n_items), *ident), objects, tuple(refs)
 
 
 @dataclass(frozen=True)
@@ -205,6 +228,7 @@ class Placement:
         self.plan_options = {} if tail_fraction is None else {"tail_fraction": tail_fraction}
         self.decisions: dict = {}
         self._entries: dict = {}    # (device index, WorkloadKey) -> _Entry
+        self._settled: dict = {}    # fast key -> (weak refs, device index, grid, slot) once a workload's plan is final
         self._devices: dict = {}    # device index -> (Topology, SpeedModel)
 
     # ---- the launch --------------------------------------------------------------------------------------
@@ -212,6 +236,16 @@ class Placement:
         """Launch through launch(grid, plan, state) on the current stream of `device` (default: current)."""
         from .device import resolve_device
 
+        fast = _fast_key(device, n_items, item_class, loads_per_item)
+        settled = self._settled.get(fast[0]) if fast else None
+        if settled is not None and all(r is None or r() is obj for r, obj in zip(settled[0], fast[1])):
+            _, index, grid, slot = settled
+            if index == torch.cuda.current_device():
+                launch(grid, slot.plan, slot.state)
+            else:
+                with torch.cuda.device(index):
+                    launch(grid, slot.plan, slot.state)
+            return
         index = resolve_device(device)
         with torch.cuda.device(index):
             key = workload_key(n_items, item_class, loads_per_item)
@@ -239,6 +273,9 @@ class Placement:
             entry.launches[policy] = entry.launches.get(policy, 0) + 1
             if policy == "measured" and entry.snapshot is None and entry.launches[policy] % self.refresh == 0:
                 entry.snapshot = slot.snapshot()
+            final = policy == (self.policy if self.policy != AUTO else entry.chosen) and policy != "measured"
+            if fast and final:  # from now on this workload always launches this slot: skip the bookkeeping
+                self._settled[fast[0]] = (fast[2], index, self.grid(index), slot)
 
     def grid(self, device=None) -> int:
         """CTAs of a launch on `device`: ctas_per_sm x its SM count."""

@@ -18,7 +18,7 @@ driver or clock-setting change legitimately moves the map.
 Thresholds were set on the clean calibrations recorded before this check existed (40 calibrations of six
 H200s, benchmarks/results/calibrations/ and ../shared/evidence/: ratio 0.896-1.015, repeat range <= 1.16
 cycles, clock spread <= 0.43%) and tested on recordings of disturbed and clean runs
-(benchmarks/results/trust/, tests/test_trust.py).
+(benchmarks/results/trust/, tests/test_trust.py). The repeats themselves are repeats.py's.
 """
 from __future__ import annotations
 
@@ -26,56 +26,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .repeats import Repeats
+
 RESIDENT_RATIO_MAX = 1.10   # chain / same-SM line-probe L2 hit; clean <= 1.015, an evicted ring ~2
 REPEAT_PTP_MAX = 2.0        # cycles between an SM's chain repeats; clean <= 1.16
 CLOCK_SPREAD_MAX = 0.01     # relative range of the SM clock over SMs and repeats; clean <= 0.0043
 PREVIOUS_SHIFT_NOTE = 2.0   # cycles: a median chain shift against the previous calibration worth saying
-
-_EXTRA_KEYS = {"chain_cycles": "repeat_chain_cycles", "chain_ns": "repeat_chain_ns",
-               "chain_start_ns": "repeat_chain_start_ns", "line_median": "repeat_line_median"}
-
-
-@dataclass(frozen=True)
-class Repeats:
-    """The raw repeats of one calibration, (repeats, n_sm) each: chain cycles and ns per load, when each SM's
-    timed pass began (ns, relative to the first), and each SM's median line-probe latency (cycles)."""
-
-    chain_cycles: np.ndarray
-    chain_ns: np.ndarray
-    chain_start_ns: np.ndarray
-    line_median: np.ndarray
-
-    def __post_init__(self):
-        shapes = {k: np.shape(getattr(self, k)) for k in _EXTRA_KEYS}
-        if len(set(shapes.values())) != 1 or len(shapes["chain_cycles"]) != 2 or 0 in shapes["chain_cycles"]:
-            raise ValueError(f"repeats must all have one shape (repeats, n_sm), got {shapes}")
-        for k in ("chain_cycles", "chain_ns", "line_median"):
-            a = getattr(self, k)
-            if not np.all(np.isfinite(a)) or np.any(a <= 0):
-                raise ValueError(f"{k} must be finite and positive")
-
-    @property
-    def clock_ghz(self) -> np.ndarray:
-        return self.chain_cycles / self.chain_ns
-
-    @classmethod
-    def from_results(cls, chains, lines) -> "Repeats":
-        """From the probes' ChainResult and LineResult lists (one per repeat)."""
-        start = np.stack([c.start_ns for c in chains]).astype(np.int64)
-        return cls(chain_cycles=np.stack([c.cycles for c in chains]), chain_ns=np.stack([c.ns for c in chains]),
-                   chain_start_ns=start - start.min(),
-                   line_median=np.stack([np.median(r.cycles, axis=1) for r in lines]))
-
-    def to_extras(self) -> dict:
-        return {extra: np.asarray(getattr(self, k)) for k, extra in _EXTRA_KEYS.items()}
-
-    @classmethod
-    def from_extras(cls, extras: dict) -> "Repeats | None":
-        """The repeats a Topology carries (extras), or None for calibrations made before they were kept."""
-        if not all(extra in extras for extra in _EXTRA_KEYS.values()):
-            return None
-        return cls(**{k: np.asarray(extras[extra]) for k, extra in _EXTRA_KEYS.items()})
-
 
 @dataclass(frozen=True)
 class Verdict:
