@@ -1,7 +1,8 @@
 """Record the partition probe's raw timings on the local GPU, with independent serialized re-probes, for
 offline analysis of the block classifier (partition_map.classify_blocks) and its CPU tests.
 
-For tensors of --sizes MB: the map probe's raw cycles per load (2 timings per block, by SM pairs) twice,
+For tensors of --sizes MB: the map probe's raw timings (cycles per load, 2 timings per block, by SM pairs:
+4-load means in recordings made before 2026-11-30 23:00 UTC, the minimum of 4 single loads since) twice,
 and the serialized re-probe (the calibration's best pair, 16 loads, one SM at a time) of every block of
 the smallest tensor and of a sample of the others. Everything goes to one .npz.
 

@@ -205,3 +205,29 @@ def test_identify_the_running_gpu_against_its_own_calibration(gpu, tmp_path):
     reg.add("another-h200", fp.signature(torch_l2topo.load_example(other)))
     name, distance, margin = reg.identify(torch_l2topo.calibrate(0, backend="cuda", use_cache=False))
     assert name == "this-gpu" and distance < fp.DEFAULT_THRESHOLD
+
+
+def test_a_calibration_under_another_process_matmuls_is_refused_and_not_cached(gpu, cache_dir):
+    """Another process's matrix products evict the ring: the self-check must refuse the map (seen on H200s:
+    ~3.3x the same run's L2 hits), and nothing may reach the cache. Then, the GPU free again, it calibrates."""
+    import subprocess
+    import sys
+
+    import torch_l2topo
+    from torch_l2topo.errors import CalibrationDisturbed
+
+    script = ("import sys, time, torch\na = torch.randn(8192, 8192, device='cuda', dtype=torch.bfloat16)\n"
+              "print('ready', flush=True)\nend = time.time() + 30\n"
+              "while time.time() < end:\n    c = a @ a\n    torch.cuda.synchronize()\n")
+    other = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline().strip() == "ready"
+        time.sleep(1.0)
+        with pytest.raises(CalibrationDisturbed, match="disturbed on all 3 attempts"):
+            torch_l2topo.calibrate(0, force=True)
+        assert not list(cache_dir.glob("*.npz"))
+    finally:
+        other.kill()
+        other.wait()
+    assert torch_l2topo.calibrate(0).meta["trust"]["trusted"]
+    assert len(list(cache_dir.glob("*.npz"))) == 1

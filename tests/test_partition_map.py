@@ -1,6 +1,8 @@
-"""Partition maps of tensors (torch_l2topo/partition_map.py): the decision on synthetic and real H200 data,
-the SM pairs and the probe plan, the per-allocation cache on CPU tensors, and the map itself on a GPU."""
+"""Partition maps of tensors (torch_l2topo/partition_map.py): the decision on synthetic data, on the bundled
+H200 calibration and on the map probe's recordings of two H200s (one tunes, one is held out), the SM pairs
+and the probe plan, the per-allocation cache on CPU tensors, and the map itself on a GPU."""
 import gc
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,79 +26,129 @@ def empty_cache():
 
 
 # ---- the decision on synthetic data -------------------------------------------------------------------
-def _synthetic(n_blocks=4096, per_block=1, offset=12.0, noise=1.0, seed=0):
-    """8 SMs (4 per partition, each with its own near/far), blocks with random homes in contiguous ranges,
-    each timed by one SM (per_block=1) or by the pair of SMs 2i, 2i+1 (opposite partitions); the timings sit
-    `offset` cycles above the calibration (the kernel's per-load overhead differs from the line probe's)."""
+N_PAIRS = 4
+_NEAR = 280.0 + np.arange(2 * N_PAIRS)  # SM 2k (partition 0) and SM 2k + 1 (partition 1) form pair k
+_FAR = _NEAR + 30.0
+
+
+def _timers(n_blocks):
+    """(n_blocks, 2): pair k times the k-th of N_PAIRS contiguous ranges, as probe_plan splits them."""
+    pair = (np.arange(n_blocks) * N_PAIRS) // n_blocks
+    return np.stack([2 * pair, 2 * pair + 1], axis=1)
+
+
+def _synthetic(n_blocks=4096, offset=12.0, noise=1.0, slices=0.0, seed=0):
+    """Blocks with random homes, timed by the pair of their range: each SM's calibrated near/far latency,
+    `offset` cycles above the calibration (the kernel's per-load overhead differs from the line probe's),
+    with per-timing noise, and with `slices`: each block's line in one of 4 L2 slices, each slice adding its
+    own latency in 0..slices to each SM (sub-modes within a home, as on the H200)."""
     rng = np.random.default_rng(seed)
-    part = np.array([0, 1, 0, 1, 0, 1, 0, 1])
-    near = 280.0 + np.arange(8)
-    far = near + 30.0
+    timers = _timers(n_blocks)
     home = rng.integers(0, 2, n_blocks)
-    if per_block == 1:
-        sms = ((np.arange(n_blocks) * 8) // n_blocks)[:, None]
-    else:
-        pair = (np.arange(n_blocks) * 4) // n_blocks
-        sms = np.stack([2 * pair, 2 * pair + 1], axis=1)
-    mean = np.where(part[sms] == home[:, None], near[sms], far[sms]) + offset
-    cycles = mean + rng.normal(0, noise, mean.shape)
-    return cycles, sms, part, near, far, home
+    near_far = np.where(np.arange(2)[:, None] == home, _NEAR[timers.T], _FAR[timers.T])
+    slice_cost = rng.uniform(0, slices, (2 * N_PAIRS, 4))[timers.T, rng.integers(0, 4, n_blocks)]
+    cycles = near_far + offset + slice_cost + rng.normal(0, noise, (2, n_blocks))
+    return cycles, timers, home
 
 
-@pytest.mark.parametrize("per_block", [1, 2])
-def test_classify_finds_known_homes(per_block):
-    cycles, sms, part, near, far, home = _synthetic(per_block=per_block)
-    got = pm.classify_blocks(cycles, sms, part, near, far)
+def _classify(cycles, timers, **kw):
+    return pm.classify_blocks(cycles, timers, _NEAR, _FAR, **kw)
+
+
+@pytest.mark.parametrize("slices", [0.0, 25.0])
+def test_classify_finds_known_homes(slices):
+    """Homes right and decided; the sub-modes that slices add within a home are not noise: they leave no
+    block undecided (a pair's threshold needs a gap between its two homes, not narrow modes)."""
+    cycles, timers, home = _synthetic(slices=slices)
+    got = _classify(cycles, timers)
     assert got.found, got.reason
+    assert np.array_equal(got.pairs, [[0, 1], [2, 3], [4, 5], [6, 7]])
     decided = got.homes >= 0
-    assert decided.mean() > 0.99
-    assert np.array_equal(got.homes[decided], home[decided])
-    # each SM's threshold came from the timings: its midpoint plus the overhead the calibration lacks
-    np.testing.assert_allclose(got.threshold, (near + far) / 2 + 12.0, atol=1.0)
+    assert decided.mean() > 0.99 and np.array_equal(got.homes[decided], home[decided])
+    if not slices:  # each pair's threshold on d is the calibration's: the common per-load offset cancels
+        mid = (_NEAR + _FAR)[0::2] / 2 - (_NEAR + _FAR)[1::2] / 2
+        np.testing.assert_allclose(got.threshold, mid, atol=1.0)
 
 
 def test_classify_marks_blocks_within_noise_undecided():
-    cycles, sms, part, near, far, _ = _synthetic(per_block=2)
-    threshold = (near + far) / 2 + 12.0
-    cycles[:10] = threshold[sms[:10]] + 0.5  # both timings a hair above their SM's threshold: no evidence
-    got = pm.classify_blocks(cycles, sms, part, near, far)
-    assert (got.homes[:10] == -1).all()
-    assert (got.margin[:10] < pm.UNDECIDED_Z * pm.NOISE_CYCLES * np.sqrt(2)).all()
+    cycles, timers, _ = _synthetic()
+    threshold = _classify(cycles, timers).threshold
+    cycles[0, :10] = cycles[1, :10] + threshold[0] + 0.5  # d a hair above pair 0's threshold: no evidence
+    got = _classify(cycles, timers)
+    assert (got.homes[:10] == -1).all() and (got.homes[10:] >= 0).mean() > 0.99
+    assert (got.margin[:10] < pm.UNDECIDED_Z * pm.NOISE_CYCLES).all()
 
 
-def test_classify_ignores_missing_timings_and_sms_without_partition():
-    cycles, sms, part, near, far, home = _synthetic(per_block=2)
-    cycles[:5, 0] = np.nan
-    part = part.copy()
-    part[1] = -1
-    got = pm.classify_blocks(cycles, sms, part, near, far)
-    assert got.found and np.isnan(got.threshold[1])
+def test_classify_leaves_missing_timings_and_uncalibrated_pairs_undecided():
+    cycles, timers, home = _synthetic()
+    cycles[0, :5] = np.nan
+    near = _NEAR.copy()
+    near[3] = np.nan  # pair 1's SM of partition 1 has no calibration
+    got = pm.classify_blocks(cycles, timers, near, _FAR)
+    assert got.found and np.isnan(got.threshold[1]) and np.isfinite(got.threshold[[0, 2, 3]]).all()
+    assert (got.homes[:5] == -1).all() and (got.homes[timers[:, 0] == 2] == -1).all()
     decided = got.homes >= 0
-    assert np.array_equal(got.homes[decided], home[decided]) and decided.mean() > 0.95
+    assert np.array_equal(got.homes[decided], home[decided]) and decided.mean() > 0.74
 
 
-def test_flat_map_is_no_structure():
-    """Negative fixture: timings with no partition in them leave every block undecided, with a reason."""
-    rng = np.random.default_rng(1)
-    _, sms, part, near, far, _ = _synthetic(per_block=2)
-    flat = pm.classify_blocks(300 + rng.normal(0, 1, sms.shape), sms, part, near, far)
-    assert not flat.found and "no structure" in flat.reason and (flat.homes == -1).all()
-    # spread as wide as the partitions' gap, but unrelated to any home: the SMs of a pair disagree
-    wide = pm.classify_blocks(300 + rng.uniform(-40, 40, sms.shape), sms, part, near, far)
-    assert not wide.found and "no structure" in wide.reason and (wide.homes == -1).all()
+def test_a_pair_without_two_modes_is_undecided_alone():
+    """A pair whose blocks show one mode (a throttled or mislabelled SM) decides nothing; the others decide."""
+    cycles, timers, home = _synthetic()
+    pair2 = timers[:, 0] == 4
+    cycles[:, pair2] = 300 + np.random.default_rng(1).normal(0, 1, (2, pair2.sum()))
+    got = _classify(cycles, timers)
+    assert got.found and (got.homes[pair2] == -1).all() and np.isnan(got.threshold[2])
+    assert np.array_equal(got.homes[~pair2], home[~pair2])
+
+
+@pytest.mark.parametrize("n_blocks", [4 * 12, 4 * 4])
+def test_small_tensors_pool_their_pairs_or_use_the_calibration(n_blocks):
+    """Under MIN_FIT blocks a pair, pairs are fitted as one pool; a pool under MIN_FIT keeps the calibrated
+    thresholds. Either way the homes are right."""
+    cycles, timers, home = _synthetic(n_blocks=n_blocks)
+    got = _classify(cycles, timers)
+    assert got.found and np.array_equal(got.homes, home)
+
+
+def _flat(n_blocks=4096, seed=1):
+    return 300 + np.random.default_rng(seed).normal(0, 1, (2, n_blocks))
+
+
+def _unrelated(n_blocks=4096, seed=1):
+    return 300 + np.random.default_rng(seed).uniform(-40, 40, (2, n_blocks))
+
+
+def _spikes(n_blocks=4096, seed=1):
+    rng = np.random.default_rng(seed)
+    return _flat(n_blocks, seed) + 100 * (rng.random((2, n_blocks)) < 0.02)
+
+
+@pytest.mark.parametrize("timings", [_flat, _unrelated, _spikes])
+@pytest.mark.parametrize("n_blocks", [4 * 32, 4096])
+def test_timings_without_partitions_are_no_structure(timings, n_blocks):
+    """Negative fixtures, which set MIN_SEPARATION, MIN_BALANCE and MAX_CENTRAL: one flat mode (no pair sees
+    two modes), unrelated timings as wide as the partitions' contrast (two modes, but no gap between them),
+    and flat timings with 2% slow spikes (2-means isolates the spikes: grossly unbalanced)."""
+    for seed in range(10):
+        got = _classify(timings(n_blocks, seed), _timers(n_blocks))
+        assert not got.found and "no structure" in got.reason and (got.homes == -1).all(), (seed, got.reason)
 
 
 def test_classify_checks_its_inputs():
-    cycles, sms, part, near, far, _ = _synthetic()
-    with pytest.raises(ValueError, match="one shape"):
-        pm.classify_blocks(cycles, sms[:-1], part, near, far)
+    cycles, timers, _ = _synthetic()
+    with pytest.raises(ValueError, match="shape"):
+        _classify(cycles.T, timers)
+    with pytest.raises(ValueError, match="shape"):
+        _classify(cycles, timers[:-1])
     with pytest.raises(ValueError, match="SM ids"):
-        pm.classify_blocks(cycles, sms + 8, part, near, far)
+        _classify(cycles, timers + 8)
     with pytest.raises(ValueError, match="near and far"):
-        pm.classify_blocks(cycles, sms, part, near[:-1], far)
+        pm.classify_blocks(cycles, timers, _NEAR[:-1], _FAR)
+    got = _classify(cycles, np.full_like(timers, -1))
+    assert not got.found and (got.homes == -1).all()
 
 
-# ---- the decision on real H200 data -------------------------------------------------------------------
+# ---- the decision on real H200 data: the bundled calibration ------------------------------------------
 def _first_lines(topo, labels):
     """Each 256-byte block of the calibration's 512 lines: (SM x block latency of its first line, home)."""
     return topo.line_cycles[:, 0::2].astype(np.float64), labels.line_partition[0::2]
@@ -114,24 +166,107 @@ def test_real_h200_blocks_timed_by_sm_pairs_are_all_read_right(h200):
         pairs = pm.choose_pairs(topo.line_cycles, labels.partition, seen)
         assert len(pairs.sms) == 66 and (labels.partition[pairs.sms] == [0, 1]).all()
         for a, b in pairs.sms:
-            sms = np.tile([a, b], (len(test), 1))
-            got = pm.classify_blocks(first[sms, test[:, None]], sms, labels.partition, labels.near_cycles,
+            got = pm.classify_blocks(first[[a, b]][:, test], np.tile([a, b], (len(test), 1)), labels.near_cycles,
                                      labels.far_cycles)
             assert got.found and np.array_equal(got.homes, truth[test]), (a, b)
             assert got.margin.min() > 3 * pm.UNDECIDED_Z * pm.NOISE_CYCLES
 
 
+def _best_threshold_agreement(values, near_home):
+    """The largest fraction of blocks any one threshold on `values` reads right (below: near)."""
+    cuts = np.sort(values)
+    return max(np.mean((values < c) == near_home) for c in (cuts[:-1] + cuts[1:]) / 2)
+
+
 def test_real_h200_one_sm_per_block_misreads_some_blocks(h200):
-    """Why the map times each block with two SMs: one SM's latency alone (the SM's own threshold) misreads
-    a few percent of the blocks, since latency also grows with the distance to the line's L2 slice."""
+    """Why the map times each block with two SMs: even the best threshold on one SM's own latencies misreads
+    ~1.8% of the blocks, since latency also grows with the distance to the line's L2 slice."""
     topo, labels = h200
     first, truth = _first_lines(topo, labels)
-    agree = []
-    for sm in range(topo.n_sm):
-        got = pm.classify_blocks(first[sm], np.full(first.shape[1], sm), labels.partition, labels.near_cycles,
-                                 labels.far_cycles)
-        agree.append(np.mean(got.homes == truth))
-    assert 0.85 < np.mean(agree) < 0.99
+    agree = [_best_threshold_agreement(first[sm], truth == labels.partition[sm]) for sm in range(topo.n_sm)]
+    assert 0.97 < np.mean(agree) < 0.99 and min(agree) < 0.95
+
+
+# ---- the decision on real H200 data: the map probe's recordings ---------------------------------------
+# benchmarks/record_partition_probe.py on two H200s: the probe's cycles per load (means of 4 loads, the
+# former kernel) twice (run 0 is the tensor's first probe), and the serialized re-probe. The classifier's
+# constants were set on TUNING's recording only; HELD_OUT tests them.
+TUNING, HELD_OUT = "8ddca9f2a663", "a5cfa49431b7"
+RECORDINGS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "partition"
+
+
+@pytest.fixture(scope="module")
+def recordings():
+    out = {}
+    for gpu in (TUNING, HELD_OUT):
+        with np.load(RECORDINGS / f"h200-{gpu}-raw.npz") as f:
+            out[gpu] = {k: f[k] for k in f.files}
+    return out
+
+
+def _recorded_map(rec, mb, run):
+    return pm.classify_blocks(rec[f"mb{mb}_cycles_r{run}"], rec[f"mb{mb}_timers"], rec["near"], rec["far"])
+
+
+def _agreement(rec, mb, homes):
+    blocks, truth = rec[f"mb{mb}_reprobe_blocks"], rec[f"mb{mb}_reprobe_homes"]
+    return float(np.mean(homes[blocks] == truth))
+
+
+@pytest.mark.parametrize("gpu", [TUNING, HELD_OUT])
+@pytest.mark.parametrize("mb", [2, 32])
+def test_recorded_maps_agree_with_the_reprobe(recordings, gpu, mb):
+    """Agreement with the serialized re-probe (every block at 2 MB, 4096 at 32 MB), undecided counting as
+    disagreement. A tensor's second probe: 100% on both GPUs, both sizes. Its first probe: 98.5-98.6% (held
+    out: 98.65% at 2 MB, 98.46% at 32 MB; tuning: 98.65%, 98.51%), < 0.7% undecided: ~1% of its 4-load
+    timings hold a slow load that no threshold can undo. The min-of-singles kernel drops such loads; that
+    it reaches >= 99.9% on a first probe is for the GPU to show (test_first_probe_of_a_fresh_tensor_...)."""
+    rec = recordings[gpu]
+    first, second = _recorded_map(rec, mb, 0), _recorded_map(rec, mb, 1)
+    assert first.found and second.found and np.isfinite(first.threshold).all()
+    assert len(first.pairs) == len(rec["pairs"])
+    assert _agreement(rec, mb, second.homes) == 1.0
+    assert _agreement(rec, mb, first.homes) >= 0.984
+    assert np.mean(first.homes < 0) < 0.007
+    decided = first.homes[rec[f"mb{mb}_reprobe_blocks"]] >= 0
+    wrong = decided & (first.homes[rec[f"mb{mb}_reprobe_blocks"]] != rec[f"mb{mb}_reprobe_homes"])
+    assert np.mean(wrong) < 0.01  # decided but wrong: 0.61-0.85%
+
+
+@pytest.mark.parametrize("mb", [2, 32])
+def test_recorded_maps_repeat_on_the_held_out_gpu(recordings, mb):
+    """The two runs' maps of one tensor on the held-out GPU: the same home for >= 98.4% of all blocks
+    (98.65% at 2 MB, 98.61% at 32 MB) and for >= 99.2% of those both decided."""
+    rec = recordings[HELD_OUT]
+    a, b = _recorded_map(rec, mb, 0).homes, _recorded_map(rec, mb, 1).homes
+    both = (a >= 0) & (b >= 0)
+    assert np.mean(both & (a == b)) >= 0.984
+    assert np.mean(a[both] == b[both]) >= 0.992
+
+
+@pytest.mark.parametrize("mb", [2, 32])
+def test_recorded_timings_of_unrelated_blocks_are_no_structure(recordings, mb):
+    """A negative fixture from the held-out recording: each pair's row-1 timings shuffled over its own range,
+    so both timings of a block are real but unrelated (14-19% of the blocks then lie mid-gap)."""
+    rec = recordings[HELD_OUT]
+    cycles, timers = rec[f"mb{mb}_cycles_r1"].copy(), rec[f"mb{mb}_timers"]
+    rng = np.random.default_rng(0)
+    for sm in np.unique(timers[:, 1]):
+        mine = np.flatnonzero(timers[:, 1] == sm)
+        cycles[1, mine] = cycles[1, rng.permutation(mine)]
+    got = pm.classify_blocks(cycles, timers, rec["near"], rec["far"])
+    assert not got.found and "no structure" in got.reason
+
+
+def test_recorded_pair_difference_reads_homes_where_one_sm_does_not(recordings):
+    """Why pairs, on the held-out recording (second probe, 2 MB): the best threshold on one SM's own timings
+    reads 98% of its blocks on average, 92% at worst; the sign of the pair difference reads all."""
+    rec = recordings[HELD_OUT]
+    cycles, timers, truth = rec["mb2_cycles_r1"], rec["mb2_timers"], rec["mb2_reprobe_homes"]
+    agree = [_best_threshold_agreement(cycles[row, timers[:, row] == sm], truth[timers[:, row] == sm] == row)
+             for row in (0, 1) for sm in np.unique(timers[:, row])]
+    assert np.mean(agree) < 0.99 and min(agree) < 0.95
+    assert np.array_equal(cycles[0] - cycles[1] > 0, truth == 1)
 
 
 def test_probe_plan_times_every_block_once_per_partition(h200):
@@ -237,7 +372,7 @@ def test_partition_map_flow_on_a_stand_in_gpu(h200, monkeypatch):
     topo, labels = h200
     first, truth = _first_lines(topo, labels)
     pairs = pm.choose_pairs(topo.line_cycles, labels.partition, labels.line_partition)
-    setup = pm._Setup(topo, topo.n_sm, labels.partition, labels.near_cycles, labels.far_cycles, pairs)
+    setup = pm._Setup(topo, topo.n_sm, labels.near_cycles, labels.far_cycles, pairs)
     rng = np.random.default_rng(0)
 
     def fake_probe(tensor, plan, n_sm, *, block_bytes, backend, timeout_s):
@@ -296,17 +431,38 @@ def test_partition_map_of_32mb_agrees_with_the_serialized_reprobe():
 
 @pytest.mark.gpu
 def test_partition_map_timings_are_l2_hits():
-    from torch_l2topo.partition_map import _setup
-
+    """The fastest of N_TIMED loads (a clock read after each adds ~25 cycles): an L2 hit, between an L1 hit
+    (tens of cycles) and DRAM (600+)."""
     from torch_l2topo.calibration import measuring
 
     t = torch.randn(MB32 // 4, device="cuda")
-    setup = _setup(t.device.index, None, "triton")
+    setup = pm._setup(t.device.index, None, "triton")
     n_blocks = pm.n_blocks_of(MB32, 256)
     with measuring(t.device.index):
         cycles, _ = pm.run_probe(t, pm.probe_plan(n_blocks, setup.pairs.sms, setup.n_sm), setup.n_sm)
     assert not np.isnan(cycles).any()
     assert 200 < np.median(cycles) < 450
+
+
+@pytest.mark.gpu
+def test_first_probe_of_a_fresh_tensor_is_as_good_as_the_second():
+    """What the min-of-singles kernel is for: with 4-load means, ~1% of a fresh tensor's first-probe timings
+    were 30+ cycles slower than in a second probe (the recordings, benchmarks/results/partition/), and its
+    map agreed with the re-probe on only ~98.6%. Each probe's map must now agree on >= 99.9%."""
+    from torch_l2topo.calibration import measuring
+
+    t = torch.randn(MB32 // 4, device="cuda")
+    setup = pm._setup(t.device.index, None, "triton")
+    n_blocks = pm.n_blocks_of(MB32, 256)
+    plan = pm.probe_plan(n_blocks, setup.pairs.sms, setup.n_sm)
+    with measuring(t.device.index):
+        runs = [pm.run_probe(t, plan, setup.n_sm)[0] for _ in range(2)]
+    assert np.mean(np.abs(runs[0] - runs[1]) > 30) < 0.001
+    check = pm.reprobe(t, np.random.default_rng(0).choice(n_blocks, 4096, replace=False))
+    for cycles in runs:
+        got = pm.classify_blocks(cycles, pm.timers_of_blocks(plan, n_blocks), setup.near, setup.far)
+        assert got.found, got.reason
+        assert np.mean(got.homes[check.blocks] == check.homes) >= 0.999
 
 
 @pytest.mark.gpu

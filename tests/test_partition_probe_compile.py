@@ -1,13 +1,13 @@
 """The partition probes (triton_kernels/partition_probe.py) compile to sm_90 PTX without a GPU and emit what
 they rely on: L2 loads that skip L1, %clock64 and %smid reads, and the AND with the runtime zero that chains
-each load to the one before (not folded: its operand is a register loaded from the kernel parameter)."""
+each load to the one before (not folded: its operand is a register loaded from the kernel parameter). The
+map times each of its N_TIMED loads alone (a clock read after each); the reprobe times its loads together."""
 import os
 import re
 
 import pytest
 
 PTR, I32, I64 = "*i64", "i32", "i64"
-N_TIMED = 4
 
 
 def _triton_compile(fn, signature, constexprs):
@@ -26,21 +26,21 @@ def _triton_compile(fn, signature, constexprs):
                           options={"num_warps": 1}).asm["ptx"]
 
 
-def _map_ptx():
+def _map_ptx(n_timed: int):
     from torch_l2topo.triton_kernels import partition_probe as k
 
     sig = dict(ctrl_ptr=PTR, base=I64, plan_ptr=PTR, cycles_ptr="*i32", n_blocks=I32, block_bytes=I32, zero=I32,
                N_TIMED="constexpr", n_sm=I32, wave=I32, timeout_ns=I64)
-    return _triton_compile(k.partition_probe_kernel, sig, {"N_TIMED": N_TIMED})
+    return _triton_compile(k.partition_probe_kernel, sig, {"N_TIMED": n_timed})
 
 
-def _reprobe_ptx():
+def _reprobe_ptx(n_warm: int, n_timed: int):
     from torch_l2topo.triton_kernels import partition_probe as k
 
     sig = dict(ctrl_ptr=PTR, base=I64, sample_ptr=PTR, rows_ptr="*i32", cycles_ptr=PTR, n_sample=I32,
                block_bytes=I32, zero=I32, N_WARM="constexpr", N_TIMED="constexpr", n_sm=I32, wave=I32,
                timeout_ns=I64)
-    return _triton_compile(k.partition_reprobe_kernel, sig, {"N_WARM": 2, "N_TIMED": 16})
+    return _triton_compile(k.partition_reprobe_kernel, sig, {"N_WARM": n_warm, "N_TIMED": n_timed})
 
 
 def _zero_register(ptx: str, kernel: str, index: int) -> str:
@@ -52,17 +52,30 @@ def _zero_register(ptx: str, kernel: str, index: int) -> str:
     return reg64.group(1)
 
 
-@pytest.mark.parametrize("which, kernel, zero_index, loads", [
-    ("map", "partition_probe_kernel", 6, 1 + N_TIMED),  # one warm + N_TIMED timed loads, unrolled
-    ("reprobe", "partition_reprobe_kernel", 7, 2 + 16),
-])
-def test_partition_probe_compiles_to_sm90_ptx(which, kernel, zero_index, loads):
-    ptx = _map_ptx() if which == "map" else _reprobe_ptx()
+def _check_chain(ptx: str, kernel: str, zero_index: int, loads: int, clocks: int, chained: int):
+    """Counts in the PTX of one kernel: unrolled L2 loads, %clock64 reads, ANDs with the runtime `zero`."""
     assert ptx.count("ld.global.cg.u64") == loads
-    assert ptx.count("%clock64") == 2  # one clock read before and one after the timed loads
+    assert ptx.count("%clock64") == clocks
     assert "%smid" in ptx and "%globaltimer" in ptx and "ld.global.ca" not in ptx
     zero = _zero_register(ptx, kernel, zero_index)
-    chained = re.findall(rf"and\.b64 m, %rd\d+, {re.escape(zero)};", ptx)
-    # every load's value, and the clocks that bracket the timed loads, go through the AND with `zero`
-    assert len(chained) == loads + 2, chained
+    ands = re.findall(rf"and\.b64 m, %rd\d+, {re.escape(zero)};", ptx)
+    assert len(ands) == chained, ands
     assert not re.search(r"and\.b64 m, %rd\d+, 0;", ptx)
+
+
+@pytest.mark.parametrize("n_timed", [1, 4])
+def test_map_probe_times_each_load_alone(n_timed):
+    """One warm + n_timed timed loads, a clock read before the first timed load and after each (1 + n_timed:
+    the reads grow with N_TIMED). Through the AND with `zero` go: the previous block's end clock, every
+    load's value, and every clock that a timed load must wait for (2 + 2 n_timed)."""
+    ptx = _map_ptx(n_timed)
+    _check_chain(ptx, "partition_probe_kernel", 6, loads=1 + n_timed, clocks=1 + n_timed, chained=2 + 2 * n_timed)
+    # in program order: the warm load, the start clock, then each timed load followed by its own clock read
+    order = "".join("L" if m.startswith("ld") else "C" for m in re.findall(r"ld\.global\.cg\.u64|%clock64", ptx))
+    assert order == "LC" * (1 + n_timed)
+
+
+def test_reprobe_times_its_loads_together():
+    """N_WARM + N_TIMED loads, one clock read before and one after the timed ones; through the AND go the
+    previous block's end clock, every load's value and the start clock (loads + 2)."""
+    _check_chain(_reprobe_ptx(2, 16), "partition_reprobe_kernel", 7, loads=2 + 16, clocks=2, chained=2 + 16 + 2)

@@ -9,10 +9,14 @@ the SM pairs that time each block (choose_pairs, probe_plan), the independent se
 agreement) and the per-allocation cache (clear_cache). The kernels are triton_kernels/partition_probe.py.
 
 Why pairs: one SM's latency alone does not say a line's home. Within one partition the latency an SM sees
-spreads over ~30 cycles with the distance to the line's L2 slice, so near and far overlap: on the bundled
-H200 calibration the best per-SM threshold misreads 1.8% of the lines. The difference between two SMs of
-opposite partitions cancels most of that spread: with pairs chosen on the calibration (choose_pairs), every
-held-out line is read right, with >= 17 cycles to spare. So every block is timed by both SMs of a pair.
+spreads over ~30 cycles with the distance to the line's L2 slice, so near and far overlap: the best per-SM
+threshold misreads 1.8% of the lines of the bundled H200 calibration, and 1.7-2.0% of the blocks (up to 11%
+for one SM) in the map probe's recordings of two H200s (benchmarks/results/partition/). The difference d of
+two SMs of opposite partitions cancels most of that spread: with pairs chosen on the calibration
+(choose_pairs), every held-out calibration line is read right, with >= 17 cycles to spare, and the sign of
+d reads every recorded block as the serialized re-probe does (in a tensor's second probe; 98.9% in its
+first, whose slow loads triton_kernels/partition_probe.py explains). So every block is timed by both SMs of
+a pair, and each pair decides on its own blocks' d (classify_blocks).
 """
 from __future__ import annotations
 
@@ -26,37 +30,49 @@ from scipy.optimize import linear_sum_assignment
 from .errors import ProbeError, check_choice
 from .layout import LINE_BYTES, control_words
 
-N_TIMED = 4            # timed loads per block and SM (cost count in triton_kernels/partition_probe.py)
+N_TIMED = 4            # timed loads per block and SM, of which the map keeps the fastest (cost count in
+                       # triton_kernels/partition_probe.py)
 REPROBE_WARM = 2
 REPROBE_TIMED = 16
-# Spread of one SM's per-load mean for one block between two runs: the line probe's 8-load means move by
-# 0.4-0.5 cycles over three repeats on the H200 (bundled calibration, line_noise); 4-load means ~1.4x that.
-NOISE_CYCLES = 1.0
-UNDECIDED_Z = 4.0      # a block is undecided within UNDECIDED_Z noise units of the decision threshold
-# Two latency modes count as structure when their means are at least this fraction of the calibrated
-# far - near gap apart: the two halves of one flat mode are ~1.6 noise sd apart, the H200's modes ~28 cycles.
-MIN_SEPARATION = 0.5
-# With several timings a block, they must mostly point to one partition: 0.84-1.0 per SM pair on the bundled
-# H200 calibration (one SM's threshold misreads a few percent of lines), ~0.5 for unrelated timings.
-MIN_CONSISTENCY = 0.75
-MIN_FIT = 16           # an SM fits its own threshold from at least this many timings, else it uses the pooled one
-MAX_FIT = 128          # ... from at most about this many: a stride sample (the fit, not the decision, is sampled;
-                       # ~64 timings a mode put a threshold within ~1 cycle, against margins of 17+ on the H200)
-POOLED_FIT = 4096      # timings in the pooled fit of the offset between these timings and the calibration
+# Every threshold below was set on GPU 8ddca9f2a663's recording (benchmarks/results/partition/, made by
+# benchmarks/record_partition_probe.py) or on the negative fixtures of tests/test_partition_map.py; the
+# recording of GPU a5cfa49431b7 is held out to test them.
+# Spread (sd) of one block's pair difference d: the MAD of d(run 0) - d(run 1) over every block of
+# 8ddca9f2a663 is 1.25 cycles at 2 and 32 MB (4-load means), / 0.6745 / sqrt(2). Not the spread of d
+# within one mode: a pair's mode holds sub-modes up to ~30 cycles apart (the line's L2 slice), each ~1 wide.
+NOISE_CYCLES = 1.3
+UNDECIDED_Z = 4.0      # a block is undecided within UNDECIDED_Z noise units of its pair's threshold (5.2 cycles;
+                       # every block of a second probe on 8ddca9f2a663 lies >= 12 cycles from it)
+MIN_FIT = 32           # a pair fits its threshold from at least this many blocks; pairs with fewer are fitted
+                       # as one pool (each d in units of its pair's calibrated contrast)
 MAX_ITERATIONS = 50    # 2-means on 1-D values converges in 2-5 steps from the calibrated start; this bounds it
+# A pair (or the pool) sees structure when its two modes are at least MIN_SEPARATION x its calibrated contrast
+# apart (8ddca9f2a663: 0.90-1.11; flat fixture, 1-cycle noise: <= 0.07; 10-cycle noise: <= 0.53 at 32
+# blocks a pair) and the smaller mode holds at least MIN_BALANCE of its blocks (8ddca9f2a663: >= 0.31 at
+# 124 blocks a pair; spike fixture, where 2-means isolates a few slow timings: <= 0.04).
+MIN_SEPARATION = 0.5
+MIN_BALANCE = 0.1
+MIN_PAIRS_OK = 0.5     # ... and most pairs must: else the probe measured no partitions at all
+# Unrelated timings (a broken probe) also split in two wide, balanced modes, but with no gap between them:
+# ~15% of their blocks lie within CENTRAL_BAND x the half distance between the modes from the threshold,
+# against ~1% (the slow-load outliers; none in a second run) on 8ddca9f2a663, where no clean block lies
+# closer than 0.37. The map has no structure beyond MAX_CENTRAL such blocks.
+CENTRAL_BAND = 0.25
+MAX_CENTRAL = 0.05
 PAIR_QUANTILE = 2.0    # a pair's calibrated margin: this percentile of its signed differences over the lines
 
 
 # ---- the decision (pure numpy) ----------------------------------------------------------------------------
 @dataclass(frozen=True, eq=False)
 class BlockClasses:
-    """homes: (n_blocks,) int8 0/1, -1 undecided. margin: (n_blocks,) |score| in cycles per load, where the
-    score sums each timing's distance from its SM's threshold, signed towards the partition it points to.
-    threshold: (n_sm,) each SM's decision threshold in the timings' units (NaN: the SM gives no vote).
-    found: the timings show two modes at all; reason says why not."""
+    """homes: (n_blocks,) int8 0/1, -1 undecided. margin: (n_blocks,) |d - threshold| in cycles per load, d the
+    block's pair difference. pairs: (n_pairs, 2) the SM pairs that timed blocks (column p near partition p);
+    threshold: (n_pairs,) each one's decision threshold on d (NaN: its blocks are undecided). found: the
+    timings show two modes at all; reason says why not."""
 
     homes: np.ndarray
     margin: np.ndarray
+    pairs: np.ndarray
     threshold: np.ndarray
     found: bool
     reason: str
@@ -81,85 +97,80 @@ def _two_means(values, groups, n_groups, lo, hi):
     return lo, hi
 
 
-def classify_blocks(cycles, sm_of_block, sm_partition, near, far, *, noise_cycles: float = NOISE_CYCLES,
+def classify_blocks(cycles, timers, near, far, *, noise_cycles: float = NOISE_CYCLES,
                     z: float = UNDECIDED_Z) -> BlockClasses:
-    """The home partition of each block from the latencies SMs measured on it.
+    """The home partition of each block from the latencies the two SMs of a pair measured on it.
 
-    cycles, sm_of_block: (n_blocks,) or (n_blocks, k): cycles per load of each timing and the SM that made
-    it (NaN: missing). sm_partition: (n_sm,) each SM's partition, 0/1 (-1: no vote). near, far: (n_sm,)
-    the SMs' calibrated near/far latencies (labels.sm_labels), which may differ from these timings by a
-    per-load constant: each SM's threshold comes from the timings themselves, by 2-means started at its
-    calibrated midpoint shifted by the pooled offset. An SM with fewer than MIN_FIT timings in the fit
-    sample uses the pooled threshold (its midpoint + offset); one whose own timings show no two modes gives
-    no vote. A timing below its SM's threshold votes for that SM's partition; a block is decided when its
-    score stands z * noise_cycles * sqrt(votes) away from 0. No structure (no two modes in the pooled
-    timings, or blocks with several timings whose votes disagree as often as chance): found=False, all -1.
+    cycles: (2, n_blocks) cycles per load, row p timed by the pair's SM near partition p (NaN: missing).
+    timers: (n_blocks, 2) those SMs (timers_of_blocks; -1: none). near, far: (n_sm,) the SMs' calibrated
+    near/far latencies (labels.sm_labels). Each pair decides on d = cycles[0] - cycles[1]: its blocks' d
+    split in two modes, lower for partition 0 (row 0's SM is near it). 2-means per pair, started at the
+    calibration's d of a block of each partition, sets its threshold midway between the two means: home 0
+    below it, 1 above, margin = |d - threshold|. Pairs with fewer than MIN_FIT blocks are fitted as one pool
+    (d in units of the pair's calibrated contrast); a pool smaller still keeps the calibrated thresholds.
+    Undecided (-1): a missing timing, margin under z * noise_cycles, or a fitted pair (or pool) whose modes
+    are too close or too unbalanced to be partitions. No structure (found=False, all -1): most fitted pairs
+    lack two such modes, or too many blocks fall in the middle of the gap between them.
     """
-    c, s = np.asarray(cycles), np.asarray(sm_of_block)
-    if c.dtype not in (np.float32, np.float64):
-        c = c.astype(np.float64)
-    if c.ndim == 1:
-        c, s = c[:, None], s[:, None]
-    if c.ndim != 2 or s.shape != c.shape:
-        raise ValueError(f"cycles and sm_of_block must have one shape (n_blocks[, k]), got {c.shape} and {s.shape}")
-    c, s = np.ascontiguousarray(c.T), np.ascontiguousarray(s.T, dtype=np.int64)  # one row per timing slot
-    part = np.asarray(sm_partition, dtype=np.int64)
+    c = np.asarray(cycles, dtype=np.float64)
+    t = np.asarray(timers, dtype=np.int64)
     near, far = np.asarray(near, dtype=np.float64), np.asarray(far, dtype=np.float64)
-    n_sm, n_blocks = len(part), c.shape[1]
-    if near.shape != (n_sm,) or far.shape != (n_sm,):
-        raise ValueError(f"near and far must have shape ({n_sm},), got {near.shape} and {far.shape}")
-    if s.size and (s.min() < 0 or s.max() >= n_sm):
-        raise ValueError(f"sm_of_block must hold SM ids in 0..{n_sm - 1}")
-    mid, gap = (near + far) / 2, far - near
-    usable = (part >= 0) & np.isfinite(mid) & (gap > 0)
-    threshold = np.full(n_sm, np.nan)
+    if c.ndim != 2 or c.shape[0] != 2 or t.shape != (c.shape[1], 2):
+        raise ValueError(f"cycles must have shape (2, n_blocks) and timers (n_blocks, 2), got {c.shape} and {t.shape}")
+    n_sm, n_blocks = len(near), c.shape[1]
+    if near.ndim != 1 or far.shape != near.shape:
+        raise ValueError(f"near and far must have one shape (n_sm,), got {near.shape} and {far.shape}")
+    if t.size and (t.min() < -1 or t.max() >= n_sm):
+        raise ValueError(f"timers must hold SM ids in 0..{n_sm - 1} (-1: none)")
+    homes, margin = np.full(n_blocks, -1, np.int8), np.zeros(n_blocks, np.float32)
+    timed = np.flatnonzero((t >= 0).all(axis=1))  # one pair per distinct (row 0 SM, row 1 SM)
+    key, pair = np.unique(t[timed, 0] * n_sm + t[timed, 1], return_inverse=True)
+    pairs, n_pairs = np.stack([key // n_sm, key % n_sm], axis=1), len(key)
+    threshold = np.full(n_pairs, np.nan)
 
     def undecided(reason):
-        return BlockClasses(np.full(n_blocks, -1, np.int8), np.zeros(n_blocks, np.float32), threshold, False, reason)
+        return BlockClasses(homes, margin, pairs, threshold, False, reason)
 
-    # The fit sees a stride sample of about MAX_FIT timings per SM; the decision sees every timing.
-    stride = max(1, -(-c.size // (MAX_FIT * max(int(usable.sum()), 1))))
-    fc, fs = c[:, ::stride].ravel(), s[:, ::stride].ravel()
-    keep = np.isfinite(fc) & usable[fs]
-    fc, fs = fc[keep], fs[keep]
-    if not len(fc):
-        return undecided("no timing comes from an SM with a calibrated partition")
-    half = np.median(gap[usable]) / 2
-    pooled = slice(None, None, max(1, len(fc) // POOLED_FIT))
-    lo, hi = _two_means((fc - mid[fs])[pooled], np.zeros(len(fc[pooled]), np.int64), 1, np.array([-half]),
-                        np.array([half]))
-    if not hi[0] - lo[0] >= MIN_SEPARATION * 2 * half:
-        return undecided(f"no structure: the timings' two best-split modes are {hi[0] - lo[0]:.1f} cycles apart, "
-                         f"under {MIN_SEPARATION:g} x the calibrated far - near gap ({2 * half:.1f})")
-    threshold[usable] = mid[usable] + (lo[0] + hi[0]) / 2
-    own = np.bincount(fs, minlength=n_sm) >= MIN_FIT
-    if own.any():
-        lo, hi = _two_means(fc, fs, n_sm, threshold - gap / 2, threshold + gap / 2)
-        with np.errstate(invalid="ignore"):
-            modes = hi - lo >= MIN_SEPARATION * gap
-        threshold[own] = np.where(modes, (lo + hi) / 2, np.nan)[own]
+    # d in units of each pair's calibrated contrast: the calibration puts partition 0 at -1, partition 1 at +1
+    mid = (near[pairs[:, 0]] + far[pairs[:, 0]] - near[pairs[:, 1]] - far[pairs[:, 1]]) / 2
+    half = (far[pairs[:, 0]] - near[pairs[:, 0]] + far[pairs[:, 1]] - near[pairs[:, 1]]) / 2
+    with np.errstate(invalid="ignore"):
+        usable = np.isfinite(mid) & (half > 0)
+    keep = usable[pair] & np.isfinite(c).all(axis=0)[timed]
+    blocks, pair = timed[keep], pair[keep]
+    if not len(blocks):
+        return undecided("no block has both timings from a calibrated pair")
+    x = (c[0, blocks] - c[1, blocks] - mid[pair]) / half[pair]
 
-    voting = np.isfinite(threshold)
-    weight = np.where(voting, 2.0 * part - 1, 0.0)  # a timing below threshold points to its SM's partition
-    level = np.where(voting, threshold, 0.0)
-    weight, level = weight.astype(c.dtype), level.astype(c.dtype)
-    score, votes, for_1 = np.zeros(n_blocks, c.dtype), np.zeros(n_blocks, np.int32), np.zeros(n_blocks, np.int32)
-    for cj, sj in zip(c, s):  # a few timing slots: one pass each over 1-D arrays
-        w = np.take(weight, sj)
-        contrib = np.nan_to_num(w * (np.take(level, sj) - cj), nan=0.0, copy=False)  # NaN: a missing timing
-        score += contrib
-        votes += (w != 0) & np.isfinite(cj)
-        for_1 += contrib > 0
-    several = votes >= 2
-    if several.any():
-        consistent = float(np.mean((for_1[several] == 0) | (for_1[several] == votes[several])))
-        if consistent < MIN_CONSISTENCY:
-            return undecided(f"no structure: the SMs timing a block point to one partition for only "
-                             f"{consistent:.0%} of the blocks (unrelated timings: ~50%)")
-    margin = np.abs(score)
-    homes = (score > 0).astype(np.int8)
-    homes[(votes == 0) | (margin < z * noise_cycles * np.sqrt(votes))] = -1
-    return BlockClasses(homes, margin.astype(np.float32), threshold, True, "")
+    # groups 0..n_pairs-1: the pairs with MIN_FIT blocks or more; group n_pairs: the pool of the others
+    group_of = np.where(np.bincount(pair, minlength=n_pairs) >= MIN_FIT, np.arange(n_pairs), n_pairs)
+    group = group_of[pair]
+    count = np.bincount(group, minlength=n_pairs + 1)
+    fitted = count >= MIN_FIT
+    lo, hi = np.full(n_pairs + 1, -1.0), np.full(n_pairs + 1, 1.0)
+    fit_lo, fit_hi = _two_means(x, group, n_pairs + 1, lo, hi)
+    lo[fitted], hi[fitted] = fit_lo[fitted], fit_hi[fitted]
+    cut, spread = (lo + hi) / 2, (hi - lo) / 2
+    upper = x > cut[group]
+    n_upper = np.bincount(group, weights=upper, minlength=n_pairs + 1)
+    with np.errstate(invalid="ignore"):
+        modes = (spread >= MIN_SEPARATION) & (np.minimum(n_upper, count - n_upper) >= MIN_BALANCE * count)
+    modes |= ~fitted  # too few blocks to fit: the calibration vouches
+    if fitted.any():
+        share = float(np.mean(modes[fitted]))
+        if share < MIN_PAIRS_OK:
+            return undecided(f"no structure: only {share:.0%} of the SM pairs see two balanced modes of timings "
+                             f"at least {MIN_SEPARATION:g} x their calibrated contrast apart")
+        tested = (modes & fitted)[group]
+        central = float(np.mean(np.abs(x - cut[group])[tested] < CENTRAL_BAND * spread[group][tested]))
+        if central > MAX_CENTRAL:
+            return undecided(f"no structure: {central:.1%} of the blocks lie in the middle of the gap between "
+                             f"their pair's two modes (over {MAX_CENTRAL:.0%}; unrelated timings: ~15%)")
+    decided = usable & modes[group_of]
+    threshold[decided] = (mid + cut[group_of] * half)[decided]
+    margin[blocks] = np.abs(x - cut[group]) * half[pair]
+    homes[blocks] = np.where(modes[group] & (margin[blocks] >= z * noise_cycles), upper, -1)
+    return BlockClasses(homes, margin, pairs, threshold, True, "")
 
 
 # ---- which SMs time which blocks (pure numpy) ------------------------------------------------------------
@@ -214,7 +225,7 @@ def timers_of_blocks(plan: np.ndarray, n_blocks: int) -> np.ndarray:
     for sm in np.flatnonzero(plan[:, 1] > plan[:, 0]):
         lo, hi, row = plan[sm]
         out[row, lo:hi] = sm
-    return out.T  # a view: classify_blocks takes it back to (2, n_blocks) without a copy
+    return out.T
 
 
 # ---- the cache: one map per allocation -----------------------------------------------------------------
@@ -304,8 +315,9 @@ class PartitionMap:
 
 @dataclass(frozen=True, eq=False)
 class Reprobe:
-    """The independent check: blocks (n,) probed; cycles (2, n) cycles per load seen by sms[0] (near
-    partition 0) and sms[1] (near partition 1); homes (n,) the partition of the SM that saw it faster."""
+    """The independent check: blocks (n,) probed; cycles (2, n) the mean cycles per load (of n_timed) seen by
+    sms[0] (near partition 0) and sms[1] (near partition 1); homes (n,) the partition of the SM that saw it
+    faster."""
 
     blocks: np.ndarray
     cycles: np.ndarray
@@ -318,7 +330,6 @@ class Reprobe:
 class _Setup:
     topology: object
     n_sm: int
-    partition: np.ndarray
     near: np.ndarray
     far: np.ndarray
     pairs: Pairs
@@ -346,7 +357,7 @@ def _setup(index: int, topology, backend: str) -> _Setup:
         raise ProbeError(f"the calibration of cuda:{index} shows no two L2 partitions "
                          f"({labels.partitions.reason}): there is nothing to map")
     pairs = choose_pairs(topo.line_cycles, labels.partition, labels.line_partition)
-    setup = _Setup(topo, n_sm, labels.partition, labels.near_cycles, labels.far_cycles, pairs)
+    setup = _Setup(topo, n_sm, labels.near_cycles, labels.far_cycles, pairs)
     _SETUPS[key] = setup
     return setup
 
@@ -379,8 +390,9 @@ def n_blocks_of(nbytes: int, block_bytes: int) -> int:
 
 def run_probe(tensor, plan: np.ndarray, n_sm: int, *, block_bytes: int = 256, backend: str = "triton",
               timeout_s: float = 2.0):
-    """Launch partition_probe_kernel once over the tensor's storage: (cycles per load (2, n_blocks) float32, NaN
-    where nothing was timed; host wall time of the launch and wait). The caller holds the GPU lock."""
+    """Launch partition_probe_kernel once over the tensor's storage: (cycles (2, n_blocks) float32 of the fastest
+    of N_TIMED loads of each block, row p by the SM of partition p, NaN where nothing was timed; host wall time
+    of the launch and wait). The caller holds the GPU lock."""
     import torch
 
     from .probes import checked_launches, to_device
@@ -395,9 +407,8 @@ def run_probe(tensor, plan: np.ndarray, n_sm: int, *, block_bytes: int = 256, ba
     for elapsed in checked_launches(device, backend, "partition", n_sm, n_sm, timeout_s, per_sm * (1 + N_TIMED), 1,
                                      (storage.data_ptr(), plan_t, cycles, n_blocks, block_bytes, 0, N_TIMED)):
         pass
-    c = cycles.cpu().numpy().astype(np.float32)  # exact: sums of N_TIMED clock counts
+    c = cycles.cpu().numpy().astype(np.float32)  # exact: clock counts of one load
     c[c < 0] = np.nan
-    c /= N_TIMED
     return c, elapsed
 
 
@@ -432,7 +443,7 @@ def partition_map(tensor, *, topology=None, backend: str = "triton", block_bytes
     with measuring(index), torch.cuda.device(index):
         cycles, probe_s = run_probe(tensor, plan, setup.n_sm, block_bytes=block_bytes, backend=backend,
                                     timeout_s=timeout_s)
-    classes = classify_blocks(cycles.T, timers_of_blocks(plan, n_blocks), setup.partition, setup.near, setup.far)
+    classes = classify_blocks(cycles, timers_of_blocks(plan, n_blocks), setup.near, setup.far)
     if not classes.found:
         raise ProbeError(f"partition map of cuda:{index}: {classes.reason}; the probe measured no partitions")
     pmap = PartitionMap(homes=classes.homes, margin=classes.margin, block_bytes=block_bytes,
@@ -445,8 +456,9 @@ def partition_map(tensor, *, topology=None, backend: str = "triton", block_bytes
 def reprobe(tensor, sample_blocks, *, topology=None, block_bytes: int = 256, n_timed: int = REPROBE_TIMED,
             timeout_s: float = 2.0) -> Reprobe:
     """The independent check of a map: the blocks `sample_blocks` timed by the calibration's best SM pair,
-    one SM at a time after warming the clocks, n_timed loads each; a block's home is the partition of the SM
-    that saw it faster. Takes the GPU lock."""
+    one SM at a time after warming the clocks, the mean of n_timed loads each (not the map's fastest load: an
+    independent statistic, and one slow load moves a mean of 16 by < half the smallest recorded difference);
+    a block's home is the partition of the SM that saw it faster. Takes the GPU lock."""
     import torch
 
     from .calibration import measuring

@@ -7,15 +7,25 @@ The AND is inline asm (and.b64), so neither Triton nor ptxas can fold it: each l
 before, and the chain never leaves the line. Scalar work per program: launch with num_warps=1.
 
 partition_probe_kernel (the map): all SMs at once (wave = n_sm), each pair of SMs over its own contiguous range.
-Every block is timed twice, by the two SMs of a pair (one near each partition): the sign of their difference
-decides the home (partition_map.py says why one SM's latency alone does not). Count for 32 MB in 256-byte
-blocks: 131072 blocks x 2 timings / 132 SMs = 1986 blocks per SM, each 1 warm load (a DRAM miss for the
-first SM of its pair, ~700 cycles; an L2 hit for the second, ~300) + N_TIMED = 4 timed L2 loads (~310 each,
-the AND and add included) + ~60 cycles of clock reads and bookkeeping: ~1830 cycles a block, 3.6 M cycles
-per SM, ~1.8 ms at 1.98 GHz.
+Every block is timed twice, by the two SMs of a pair (one near each partition): their difference decides the
+home (partition_map.py says why one SM's latency alone does not). Each timing is the FASTEST of N_TIMED
+single loads, each between two clock reads. Why: on two H200s (benchmarks/results/partition/*-raw.npz),
+~1% of the former 4-load timings of a tensor's first probe came out 8-46 cycles per load slower than in a
+second probe (a few up to 285), never faster; the second probe had none. Read as one load of the four
+delayed by up to ~190 cycles (4 x 46), it flips the pair's difference, and the minimum drops it (a delay
+of all four loads it would not: the GPU run checks).
+Count for 32 MB in 256-byte blocks: 131072 blocks x 2 timings / 132 SMs = 1986 blocks per SM, each
+1 warm load (a DRAM miss for the first SM of its pair, ~700 cycles; an L2 hit for the second, ~300) +
+N_TIMED = 4 timed loads of ~335 cycles each (~310 for the L2 load and the AND and add that chain it; ~25 for
+the clock read after it: the compare that makes it wait for the load, the read, two selects) + ~60 cycles of
+bookkeeping: ~1900 cycles a block, 3.8 M cycles per SM, ~1.9 ms at 1.98 GHz. The same count for the former
+4-load sums (two clock reads a block) gave ~1800 cycles, and they took 2.25 ms on the H200: expect ~2.4 ms.
 
 partition_reprobe_kernel (the independent check): one SM at a time (wave = 1), only the SMs with a row
-measure (one per partition), a given sample of blocks, N_WARM = 2 warm and N_TIMED = 16 timed loads a block:
+measure (one per partition), a given sample of blocks, N_WARM = 2 warm loads, then the SUM of N_TIMED = 16
+timed loads between two clock reads (the host divides: the mean). It stays a mean: a slow load as above
+moves it by at most ~190 / 16 = 12 cycles, and no recorded re-probe difference of the two SMs lies within
+26 cycles of 0.
 4096 blocks x 2 SMs x 18 loads x ~320 cycles = 47 M cycles, ~24 ms.
 """
 import triton
@@ -53,12 +63,27 @@ def _time_line(addr, prev, zero, N_WARM: tl.constexpr, N_TIMED: tl.constexpr):
     return t1 - t0, t1
 
 
+@triton.jit
+def _fastest_load(addr, prev, zero, N_TIMED: tl.constexpr):
+    """clock64 cycles of the fastest of N_TIMED dependent loads of the line at `addr`, each timed alone (a
+    clock read after each, the next load waiting for it), after one warm load; starts once `prev` arrived."""
+    p = _after(addr, chase(_after(addr, prev, zero)), zero)
+    t0 = clock_after(p)
+    fastest = tl.full((), 1 << 40, tl.int64)
+    for _ in tl.static_range(N_TIMED):
+        p = _after(addr, chase(_after(addr, t0, zero)), zero)  # issues after the clock read before it
+        t1 = clock_after(p)
+        fastest = tl.minimum(fastest, t1 - t0)
+        t0 = t1
+    return fastest, t0
+
+
 @triton.jit(do_not_specialize=["zero"])
 def partition_probe_kernel(ctrl_ptr, base, plan_ptr, cycles_ptr, n_blocks, block_bytes, zero,
                            N_TIMED: tl.constexpr, n_sm, wave, timeout_ns):
-    """plan[sm] = (lo, hi, row): SM `sm` times blocks lo..hi-1 of the storage at address `base`, each with one
-    warm load and N_TIMED timed loads of its first line, into cycles[row, block] (int32, row = the SM's
-    partition). SMs with lo == hi only claim their SM."""
+    """plan[sm] = (lo, hi, row): SM `sm` times blocks lo..hi-1 of the storage at address `base`: one warm load
+    of the block's first line, then N_TIMED timed ones; the fastest goes to cycles[row, block] (int32, row =
+    the SM's partition). SMs with lo == hi only claim their SM."""
     sm, go = claim_sm(ctrl_ptr, n_sm, wave, timeout_ns)
     if go:
         lo = tl.load(plan_ptr + sm * 3 + 0)
@@ -71,7 +96,7 @@ def partition_probe_kernel(ctrl_ptr, base, plan_ptr, cycles_ptr, n_blocks, block
             shift = row * (m // 2)
             for i in range(m):
                 j = c0 + (i + shift) % m
-                cycles, prev = _time_line(base + j * block_bytes, prev, z, 1, N_TIMED)
+                cycles, prev = _fastest_load(base + j * block_bytes, prev, z, N_TIMED)
                 tl.store(cycles_ptr + row * n_blocks + j, cycles.to(tl.int32))
         finish_turn(ctrl_ptr)
 
@@ -80,7 +105,8 @@ def partition_probe_kernel(ctrl_ptr, base, plan_ptr, cycles_ptr, n_blocks, block
 def partition_reprobe_kernel(ctrl_ptr, base, sample_ptr, rows_ptr, cycles_ptr, n_sample, block_bytes, zero,
                              N_WARM: tl.constexpr, N_TIMED: tl.constexpr, n_sm, wave, timeout_ns):
     """rows[sm] >= 0: SM `sm` times the first line of blocks sample[0..n_sample-1] (N_WARM warm, then N_TIMED
-    timed loads each) into cycles[rows[sm], i] (int64). SMs with rows[sm] < 0 only claim their SM."""
+    timed loads each; the sum of the timed ones) into cycles[rows[sm], i] (int64). SMs with rows[sm] < 0
+    only claim their SM."""
     sm, go = claim_sm(ctrl_ptr, n_sm, wave, timeout_ns)
     if go:
         row = tl.load(rows_ptr + sm)
