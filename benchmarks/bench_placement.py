@@ -1,8 +1,9 @@
 """Makespan of SM-aware placement on the local GPU, every policy side by side: the placement issue's figures.
 
 1. Latency-bound chase (placement_workloads.Chase), one CTA of one warp per SM, footprints 4-40 MB and a
-   256 MB DRAM-bound control: plain launch (one program per item), every plan policy, "auto", and the
-   limit (plans.limit, scaled from cycles to ms by uniform's measured/predicted ratio).
+   256 MB DRAM-bound control: every plan policy, "auto", the plain persistent loop (static equal shares,
+   no stealing: what "uniform" means without the placement helpers), and the limit (plans.limit, scaled
+   from cycles to ms by uniform's measured/predicted ratio).
 2. Embedding-bag-like gather at 1, 4, 16 and 64 warps per SM: the policies that matter there, and "auto".
 3. @sm_aware launch overhead over a plain Triton launch of the same kernel: eager, and inside a CUDA graph.
 Every result is checked against its reference once per policy (chase ends, bag sums) and every launch's
@@ -100,6 +101,8 @@ def with_ratios(results: dict, predicted: dict | None = None, limit_cycles: floa
     for r in results.values():
         r["makespan_ms"] = r["p50"]
         r["vs_uniform"] = r["p50"] / uniform
+        if "plain" in results:
+            r["vs_plain"] = r["p50"] / results["plain"]["p50"]
     out = {"policies": results}
     if predicted:
         out["predicted_cycles"] = predicted
@@ -136,7 +139,9 @@ def bench_chase(dev, topo, reps) -> dict:
 
         results = run_policies(make, (w.starts, ends, CHASE_LOADS), n_items, w.classes, CHASE_LOADS, POLICIES, reps,
                                check)
-        results["plain"] = timed(lambda: chase_plain_kernel[(n_items,)](w.starts, ends, CHASE_LOADS, num_warps=1), reps)
+        # the plain persistent loop on the same grid (one single-warp program per SM): static equal shares
+        results["plain"] = timed(lambda: chase_plain_kernel[(topo.n_sm,)](w.starts, ends, CHASE_LOADS, n_items,
+                                                                           num_warps=1), reps)
         check("plain")
         wl = Workload(n_items, item_class=w.classes, loads_per_item=CHASE_LOADS)
         predicted = {p: predict(make_plan(p, speeds, wl), speeds, wl)
@@ -165,8 +170,8 @@ def bench_gather(dev, topo, reps) -> dict:
         def make(policy):
             return sm_aware(gather_kernel, policy=policy, ctas_per_sm=ctas, num_warps=num_warps, topology=topo)
 
-        results = run_policies(make, (w.table, w.idx, out), GATHER_BAGS, w.classes, 1.0, GATHER_POLICIES, reps,
-                               check)
+        results = run_policies(make, (w.table, w.idx, out, w.bag, w.dim), GATHER_BAGS, w.classes, 1.0,
+                               GATHER_POLICIES, reps, check)
         figures[f"{warps}_warps_per_sm"] = with_ratios(results)
     # one program per bag: the hardware scheduler places them (the plain launch of this kernel)
     figures["plain"] = timed(lambda: gather_plain_kernel[(GATHER_BAGS,)](w.table, w.idx, out, w.bag, w.dim,

@@ -1,5 +1,6 @@
 """The workloads of benchmarks/bench_placement.py: a latency-bound chase and an embedding-bag-like gather,
-each as a persistent kernel on the placement helpers and as a plain launch (one program per item), with
+each as a persistent kernel on the placement helpers and as a plain kernel (chase: a persistent loop with
+static equal shares, one program per SM; gather: one program per bag, placed by the hardware), with
 their data laid out by the buffer's partition map and an independent reference to check every result.
 
 Chase: item i chases `loads` dependent lines (one thread, ld.global.cg) through a random ring of the lines
@@ -36,12 +37,13 @@ def chase_kernel(starts_ptr, ends_ptr, n_loads, plan_ptr, state_ptr):
 
 
 @triton.jit
-def chase_plain_kernel(starts_ptr, ends_ptr, n_loads):
-    item = tl.program_id(0)
-    p = tl.load(starts_ptr + item)
-    for _ in range(n_loads):
-        p = chase(p)
-    tl.store(ends_ptr + item, p)
+def chase_plain_kernel(starts_ptr, ends_ptr, n_loads, n_items):
+    """The plain persistent loop: program p takes items p, p + grid, ... (static equal shares, no stealing)."""
+    for item in range(tl.program_id(0), n_items, tl.num_programs(0)):
+        p = tl.load(starts_ptr + item)
+        for _ in range(n_loads):
+            p = chase(p)
+        tl.store(ends_ptr + item, p)
 
 
 @triton.jit

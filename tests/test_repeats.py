@@ -53,14 +53,25 @@ def test_single_sm_waves_and_one_repeat_are_left_alone():
     np.testing.assert_allclose(combine(lines, 16)[:, 0], combine(values, 16))
 
 
+# Two calibrations whose maps differ by more than this constant were made in different GPU states: a state
+# is more than an offset (on c7c0b2d62f61 the +1.0-cycle state also moves SMs by 0.13 cycles sd), so the
+# 0.15-cycle agreement is only asked of calibrations made in one state.
+SAME_STATE_OFFSET = 0.3
+
+
 @pytest.mark.skipif(not RECORDED, reason="no recorded noise repeats")
 @pytest.mark.parametrize("path", RECORDED, ids=[p.stem for p in RECORDED])
 def test_recorded_h200_calibrations_agree_once_aligned(path):
     """Three default calibrations per backend, back to back, on each recorded H200: plain medians differ by up
-    to 0.43 cycles per SM after a constant offset, aligned ones by < 0.15 (measured 0.06-0.08)."""
+    to 0.43 cycles per SM after a constant offset; aligned ones made in one GPU state by < 0.15 (0.06-0.13
+    measured), and alignment never makes a pair worse."""
     with np.load(path) as z:
         for backend in ("triton", "cuda"):
-            maps = [combine(z[f"{backend}_default_r{r}_repeat_chain_cycles"], 16) for r in range(3)]
+            runs = [z[f"{backend}_default_r{r}_repeat_chain_cycles"] for r in range(3)]
+            aligned, plain = [combine(c, 16) for c in runs], [np.median(c, axis=0) for c in runs]
             for i in range(3):
                 for j in range(i + 1, 3):
-                    assert _spread_after_offset(maps[i], maps[j]) < 0.15, (backend, i, j)
+                    spread = _spread_after_offset(aligned[i], aligned[j])
+                    assert spread <= _spread_after_offset(plain[i], plain[j]) + 0.03, (backend, i, j)
+                    if abs(np.median(aligned[i] - aligned[j])) < SAME_STATE_OFFSET:
+                        assert spread < 0.15, (backend, i, j)

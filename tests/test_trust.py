@@ -1,5 +1,7 @@
 """trust.py and calibrate()'s self-checks on CPU: synthetic repeats with known answers, a stand-in GPU whose
 measurements are disturbed on purpose (nothing disturbed is ever cached), and the recorded H200 runs."""
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -128,3 +130,25 @@ def test_attempts_must_be_positive(gpu, cache_dir):
     gpu()
     with pytest.raises(ValueError, match="attempts"):
         torch_l2topo.calibrate(attempts=0)
+
+
+# ---- recorded H200 runs (benchmarks/bench_trust.py): test data only, the thresholds predate them ------
+RECORDED = sorted((Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "trust").glob("*.npz"))
+
+
+@pytest.mark.skipif(not RECORDED, reason="no recorded runs")
+@pytest.mark.parametrize("path", RECORDED, ids=[p.stem for p in RECORDED])
+def test_recorded_idle_runs_pass_and_matmul_runs_are_refused(path):
+    """Each recording holds unchecked calibrations of one H200: idle, under another process's bf16 matmuls,
+    idle again. Ground truth from physics, not from the detector: the matmul map sits hundreds of cycles above
+    the idle one (DRAM, not L2), the second idle map within a cycle of the first."""
+    with np.load(path) as z:
+        def verdict(name):
+            return trust.check(Repeats(*(z[f"{name}_repeat_{k}"] for k in ("chain_cycles", "chain_ns",
+                                                                           "chain_start_ns", "line_median"))))
+
+        idle = z["idle_chain_cycles"]
+        assert np.median(z["matmul_chain_cycles"] - idle) > 200 and abs(np.median(z["idle2_chain_cycles"] - idle)) < 1
+        assert verdict("idle").trusted and verdict("idle2").trusted
+        bad = verdict("matmul")
+        assert not bad.trusted and "not L2-resident" in bad.problems[0]
