@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # compute-sanitizer (memcheck, racecheck, synccheck, initcheck) over every kernel of the package, on the local
-# GPU; logs to ${1:-$OUT/sanitizer}/<tool>.log and one summary line per tool.
+# GPU; logs to ${1:-$OUT/sanitizer}/<tool>.log and one summary line per tool (SANITIZER_TIMEOUT_S bounds each tool).
 #   bash benchmarks/run_sanitizer.sh [LOG_DIR]
 set -u
 dir=${1:-$OUT/sanitizer}
@@ -10,7 +10,7 @@ export PYTORCH_NO_CUDA_MEMORY_CACHING=1 PYTHONUNBUFFERED=1
 for tool in memcheck racecheck synccheck initcheck; do
   extra=""
   [ "$tool" = memcheck ] && extra="--leak-check no"
-  timeout 900 compute-sanitizer --tool "$tool" $extra --print-limit 50 --log-file "$dir/$tool.log" \
+  timeout "${SANITIZER_TIMEOUT_S:-600}" compute-sanitizer --tool "$tool" $extra --print-limit 50 --log-file "$dir/$tool.log" \
     python3 benchmarks/sanitize_kernels.py > "$dir/$tool.out" 2>&1
   echo "$tool: exit $? | $(grep -h 'ERROR SUMMARY' "$dir/$tool.log" | tail -1) | $(grep -c '^ok ' "$dir/$tool.out") kernels ok, $(grep -c '^FAILED' "$dir/$tool.out") failed"
 done | tee "$dir/summary.txt"

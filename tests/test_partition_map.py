@@ -1,6 +1,8 @@
 """Partition maps of tensors (torch_l2topo/partition_map.py): the decision on synthetic data, on the bundled
-H200 calibration and on the map probe's recordings of two H200s (one tunes, one is held out), the SM pairs
-and the probe plan, the per-allocation cache on CPU tensors, and the map itself on a GPU."""
+H200 calibration and on the map probe's recordings of four H200s (one tunes, one is held out, two recorded
+with the min-of-singles kernel), against a plain numpy reference of it kept here, the SM pairs and the probe
+plan with its per-size data kept with the setup, the per-allocation cache on CPU tensors, and the map itself
+on a GPU."""
 import gc
 from pathlib import Path
 
@@ -136,6 +138,13 @@ def test_timings_without_partitions_are_no_structure(timings, n_blocks):
 
 def test_classify_checks_its_inputs():
     cycles, timers, _ = _synthetic()
+    prepared = pm.block_pairs(timers, _NEAR, _FAR)
+    with pytest.raises(ValueError, match="shape"):
+        pm.classify_blocks(cycles[:, :-1], prepared)
+    with pytest.raises(ValueError, match="calibration"):
+        pm.classify_blocks(cycles, prepared, _NEAR, _FAR)
+    with pytest.raises(TypeError, match="near and far"):
+        pm.classify_blocks(cycles, timers)
     with pytest.raises(ValueError, match="shape"):
         _classify(cycles.T, timers)
     with pytest.raises(ValueError, match="shape"):
@@ -146,6 +155,100 @@ def test_classify_checks_its_inputs():
         pm.classify_blocks(cycles, timers, _NEAR[:-1], _FAR)
     got = _classify(cycles, np.full_like(timers, -1))
     assert not got.found and (got.homes == -1).all()
+
+
+# ---- the decision against a plain reference ----------------------------------------------------------
+def _reference(cycles, timers, near, far, noise_cycles=pm.NOISE_CYCLES, z=pm.UNDECIDED_Z):
+    """classify_blocks written plainly, the independent oracle of its vectorized (torch) implementation: one
+    pair at a time, then the pool of the small pairs, each a 2-means on d in units of its calibrated contrast.
+    Returns (homes, margin, threshold, found)."""
+    c, t = np.asarray(cycles, dtype=np.float64), np.asarray(timers, dtype=np.int64)
+    near, far = np.asarray(near, dtype=np.float64), np.asarray(far, dtype=np.float64)
+    n = c.shape[1]
+    homes, margin = np.full(n, -1, np.int8), np.zeros(n, np.float32)
+    pairs = sorted({(int(a), int(b)) for a, b in t if a >= 0 and b >= 0})
+    threshold = np.full(len(pairs), np.nan)
+    nothing = (homes, margin, threshold, False)
+    members = []  # (pair index, its blocks with both timings, their x, mid, half) of each usable pair
+    for k, (a, b) in enumerate(pairs):
+        mid = (near[a] + far[a] - near[b] - far[b]) / 2
+        half = (far[a] - near[a] + far[b] - near[b]) / 2
+        if not (np.isfinite(mid) and half > 0):
+            continue
+        blocks = np.flatnonzero((t[:, 0] == a) & (t[:, 1] == b) & np.isfinite(c).all(axis=0))
+        if len(blocks):
+            members.append((k, blocks, (c[0, blocks] - c[1, blocks] - mid) / half, mid, half))
+    if not members:
+        return nothing
+    groups = [[m] for m in members if len(m[1]) >= pm.MIN_FIT]
+    pool = [m for m in members if len(m[1]) < pm.MIN_FIT]
+    if pool:
+        groups.append(pool)
+    fits = []  # (members, x, cut, spread, fitted, modes)
+    for group in groups:
+        x = np.concatenate([m[2] for m in group])
+        fitted = len(x) >= pm.MIN_FIT
+        lo, hi = -1.0, 1.0
+        if fitted:
+            before = None
+            for _ in range(pm.MAX_ITERATIONS):
+                upper = x > (lo + hi) / 2
+                if before is not None and np.array_equal(upper, before):
+                    break
+                lo = x[~upper].mean() if (~upper).any() else np.nan
+                hi = x[upper].mean() if upper.any() else np.nan
+                before = upper
+        cut, spread = (lo + hi) / 2, (hi - lo) / 2
+        n_upper = int(np.sum(x > cut))
+        modes = not fitted or (spread >= pm.MIN_SEPARATION and min(n_upper, len(x) - n_upper) >= pm.MIN_BALANCE * len(x))
+        fits.append((group, x, cut, spread, fitted, modes))
+    fitted = [f for f in fits if f[4]]
+    if fitted:
+        if np.mean([f[5] for f in fitted]) < pm.MIN_PAIRS_OK:
+            return nothing
+        central = np.concatenate([np.abs(x - cut) < pm.CENTRAL_BAND * spread
+                                  for _, x, cut, spread, _, modes in fitted if modes])
+        if np.mean(central) > pm.MAX_CENTRAL:
+            return nothing
+    for group, _, cut, _, _, modes in fits:
+        for k, blocks, x, mid, half in group:
+            if modes:
+                threshold[k] = mid + cut * half
+            margin[blocks] = np.abs(x - cut) * half
+            homes[blocks] = np.where(modes & (margin[blocks] >= z * noise_cycles), x > cut, -1)
+    return homes, margin, threshold, True
+
+
+def _same_as_reference(got, cycles, timers, near, far):
+    homes, margin, threshold, found = _reference(cycles, timers, near, far)
+    assert got.found == found
+    assert np.array_equal(got.homes, homes)
+    np.testing.assert_allclose(got.margin, margin, rtol=1e-6, atol=1e-5)
+    np.testing.assert_allclose(got.threshold, threshold, rtol=1e-9, atol=1e-9)
+
+
+def _synthetic_cases():
+    cycles, timers, _ = _synthetic(slices=25.0)
+    missing = cycles.copy()
+    missing[:, ::97] = np.nan
+    yield "slices", cycles, timers, _NEAR, _FAR
+    yield "missing", missing, timers, _NEAR, _FAR
+    near = _NEAR.copy()
+    near[3] = np.nan
+    yield "uncalibrated", cycles, timers, near, _FAR
+    for n_blocks in (4 * 12, 4 * 4, 4 * 40):
+        small, small_timers, _ = _synthetic(n_blocks=n_blocks)
+        yield f"small{n_blocks}", small, small_timers, _NEAR, _FAR
+    for timings in (_flat, _unrelated, _spikes):
+        for n_blocks in (4 * 32, 4096):
+            yield f"{timings.__name__}{n_blocks}", timings(n_blocks, 3), _timers(n_blocks), _NEAR, _FAR
+    yield "untimed", cycles, np.full_like(timers, -1), _NEAR, _FAR
+
+
+@pytest.mark.parametrize("case", list(_synthetic_cases()), ids=lambda case: case[0])
+def test_classify_matches_the_plain_reference_on_synthetic_timings(case):
+    _, cycles, timers, near, far = case
+    _same_as_reference(pm.classify_blocks(cycles, timers, near, far), cycles, timers, near, far)
 
 
 # ---- the decision on real H200 data: the bundled calibration ------------------------------------------
@@ -191,17 +294,52 @@ def test_real_h200_one_sm_per_block_misreads_some_blocks(h200):
 # benchmarks/record_partition_probe.py on two H200s: the probe's cycles per load (means of 4 loads, the
 # former kernel) twice (run 0 is the tensor's first probe), and the serialized re-probe. The classifier's
 # constants were set on TUNING's recording only; HELD_OUT tests them.
+# Two more H200s recorded with the min-of-singles kernel (h200-<gpu>-raw-min.npz, the same keys).
 TUNING, HELD_OUT = "8ddca9f2a663", "a5cfa49431b7"
+MIN_KERNEL = ("c7c0b2d62f61", "cf95aeb6b69c")
 RECORDINGS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "partition"
 
 
 @pytest.fixture(scope="module")
 def recordings():
     out = {}
-    for gpu in (TUNING, HELD_OUT):
-        with np.load(RECORDINGS / f"h200-{gpu}-raw.npz") as f:
+    for gpu, name in [(TUNING, f"h200-{TUNING}-raw"), (HELD_OUT, f"h200-{HELD_OUT}-raw")] + \
+            [(gpu, f"h200-{gpu}-raw-min") for gpu in MIN_KERNEL]:
+        with np.load(RECORDINGS / f"{name}.npz") as f:
             out[gpu] = {k: f[k] for k in f.files}
     return out
+
+
+@pytest.mark.parametrize("gpu", [TUNING, HELD_OUT, *MIN_KERNEL])
+@pytest.mark.parametrize("mb", [2, 32])
+def test_classify_matches_the_plain_reference_on_the_recordings(recordings, gpu, mb):
+    """Every recorded probe of four H200s: the homes the plain reference gives, the same margins (float32)
+    and thresholds; from numpy arrays, from torch tensors, and from the BlockPairs a map prepares once."""
+    rec = recordings[gpu]
+    timers, near, far = rec[f"mb{mb}_timers"], rec["near"], rec["far"]
+    prepared = pm.block_pairs(timers, near, far)
+    for run in (0, 1):
+        cycles = rec[f"mb{mb}_cycles_r{run}"]
+        got = pm.classify_blocks(cycles, timers, near, far)
+        _same_as_reference(got, cycles, timers, near, far)
+        assert got.found and np.array_equal(got.pairs, prepared.pairs)
+        for again in (pm.classify_blocks(torch.from_numpy(cycles), torch.from_numpy(timers), torch.from_numpy(near),
+                                         torch.from_numpy(far)),
+                      pm.classify_blocks(torch.from_numpy(cycles).double(), prepared)):
+            assert np.array_equal(again.homes, got.homes) and np.array_equal(again.margin, got.margin)
+            np.testing.assert_array_equal(again.threshold, got.threshold)
+
+
+@pytest.mark.parametrize("gpu", MIN_KERNEL)
+@pytest.mark.parametrize("mb", [2, 32])
+def test_min_kernel_recordings_agree_with_the_reprobe_in_either_probe(recordings, gpu, mb):
+    """What the min-of-singles kernel changed: a tensor's first probe reads every reprobed block as its second
+    does, all decided (margins >= 10.8 cycles on both GPUs)."""
+    rec = recordings[gpu]
+    for run in (0, 1):
+        got = _recorded_map(rec, mb, run)
+        assert got.found and (got.homes >= 0).all() and got.margin.min() > 2 * pm.UNDECIDED_Z * pm.NOISE_CYCLES
+        assert _agreement(rec, mb, got.homes) == 1.0
 
 
 def _recorded_map(rec, mb, run):
@@ -375,15 +513,19 @@ def test_partition_map_flow_on_a_stand_in_gpu(h200, monkeypatch):
     setup = pm._Setup(topo, topo.n_sm, labels.near_cycles, labels.far_cycles, pairs)
     rng = np.random.default_rng(0)
 
+    plans = []
+
     def fake_probe(tensor, plan, n_sm, *, block_bytes, backend, timeout_s):
         n = pm.n_blocks_of(tensor.untyped_storage().nbytes(), block_bytes)
-        sms = pm.timers_of_blocks(plan, n).T
+        assert plan.n_blocks == n and plan.blocks.n_blocks == n and plan.blocks.device == tensor.device
+        plans.append(plan)
+        sms = pm.timers_of_blocks(plan.plan, n).T
         cycles = first[sms, np.arange(n) % first.shape[1]] + 9.0 + rng.normal(0, 0.3, sms.shape)
-        return cycles.astype(np.float32), 1e-3
+        return torch.from_numpy(cycles.astype(np.float32)).double(), 1e-3
 
     monkeypatch.setattr(pm, "_storage_of", lambda tensor, block_bytes: tensor.untyped_storage())
     monkeypatch.setattr(pm, "_setup", lambda index, topology, backend: setup)
-    monkeypatch.setattr(pm, "run_probe", fake_probe)
+    monkeypatch.setattr(pm, "_probe", fake_probe)
     monkeypatch.setattr(cal, "measuring", lambda index: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
@@ -392,6 +534,37 @@ def test_partition_map_flow_on_a_stand_in_gpu(h200, monkeypatch):
     assert m.n_blocks == 4096 and m.homes.dtype == np.int8 and m.probe_s == 1e-3 and m.elapsed_s > 0
     assert np.array_equal(m.homes, np.tile(truth, 16))
     assert pm.partition_map(t[7:]) is m
+    assert len(plans) == 1 and setup.plans[(4096, "cpu")] is plans[0]
+
+    # another tensor of the size: measured anew, on the plan data made for the first (the same objects)
+    other = pm.partition_map(torch.zeros((1 << 20) // 4))
+    assert other is not m and np.array_equal(other.homes, m.homes)
+    assert len(plans) == 2 and plans[1] is plans[0] and plans[1].blocks is plans[0].blocks
+    pm.clear_cache()  # forgets the maps, not the setup with its plans
+    pm.partition_map(t)
+    assert plans[2] is plans[0] and plans[2].blocks.pair is plans[0].blocks.pair
+    pm.partition_map(torch.zeros((1 << 19) // 4))  # another size: its own plan, kept beside the first
+    assert plans[3] is not plans[0] and plans[3].n_blocks == 2048 and len(setup.plans) == 2
+
+
+def test_plan_data_is_made_once_per_size_and_device(h200, monkeypatch):
+    """_plan: the same object for every call with one (n_blocks, device), made by one probe_plan and one
+    block_pairs, and only the PLANS_KEPT sizes used last are kept."""
+    topo, labels = h200
+    pairs = pm.choose_pairs(topo.line_cycles, labels.partition, labels.line_partition)
+    setup = pm._Setup(topo, topo.n_sm, labels.near_cycles, labels.far_cycles, pairs)
+    made = []
+    real = pm.block_pairs
+    monkeypatch.setattr(pm, "block_pairs", lambda *a, **k: made.append(a) or real(*a, **k))
+    cpu = torch.device("cpu")
+    first = pm._plan(setup, 4096, cpu)
+    assert pm._plan(setup, 4096, cpu) is first and pm._plan(setup, 4096, "cpu") is first and len(made) == 1
+    assert np.array_equal(first.plan, pm.probe_plan(4096, pairs.sms, topo.n_sm))
+    assert np.array_equal(first.plan_t.numpy(), first.plan.ravel()) and first.n_timing == 2 * len(pairs.sms)
+    for n in range(1, pm.PLANS_KEPT + 1):
+        assert pm._plan(setup, n, cpu).n_blocks == n
+    assert len(setup.plans) == pm.PLANS_KEPT and (4096, "cpu") not in setup.plans  # the least recently used
+    assert pm._plan(setup, 4096, cpu) is not first and len(made) == pm.PLANS_KEPT + 2
 
 
 def test_partition_map_refuses_cpu_and_empty_tensors():
@@ -463,6 +636,27 @@ def test_first_probe_of_a_fresh_tensor_is_as_good_as_the_second():
         got = pm.classify_blocks(cycles, pm.timers_of_blocks(plan, n_blocks), setup.near, setup.far)
         assert got.found, got.reason
         assert np.mean(got.homes[check.blocks] == check.homes) >= 0.999
+
+
+@pytest.mark.gpu
+def test_classification_on_the_gpu_is_the_hosts():
+    """partition_map's path: the probe's timings stay on the GPU and are classified there, on the plan data kept
+    with the setup; the same timings classified on the host give the same homes and margins."""
+    from torch_l2topo.calibration import measuring
+
+    t = torch.randn(MB32 // 4, device="cuda")
+    setup = pm._setup(t.device.index, None, "triton")
+    plan = pm._plan(setup, pm.n_blocks_of(MB32, 256), t.device)
+    assert pm._plan(setup, plan.n_blocks, t.device) is plan and plan.blocks.pair.is_cuda
+    with measuring(t.device.index):
+        cycles, _ = pm._probe(t, plan, setup.n_sm, block_bytes=256, backend="triton", timeout_s=2.0)
+    assert cycles.is_cuda and cycles.dtype == torch.float64
+    on_gpu = pm.classify_blocks(cycles, plan.blocks)
+    on_host = pm.classify_blocks(cycles.cpu().numpy(), pm.timers_of_blocks(plan.plan, plan.n_blocks), setup.near,
+                                 setup.far)
+    assert on_gpu.found and on_host.found
+    assert np.array_equal(on_gpu.homes, on_host.homes)
+    np.testing.assert_allclose(on_gpu.margin, on_host.margin, rtol=1e-6, atol=1e-5)
 
 
 @pytest.mark.gpu

@@ -4,9 +4,10 @@ On the H200 a 128-byte line is homed in one of two L2 partitions, the home chang
 physical address, and an SM reads lines of its own partition ~30 cycles faster. Homes follow physical
 addresses, fixed for an allocation's lifetime, so a map is measured once per allocation and cached.
 
-This module owns: partition_map() (measure, classify, cache), the decision (classify_blocks, pure numpy),
-the SM pairs that time each block (choose_pairs, probe_plan), the independent serialized check (reprobe,
-agreement) and the per-allocation cache (clear_cache). The kernels are triton_kernels/partition_probe.py.
+This module owns: partition_map() (measure, classify, cache), the decision (classify_blocks: torch ops
+where the timings are, any device; block_pairs prepares its per-plan data), the SM pairs that time each block
+(choose_pairs, probe_plan), the independent serialized check (reprobe, agreement) and the per-allocation
+cache (clear_cache). The kernels are triton_kernels/partition_probe.py.
 
 Why pairs: one SM's latency alone does not say a line's home. Within one partition the latency an SM sees
 spreads over ~30 cycles with the distance to the line's L2 slice, so near and far overlap: the best per-SM
@@ -17,12 +18,24 @@ two SMs of opposite partitions cancels most of that spread: with pairs chosen on
 d reads every recorded block as the serialized re-probe does (in a tensor's second probe; 98.9% in its
 first, whose slow loads triton_kernels/partition_probe.py explains). So every block is timed by both SMs of
 a pair, and each pair decides on its own blocks' d (classify_blocks).
+
+What a cold map costs (counted for a 32 MB tensor, 131072 blocks; launches and copies do not grow with it):
+the per-GPU setup and, per tensor size, the probe plan with each block's pair id (_plan: one host pass over
+the blocks, two pinned copies to the GPU) are made once and kept with the setup, so a cold map of a size seen
+before does no host work per block. Under the GPU lock: the probe (the output's fill, the control block's
+two, the kernel; the host polls its end, then reads the control block back: 1 copy); 3 launches turn its
+clock counts into float64 with NaN for a missing timing, and the timings never leave the GPU. The decision
+(_classify) is 38 + 8 k small launches for k 2-means updates (the recordings need 1-3), one read to the host
+of a convergence flag per update, 2 reads of per-group numbers (n_pairs + 2 of each: the fit, then the tallies
+that say which pairs see two modes), 2 copies of per-group numbers to the GPU, and the result: one copy of 5
+bytes a block (margin float32, home int8), which the PartitionMap's numpy arrays view.
 """
 from __future__ import annotations
 
+import math
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from scipy.optimize import linear_sum_assignment
@@ -62,13 +75,13 @@ MAX_CENTRAL = 0.05
 PAIR_QUANTILE = 2.0    # a pair's calibrated margin: this percentile of its signed differences over the lines
 
 
-# ---- the decision (pure numpy) ----------------------------------------------------------------------------
+# ---- the decision ----------------------------------------------------------------------------------------
 @dataclass(frozen=True, eq=False)
 class BlockClasses:
     """homes: (n_blocks,) int8 0/1, -1 undecided. margin: (n_blocks,) |d - threshold| in cycles per load, d the
     block's pair difference. pairs: (n_pairs, 2) the SM pairs that timed blocks (column p near partition p);
     threshold: (n_pairs,) each one's decision threshold on d (NaN: its blocks are undecided). found: the
-    timings show two modes at all; reason says why not."""
+    timings show two modes at all; reason says why not. All numpy, on the host."""
 
     homes: np.ndarray
     margin: np.ndarray
@@ -78,81 +91,198 @@ class BlockClasses:
     reason: str
 
 
-def _two_means(values, groups, n_groups, lo, hi):
-    """Per-group 2-means on 1-D values from starts lo < hi: (lower mean, upper mean), NaN where a group
-    ends with an empty side."""
-    n_all = np.bincount(groups, minlength=n_groups)
-    s_all = np.bincount(groups, weights=values, minlength=n_groups)
-    lo, hi = lo.astype(np.float64), hi.astype(np.float64)
-    before = None
-    for _ in range(MAX_ITERATIONS):
-        upper = values > np.take((lo + hi) / 2, groups)
-        if before is not None and np.array_equal(upper, before):
-            break
-        n_up = np.bincount(groups, weights=upper, minlength=n_groups)
-        s_up = np.bincount(groups, weights=values * upper, minlength=n_groups)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            lo, hi = (s_all - s_up) / (n_all - n_up), s_up / n_up
-        before = upper
-    return lo, hi
+@dataclass(frozen=True, eq=False)
+class BlockPairs:
+    """Everything classify_blocks needs besides the timings, prepared once per probe plan, calibration and
+    device (block_pairs; partition_map keeps one per tensor size with the per-GPU setup).
+
+    pairs: (n_pairs, 2) the SM pairs that timed blocks (column p near partition p), ordered by (row 0 SM,
+    row 1 SM). mid, half: (n_pairs,) host float64, the centre and half width of the pair's calibrated d
+    (partition 0 at mid - half, 1 at mid + half); usable: finite mid and half > 0. On `device`: pair (n_blocks,)
+    int64, each block's pair, or TRASH = n_pairs + 1 where no usable pair timed it; and per group (n_pairs + 2:
+    the pairs, the pool n_pairs, the trash) mid_g and half_g (unusable pairs and the pool: 0 and 1; the trash:
+    NaN and 1), ids (0..n_pairs + 1) and fallback (the group of a pair with too few blocks: the pool; the
+    trash stays the trash)."""
 
 
-def classify_blocks(cycles, timers, near, far, *, noise_cycles: float = NOISE_CYCLES,
-                    z: float = UNDECIDED_Z) -> BlockClasses:
-    """The home partition of each block from the latencies the two SMs of a pair measured on it.
+    pairs: np.ndarray
+    mid: np.ndarray
+    half: np.ndarray
+    usable: np.ndarray
+    pair: object
+    mid_g: object
+    half_g: object
+    ids: object
+    fallback: object
 
-    cycles: (2, n_blocks) cycles per load, row p timed by the pair's SM near partition p (NaN: missing).
-    timers: (n_blocks, 2) those SMs (timers_of_blocks; -1: none). near, far: (n_sm,) the SMs' calibrated
-    near/far latencies (labels.sm_labels). Each pair decides on d = cycles[0] - cycles[1]: its blocks' d
-    split in two modes, lower for partition 0 (row 0's SM is near it). 2-means per pair, started at the
-    calibration's d of a block of each partition, sets its threshold midway between the two means: home 0
-    below it, 1 above, margin = |d - threshold|. Pairs with fewer than MIN_FIT blocks are fitted as one pool
-    (d in units of the pair's calibrated contrast); a pool smaller still keeps the calibrated thresholds.
-    Undecided (-1): a missing timing, margin under z * noise_cycles, or a fitted pair (or pool) whose modes
-    are too close or too unbalanced to be partitions. No structure (found=False, all -1): most fitted pairs
-    lack two such modes, or too many blocks fall in the middle of the gap between them.
-    """
-    c = np.asarray(cycles, dtype=np.float64)
-    t = np.asarray(timers, dtype=np.int64)
-    near, far = np.asarray(near, dtype=np.float64), np.asarray(far, dtype=np.float64)
-    if c.ndim != 2 or c.shape[0] != 2 or t.shape != (c.shape[1], 2):
-        raise ValueError(f"cycles must have shape (2, n_blocks) and timers (n_blocks, 2), got {c.shape} and {t.shape}")
-    n_sm, n_blocks = len(near), c.shape[1]
+    @property
+    def n_blocks(self) -> int:
+        return int(self.pair.shape[0])
+
+    @property
+    def device(self):
+        return self.pair.device
+
+
+def _host(a, dtype) -> np.ndarray:
+    """A numpy array of `a` (numpy, a list, or a torch tensor on any device)."""
+    if hasattr(a, "detach") and hasattr(a, "cpu"):
+        a = a.detach().cpu().numpy()
+    return np.asarray(a, dtype=dtype)
+
+
+def _on(a: np.ndarray, device):
+    """Host array -> tensor on `device` (CUDA: pinned and non-blocking, as probes.to_device)."""
+    import torch
+
+    if device.type == "cuda":
+        from .probes import to_device
+
+        return to_device(a, device)
+    return torch.from_numpy(np.ascontiguousarray(a)).to(device)
+
+
+def block_pairs(timers, near, far, device="cpu") -> BlockPairs:
+    """Prepare classify_blocks' per-plan data. timers: (n_blocks, 2) the SMs that timed each block into row 0
+    and row 1 (timers_of_blocks; -1: none). near, far: (n_sm,) the SMs' calibrated near/far latencies
+    (labels.sm_labels). Host work in O(n_blocks + n_sm^2), then one copy of the pair ids to `device`."""
+    import torch
+
+    t = _host(timers, np.int64)
+    near, far = _host(near, np.float64), _host(far, np.float64)
+    if t.ndim != 2 or t.shape[1] != 2:
+        raise ValueError(f"timers must have shape (n_blocks, 2), got {t.shape}")
     if near.ndim != 1 or far.shape != near.shape:
         raise ValueError(f"near and far must have one shape (n_sm,), got {near.shape} and {far.shape}")
+    n_sm = len(near)
     if t.size and (t.min() < -1 or t.max() >= n_sm):
         raise ValueError(f"timers must hold SM ids in 0..{n_sm - 1} (-1: none)")
-    homes, margin = np.full(n_blocks, -1, np.int8), np.zeros(n_blocks, np.float32)
-    timed = np.flatnonzero((t >= 0).all(axis=1))  # one pair per distinct (row 0 SM, row 1 SM)
-    key, pair = np.unique(t[timed, 0] * n_sm + t[timed, 1], return_inverse=True)
-    pairs, n_pairs = np.stack([key // n_sm, key % n_sm], axis=1), len(key)
-    threshold = np.full(n_pairs, np.nan)
-
-    def undecided(reason):
-        return BlockClasses(homes, margin, pairs, threshold, False, reason)
-
+    timed = (t >= 0).all(axis=1)
+    key = t[timed, 0] * n_sm + t[timed, 1]  # one pair per distinct (row 0 SM, row 1 SM)
+    seen = np.bincount(key, minlength=n_sm * n_sm) > 0
+    keys = np.flatnonzero(seen)
+    pair_of_key = np.cumsum(seen) - 1
+    pairs, n_pairs = np.stack([keys // n_sm, keys % n_sm], axis=1), len(keys)
     # d in units of each pair's calibrated contrast: the calibration puts partition 0 at -1, partition 1 at +1
     mid = (near[pairs[:, 0]] + far[pairs[:, 0]] - near[pairs[:, 1]] - far[pairs[:, 1]]) / 2
     half = (far[pairs[:, 0]] - near[pairs[:, 0]] + far[pairs[:, 1]] - near[pairs[:, 1]]) / 2
     with np.errstate(invalid="ignore"):
         usable = np.isfinite(mid) & (half > 0)
-    keep = usable[pair] & np.isfinite(c).all(axis=0)[timed]
-    blocks, pair = timed[keep], pair[keep]
-    if not len(blocks):
-        return undecided("no block has both timings from a calibrated pair")
-    x = (c[0, blocks] - c[1, blocks] - mid[pair]) / half[pair]
+    trash = n_pairs + 1
+    pair = np.full(len(t), trash, dtype=np.int64)
+    inv = pair_of_key[key]
+    pair[timed] = np.where(usable[inv], inv, trash)
+    mid_g = np.concatenate([np.where(usable, mid, 0.0), [0.0, np.nan]])  # the trash's NaN marks its blocks
+    half_g = np.concatenate([np.where(usable, half, 1.0), [1.0, 1.0]])
+    fallback = np.full(n_pairs + 2, n_pairs, dtype=np.int64)
+    fallback[trash] = trash
+    device = torch.device(device)
+    return BlockPairs(pairs=pairs, mid=mid, half=half, usable=usable, pair=_on(pair, device),
+                      mid_g=_on(mid_g, device), half_g=_on(half_g, device),
+                      ids=_on(np.arange(n_pairs + 2, dtype=np.int64), device), fallback=_on(fallback, device))
 
-    # groups 0..n_pairs-1: the pairs with MIN_FIT blocks or more; group n_pairs: the pool of the others
-    group_of = np.where(np.bincount(pair, minlength=n_pairs) >= MIN_FIT, np.arange(n_pairs), n_pairs)
-    group = group_of[pair]
-    count = np.bincount(group, minlength=n_pairs + 1)
+
+def classify_blocks(cycles, timers, near=None, far=None, *, noise_cycles: float = NOISE_CYCLES,
+                    z: float = UNDECIDED_Z) -> BlockClasses:
+    """The home partition of each block from the latencies the two SMs of a pair measured on it.
+
+    cycles: (2, n_blocks) cycles per load, row p timed by the pair's SM near partition p (NaN: missing); a
+    numpy array or a torch tensor on any device, where the work then runs. timers: either (n_blocks, 2) those
+    SMs (timers_of_blocks; -1: none) with near, far: (n_sm,) the SMs' calibrated near/far latencies
+    (labels.sm_labels), or a BlockPairs prepared from them (block_pairs; then no near, far). Each pair decides
+    on d = cycles[0] - cycles[1]: its blocks' d split in two modes, lower for partition 0 (row 0's SM is near
+    it). 2-means per pair, started at the calibration's d of a block of each partition, sets its threshold
+    midway between the two means: home 0 below it, 1 above, margin = |d - threshold|. Pairs with fewer than
+    MIN_FIT blocks are fitted as one pool (d in units of the pair's calibrated contrast); a pool smaller still
+    keeps the calibrated thresholds. Undecided (-1): a missing timing, margin under z * noise_cycles, or a
+    fitted pair (or pool) whose modes are too close or too unbalanced to be partitions. No structure
+    (found=False, all -1): most fitted pairs lack two such modes, or too many blocks fall in the middle of the
+    gap between them.
+
+    Per-block work is torch ops where the timings are; the per-pair numbers (n_pairs + 2 of each) cross to
+    the host between passes, and the homes and margins come back in one copy at the end.
+    """
+    import torch
+
+    c = cycles if isinstance(cycles, torch.Tensor) else torch.from_numpy(_host(cycles, np.float64))
+    if isinstance(timers, BlockPairs):
+        if near is not None or far is not None:
+            raise ValueError("a BlockPairs carries its calibration: pass no near, far with it")
+        blocks = timers
+        if c.ndim != 2 or c.shape[0] != 2 or c.shape[1] != blocks.n_blocks:
+            raise ValueError(f"cycles must have shape (2, {blocks.n_blocks}) for these BlockPairs, got "
+                             f"{tuple(c.shape)}")
+    else:
+        if near is None or far is None:
+            raise TypeError("classify_blocks needs near and far with timers (or a BlockPairs)")
+        t_shape = np.shape(timers)
+        if c.ndim != 2 or c.shape[0] != 2 or tuple(t_shape) != (c.shape[1], 2):
+            raise ValueError(f"cycles must have shape (2, n_blocks) and timers (n_blocks, 2), got "
+                             f"{tuple(c.shape)} and {tuple(t_shape)}")
+        blocks = block_pairs(timers, near, far, c.device)
+    return _classify(c.to(blocks.device, torch.float64), blocks, noise_cycles, z)
+
+
+def _classify(c, bp: BlockPairs, noise_cycles: float, z: float) -> BlockClasses:
+    """classify_blocks on float64 timings on bp's device: 17 launches before the fit, 3 + 8 per 2-means update
+    (with one read of the convergence flag each), 18 after; 2 reads of per-group numbers to the host and 2
+    copies back, then one read of the result."""
+    import torch
+
+    n_pairs, dev, f64 = len(bp.pairs), bp.device, torch.float64
+    n_groups, trash = n_pairs + 2, n_pairs + 1
+    homes, margin = np.full(bp.n_blocks, -1, np.int8), np.zeros(bp.n_blocks, np.float32)
+    threshold = np.full(n_pairs, np.nan)
+
+    def undecided(reason):
+        return BlockClasses(homes, margin, bp.pairs, threshold, False, reason)
+
+    # each block's x: d in its pair's calibrated units (NaN: a missing timing, or no usable pair: mid_g's NaN);
+    # such a block goes to the trash group, with x 0
+    half_b = bp.half_g.take(bp.pair)
+    x = (c[0] - c[1] - bp.mid_g.take(bp.pair)) / half_b
+    ok = x.abs() < math.inf  # isfinite, in two launches rather than four
+    pv = torch.where(ok, bp.pair, trash)
+    x = torch.where(ok, x, 0.0)
+    ones_x = torch.stack((torch.ones_like(x), x), dim=1)  # index_add of these: (count, sum) per group
+    n_pair = torch.zeros(n_groups, dtype=f64, device=dev).index_add_(0, pv, ones_x[:, 0])
+    group_of = torch.where(n_pair >= MIN_FIT, bp.ids, bp.fallback)  # small pairs -> the pool
+    group = group_of.take(pv)
+    group_hi = group + n_groups  # the upper side of group g sums into slot n_groups + g
+
+    # per-group 2-means from the calibrated starts (-1, +1): both sides' (count, sum) from one index_add
+    cut = torch.zeros(n_groups, dtype=f64, device=dev)
+    means, before = None, None
+    for _ in range(MAX_ITERATIONS):
+        upper = x > cut.take(group)
+        if before is not None and torch.equal(upper, before):
+            break
+        sums = torch.zeros(2 * n_groups, 2, dtype=f64, device=dev).index_add_(
+            0, torch.where(upper, group_hi, group), ones_x)
+        means = (sums[:, 1] / sums[:, 0]).view(2, n_groups)  # rows: lower and upper mean; NaN: an empty side
+        cut = means.mean(dim=0)
+        before = upper
+
+    # per-group decisions on the host, as numpy
+    host = torch.cat((n_pair, means.flatten())).cpu().numpy()
+    n_pair_h, lo_fit, hi_fit = host[:n_pairs], host[n_groups:n_groups + n_pairs + 1], host[2 * n_groups:-1]
+    group_of_h = np.where(n_pair_h >= MIN_FIT, np.arange(n_pairs), n_pairs)
+    count = np.bincount(group_of_h, weights=n_pair_h, minlength=n_pairs + 1)
+    if not count.sum():
+        return undecided("no block has both timings from a calibrated pair")
     fitted = count >= MIN_FIT
-    lo, hi = np.full(n_pairs + 1, -1.0), np.full(n_pairs + 1, 1.0)
-    fit_lo, fit_hi = _two_means(x, group, n_pairs + 1, lo, hi)
-    lo[fitted], hi[fitted] = fit_lo[fitted], fit_hi[fitted]
+    lo, hi = np.where(fitted, lo_fit, -1.0), np.where(fitted, hi_fit, 1.0)
     cut, spread = (lo + hi) / 2, (hi - lo) / 2
-    upper = x > cut[group]
-    n_upper = np.bincount(group, weights=upper, minlength=n_pairs + 1)
+    per_group = np.zeros((2, n_groups))  # the trash: cut 0 (its x), no band
+    per_group[0, :-1], per_group[1, :-1] = cut, CENTRAL_BAND * spread
+    per_group = _on(per_group, dev)
+    cut_b = per_group[0].take(group)
+    upper = x > cut_b
+    dist = (x - cut_b).abs()
+    central_b = dist < per_group[1].take(group)
+    tally = torch.zeros(n_groups, 2, dtype=f64, device=dev).index_add_(
+        0, group, torch.stack((upper, central_b), dim=1).to(f64)).cpu().numpy()
+    n_upper, n_central = tally[:-1, 0], tally[:-1, 1]
     with np.errstate(invalid="ignore"):
         modes = (spread >= MIN_SEPARATION) & (np.minimum(n_upper, count - n_upper) >= MIN_BALANCE * count)
     modes |= ~fitted  # too few blocks to fit: the calibration vouches
@@ -161,16 +291,24 @@ def classify_blocks(cycles, timers, near, far, *, noise_cycles: float = NOISE_CY
         if share < MIN_PAIRS_OK:
             return undecided(f"no structure: only {share:.0%} of the SM pairs see two balanced modes of timings "
                              f"at least {MIN_SEPARATION:g} x their calibrated contrast apart")
-        tested = (modes & fitted)[group]
-        central = float(np.mean(np.abs(x - cut[group])[tested] < CENTRAL_BAND * spread[group][tested]))
+        tested = modes & fitted
+        with np.errstate(invalid="ignore"):
+            central = float(n_central[tested].sum() / count[tested].sum())
         if central > MAX_CENTRAL:
             return undecided(f"no structure: {central:.1%} of the blocks lie in the middle of the gap between "
                              f"their pair's two modes (over {MAX_CENTRAL:.0%}; unrelated timings: ~15%)")
-    decided = usable & modes[group_of]
-    threshold[decided] = (mid + cut[group_of] * half)[decided]
-    margin[blocks] = np.abs(x - cut[group]) * half[pair]
-    homes[blocks] = np.where(modes[group] & (margin[blocks] >= z * noise_cycles), upper, -1)
-    return BlockClasses(homes, margin, pairs, threshold, True, "")
+    decided = bp.usable & modes[group_of_h]
+    threshold[decided] = (bp.mid + cut[group_of_h] * bp.half)[decided]
+
+    # every block against its group's threshold; margins and homes come back in one copy
+    margin_b = (dist * half_b).to(torch.float32)  # the trash: x 0 at cut 0, margin 0
+    # the margin a block of each group needs to be decided: z * noise_cycles (compared in float32, as the
+    # margins are kept), or infinite where the group shows no two modes, and in the trash
+    needed = np.append(np.where(modes, z * noise_cycles, np.inf), np.inf).astype(np.float32)
+    homes_b = torch.where(margin_b >= _on(needed, dev).take(group), upper.to(torch.int8), -1)
+    out = torch.cat((margin_b.view(torch.uint8), homes_b.view(torch.uint8))).cpu().numpy()
+    n = bp.n_blocks
+    return BlockClasses(out[4 * n:].view(np.int8), out[:4 * n].view(np.float32), bp.pairs, threshold, True, "")
 
 
 # ---- which SMs time which blocks (pure numpy) ------------------------------------------------------------
@@ -327,12 +465,46 @@ class Reprobe:
 
 
 @dataclass(frozen=True, eq=False)
+class _Plan:
+    """What the probe plan fixes for tensors of n_blocks blocks on one device, the same for every such tensor:
+    the plan (host, and on the device for the kernel), how many SMs time blocks, and the classifier's
+    BlockPairs (each block's pair id on the device)."""
+
+    n_blocks: int
+    plan: np.ndarray
+    plan_t: object
+    n_timing: int
+    blocks: BlockPairs
+
+
+PLANS_KEPT = 8  # per setup, the most recently used tensor sizes (a 32 MB tensor's: 1 MB of pair ids on the GPU)
+
+
+@dataclass(frozen=True, eq=False)
 class _Setup:
     topology: object
     n_sm: int
     near: np.ndarray
     far: np.ndarray
     pairs: Pairs
+    plans: dict = field(default_factory=dict, repr=False)  # (n_blocks, device) -> _Plan, oldest first
+
+
+def _plan(setup: _Setup, n_blocks: int, device) -> _Plan:
+    """The setup's _Plan for n_blocks blocks on `device`, made on first use (one host pass over the blocks and
+    two small pinned copies to the device) and kept with the setup: the same object for every tensor of the
+    size, while it is among the PLANS_KEPT sizes used last."""
+    key = (int(n_blocks), str(device))
+    hit = setup.plans.pop(key, None)
+    if hit is None:
+        plan = probe_plan(n_blocks, setup.pairs.sms, setup.n_sm)
+        hit = _Plan(n_blocks=int(n_blocks), plan=plan, plan_t=_on(plan.ravel(), device),
+                    n_timing=int(np.sum(plan[:, 1] > plan[:, 0])),
+                    blocks=block_pairs(timers_of_blocks(plan, n_blocks), setup.near, setup.far, device))
+        while len(setup.plans) >= PLANS_KEPT:
+            del setup.plans[next(iter(setup.plans))]
+    setup.plans[key] = hit
+    return hit
 
 
 _SETUPS: dict[tuple, _Setup] = {}
@@ -388,28 +560,52 @@ def n_blocks_of(nbytes: int, block_bytes: int) -> int:
     return (nbytes - 8) // block_bytes + 1
 
 
+def _launch_probe(tensor, plan_t, n_blocks: int, n_timing: int, n_sm: int, block_bytes: int, backend: str,
+                  timeout_s: float):
+    """partition_probe_kernel once over the tensor's storage: ((2, n_blocks) int32 on the device, the fastest of
+    N_TIMED loads of each block in clock counts, -1 where nothing was timed; host wall time of the launch and
+    wait). Launches: the output's fill, the control block's two, the kernel; one copy of the control block
+    back (probes.checked_launches)."""
+    import torch
+
+    from .probes import checked_launches
+
+    storage = _storage_of(tensor, block_bytes)
+    cycles = torch.full((2, n_blocks), -1, dtype=torch.int32, device=tensor.device)
+    per_sm = 2 * n_blocks // max(n_timing, 1) + 1
+    elapsed = 0.0
+    for elapsed in checked_launches(tensor.device, backend, "partition", n_sm, n_sm, timeout_s,
+                                     per_sm * (1 + N_TIMED), 1,
+                                     (storage.data_ptr(), plan_t, cycles, n_blocks, block_bytes, 0, N_TIMED)):
+        pass
+    return cycles, elapsed
+
+
 def run_probe(tensor, plan: np.ndarray, n_sm: int, *, block_bytes: int = 256, backend: str = "triton",
               timeout_s: float = 2.0):
     """Launch partition_probe_kernel once over the tensor's storage: (cycles (2, n_blocks) float32 of the fastest
     of N_TIMED loads of each block, row p by the SM of partition p, NaN where nothing was timed; host wall time
-    of the launch and wait). The caller holds the GPU lock."""
-    import torch
+    of the launch and wait), on the host. The caller holds the GPU lock. (partition_map keeps the timings on
+    the GPU: _probe.)"""
+    from .probes import to_device
 
-    from .probes import checked_launches, to_device
-
-    storage = _storage_of(tensor, block_bytes)
-    device = tensor.device
-    n_blocks = n_blocks_of(storage.nbytes(), block_bytes)
-    plan_t = to_device(plan.astype(np.int64).ravel(), device)
-    cycles = torch.full((2, n_blocks), -1, dtype=torch.int32, device=device)
-    per_sm = 2 * n_blocks // max(int(np.sum(plan[:, 1] > plan[:, 0])), 1) + 1
-    elapsed = 0.0
-    for elapsed in checked_launches(device, backend, "partition", n_sm, n_sm, timeout_s, per_sm * (1 + N_TIMED), 1,
-                                     (storage.data_ptr(), plan_t, cycles, n_blocks, block_bytes, 0, N_TIMED)):
-        pass
+    n_blocks = n_blocks_of(_storage_of(tensor, block_bytes).nbytes(), block_bytes)
+    plan = np.asarray(plan, dtype=np.int64)
+    cycles, elapsed = _launch_probe(tensor, to_device(plan.ravel(), tensor.device), n_blocks,
+                                    int(np.sum(plan[:, 1] > plan[:, 0])), n_sm, block_bytes, backend, timeout_s)
     c = cycles.cpu().numpy().astype(np.float32)  # exact: clock counts of one load
     c[c < 0] = np.nan
     return c, elapsed
+
+
+def _probe(tensor, plan: _Plan, n_sm: int, *, block_bytes: int, backend: str, timeout_s: float):
+    """run_probe for partition_map, with the plan's device copy and the timings left on the device: ((2, n_blocks)
+    float64 tensor, NaN where nothing was timed; host wall time). Three launches after the probe's."""
+    import torch
+
+    cycles, elapsed = _launch_probe(tensor, plan.plan_t, plan.n_blocks, plan.n_timing, n_sm, block_bytes, backend,
+                                    timeout_s)
+    return cycles.to(torch.float64).masked_fill_(cycles < 0, math.nan), elapsed
 
 
 def partition_map(tensor, *, topology=None, backend: str = "triton", block_bytes: int = 256,
@@ -438,12 +634,12 @@ def partition_map(tensor, *, topology=None, backend: str = "triton", block_bytes
         raise ProbeError("partition_map cannot measure during CUDA graph capture: map the tensor before capturing")
     index = tensor.device.index
     setup = _setup(index, topology, backend)
-    n_blocks = n_blocks_of(storage.nbytes(), block_bytes)
-    plan = probe_plan(n_blocks, setup.pairs.sms, setup.n_sm)
+    plan = _plan(setup, n_blocks_of(storage.nbytes(), block_bytes), tensor.device)
+    # the classification's kernels run under the lock too: another process's probe must not time beside them
     with measuring(index), torch.cuda.device(index):
-        cycles, probe_s = run_probe(tensor, plan, setup.n_sm, block_bytes=block_bytes, backend=backend,
-                                    timeout_s=timeout_s)
-    classes = classify_blocks(cycles, timers_of_blocks(plan, n_blocks), setup.near, setup.far)
+        cycles, probe_s = _probe(tensor, plan, setup.n_sm, block_bytes=block_bytes, backend=backend,
+                                 timeout_s=timeout_s)
+        classes = classify_blocks(cycles, plan.blocks)
     if not classes.found:
         raise ProbeError(f"partition map of cuda:{index}: {classes.reason}; the probe measured no partitions")
     pmap = PartitionMap(homes=classes.homes, margin=classes.margin, block_bytes=block_bytes,
