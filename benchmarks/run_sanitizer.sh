@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # compute-sanitizer (memcheck, racecheck, synccheck, initcheck) over every kernel of the package, on the local
-# GPU; logs to ${1:-$OUT/sanitizer}/<tool>.log and one summary line per tool (SANITIZER_TIMEOUT_S bounds each tool).
+# GPU; logs to ${1:-$OUT/sanitizer}/<tool>.log and one summary line per tool (SANITIZER_TIMEOUT_S bounds each
+# tool; SANITIZER_TOOLS picks some).
 #   bash benchmarks/run_sanitizer.sh [LOG_DIR]
 set -u
 dir=${1:-$OUT/sanitizer}
 mkdir -p "$dir"
 # One cudaMalloc per tensor: memcheck then sees an access past a tensor's end instead of inside a cached block.
 export PYTORCH_NO_CUDA_MEMORY_CACHING=1 PYTHONUNBUFFERED=1
-for tool in memcheck racecheck synccheck initcheck; do
+for tool in ${SANITIZER_TOOLS:-memcheck racecheck synccheck initcheck}; do
   extra=""
   [ "$tool" = memcheck ] && extra="--leak-check no"
   timeout "${SANITIZER_TIMEOUT_S:-600}" compute-sanitizer --tool "$tool" $extra --print-limit 50 --log-file "$dir/$tool.log" \

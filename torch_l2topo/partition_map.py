@@ -650,11 +650,11 @@ def partition_map(tensor, *, topology=None, backend: str = "triton", block_bytes
 
 
 def reprobe(tensor, sample_blocks, *, topology=None, block_bytes: int = 256, n_timed: int = REPROBE_TIMED,
-            timeout_s: float = 2.0) -> Reprobe:
+            timeout_s: float = 2.0, warmup_ms: float = 50.0) -> Reprobe:
     """The independent check of a map: the blocks `sample_blocks` timed by the calibration's best SM pair,
-    one SM at a time after warming the clocks, the mean of n_timed loads each (not the map's fastest load: an
-    independent statistic, and one slow load moves a mean of 16 by < half the smallest recorded difference);
-    a block's home is the partition of the SM that saw it faster. Takes the GPU lock."""
+    one SM at a time after warming the clocks for warmup_ms, the mean of n_timed loads each (not the map's
+    fastest load: an independent statistic, and one slow load moves a mean of 16 by < half the smallest
+    recorded difference); a block's home is the partition of the SM that saw it faster. Takes the GPU lock."""
     import torch
 
     from .calibration import measuring
@@ -673,7 +673,7 @@ def reprobe(tensor, sample_blocks, *, topology=None, block_bytes: int = 256, n_t
     rows = np.full(setup.n_sm, -1, dtype=np.int32)
     rows[list(setup.pairs.best)] = [0, 1]
     with measuring(index), torch.cuda.device(index):
-        warm_clocks(device, 50)
+        warm_clocks(device, warmup_ms)
         ctrl = torch.zeros(control_words(setup.n_sm), dtype=torch.int64, device=device)
         cycles = torch.full((2, blocks.size), -1, dtype=torch.int64, device=device)
         launch_triton(partition_reprobe_kernel, GRID_FACTOR * setup.n_sm,
