@@ -5,7 +5,7 @@ wall time (kernels compiled, nothing cached), two calibrations for repeat noise;
 concurrent vs serialized agreement, the cached calibrate() time, chain-map min/mean/max and SM coverage.
 Optionally saves every calibration (uuid hashed) for bundling.
 
-    python benchmarks/bench_calibrate.py --device 0 --out benchmarks/results/calibrate_h200_gpu0.json \
+    python benchmarks/bench_calibrate.py --device 0 --out /tmp/calibrate_h200_gpu0.json \
         --save-dir /tmp/calibrations
 """
 from __future__ import annotations

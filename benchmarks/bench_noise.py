@@ -9,7 +9,7 @@ repeat range, the cold wall time, and the agreement with serialized. The per-wav
 difference of the SMs measured together vs the spread within a wave) says whether noise is common to a
 wave (a GPU-wide disturbance at that moment) or per SM.
 
-    python benchmarks/bench_noise.py --device 0 --out benchmarks/results/noise_h200_gpu0.json --raw /tmp/noise_gpu0.npz
+    python benchmarks/bench_noise.py --device 0 --out /tmp/noise_h200_gpu0.json --raw /tmp/noise_gpu0.npz
 """
 from __future__ import annotations
 

@@ -6,8 +6,8 @@ would (outcome, attempts, wall time, the error message), then a single unchecked
 repeats are saved for the CPU tests of the detector (tests/test_trust.py), with how far its map is from
 the idle map measured in the same run: the physical ground truth of "disturbed".
 
-    python benchmarks/bench_trust.py --device 0 --out benchmarks/results/trust_h200_gpu0.json \
-        --raw benchmarks/results/trust/h200-gpu0.npz
+    python benchmarks/bench_trust.py --device 0 --out /tmp/trust_h200_gpu0.json \
+        --raw /tmp/trust_gpu0.npz
 """
 from __future__ import annotations
 
