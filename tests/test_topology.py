@@ -140,3 +140,23 @@ def test_inconsistent_arrays_are_rejected(h200, field, value):
     kwargs[field] = value
     with pytest.raises(TopologyFormatError):
         Topology(**kwargs, meta={})
+
+
+def test_bytes_round_trip_without_a_file(h200, tmp_path):
+    data = h200.to_bytes()
+    back = Topology.from_bytes(data)
+    for name in ("chain_cycles", "chain_ns", "line_cycles", "line_addresses", "chain_noise", "line_noise",
+                 "sm_clock_ghz"):
+        np.testing.assert_array_equal(getattr(back, name), getattr(h200, name))
+    assert back.meta == h200.meta and back.extras.keys() == h200.extras.keys()
+    assert h200.save(tmp_path / "t.npz").read_bytes() == data  # a saved file is exactly these bytes
+    with pytest.raises(TopologyFormatError, match="sent bytes"):
+        Topology.from_bytes(data[:-10], source="sent bytes")
+    with pytest.raises(TypeError, match="bytes"):
+        Topology.from_bytes("not bytes")
+
+
+def test_json_view_is_machine_readable(h200):
+    doc = json.loads(h200.to_json())
+    assert doc["meta"]["device"]["name"] == "NVIDIA H200" and len(doc["chain_cycles"]) == h200.n_sm
+    assert doc["line_mean_cycles"] == pytest.approx(h200.line_cycles.mean(axis=0), abs=1e-3)
