@@ -184,7 +184,6 @@ def bench_overhead(dev, topo) -> dict:
     """Host time per launch (eager) and device time per launch (graph) of a one-item-per-SM no-op workload."""
     import torch
 
-    from placement_workloads import chase_kernel as kernel_fn
     from torch_l2topo.launch import launch_triton
     from torch_l2topo.sm_aware import sm_aware
 
@@ -193,7 +192,7 @@ def bench_overhead(dev, topo) -> dict:
     ends = torch.zeros(n, dtype=torch.int64, device=dev)
     out = {}
     for policy in ("dynamic", "auto"):
-        kernel = sm_aware(kernel_fn, policy=policy, num_warps=1, topology=topo)
+        kernel = sm_aware(chase_kernel, policy=policy, num_warps=1, topology=topo)
 
         def wrapped():
             kernel(starts, ends, 0, n_items=n)
@@ -202,7 +201,7 @@ def bench_overhead(dev, topo) -> dict:
         plan, state = kernel.plan_tensors(n)
 
         def plain():
-            launch_triton(kernel_fn, n, (starts, ends, 0, plan, state), 1)
+            launch_triton(chase_kernel, n, (starts, ends, 0, plan, state), 1)
 
         row = {}
         for name, fn in (("plain_triton", plain), ("sm_aware", wrapped)):

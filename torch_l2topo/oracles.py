@@ -49,10 +49,9 @@ def measure_oracles(device, programs: int = 4, seed: int = 0) -> Oracles:
     launch("latency_oracle", "triton", programs, starts, out, 4, L1_LOADS, True)
     l1 = out.view(programs, 3)[:, 0].cpu().numpy() / L1_LOADS
     n_lines = DRAM_BYTES // LINE_BYTES
-    ring, base = _ring(n_lines, device, seed)
+    ring, base = _ring(n_lines, device, seed)  # alive until out.cpu() below has waited for the chase
     starts = base + torch.from_numpy(np.random.default_rng(seed + 1).choice(n_lines, programs, replace=False)
                                      ).to(device) * LINE_BYTES
     launch("latency_oracle", "triton", programs, starts, out, 0, DRAM_LOADS, False)
     dram = out.view(programs, 3)[:, 0].cpu().numpy() / DRAM_LOADS
-    del ring
     return Oracles(l1=l1, dram=dram)
