@@ -1,10 +1,16 @@
-"""Device fingerprinting and SM localization on recorded calibrations (CPU only): the figures of issue 4.
+"""Device fingerprinting and SM localization on recorded calibrations (CPU only): the figures of issues 4 and 11.
 
-Loads every calibration it finds (bundled + benchmarks/results/calibrations; identical arrays counted
-once), then reports
-- signature distances: within-device (same uuid hash) and between-device pairs, min/median/max, the ratio
-  min-between / max-within, the threshold calibrate_threshold() derives, and identify() accuracy over
-  all ordered pairs (one-entry registry) with that threshold and with fingerprint.DEFAULT_THRESHOLD;
+The decision (issue 11), on the labelled collection benchmarks/results/fingerprints/manifest.csv (many GPUs,
+sessions, machines; collect_fingerprints.py grows it):
+- every calibration screened with the trust module (untrusted ones listed and left out, never widening the
+  threshold); ground truth per pair: the board serial where both calibrations have one, else the uuid;
+- the decision band (threshold, factor) fit on the tuning sessions (--tuning-sessions, the same as
+  tests/recorded.py's TUNING_SESSIONS), tested on every pair not wholly inside them: false match, false
+  non-match and ambiguous rates with 95% Clopper-Pearson intervals, per calibration pair and per device pair;
+- chain maps of every trusted record, raw repeats included: which devices (by uuid or serial) have
+  near-identical maps, and whether any serial was seen under several uuids.
+On the calibrations of issue 4 (bundled + benchmarks/results/calibrations; identical arrays counted once):
+- signature distances within (same uuid hash) and between devices, the threshold calibrate_threshold() derives;
 - the same for hashed exports (Hamming fractions over several salts);
 - why per-SM near/far latencies are not in the signature: how far apart two disjoint halves of one
   calibration's lines put them, against how far apart they are between the two GPUs;
@@ -19,7 +25,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import itertools
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -27,15 +32,19 @@ import numpy as np
 from common import cpu_environment, write_json
 from torch_l2topo import Topology, TopologyFormatError
 from torch_l2topo import fingerprint as fp
+from torch_l2topo import fingerprint_eval as fe
 from torch_l2topo import hashed as hx
 from torch_l2topo.bundled import DATA_DIR
 from torch_l2topo.labels import sm_labels
 from torch_l2topo.localize import SMClassifier, evaluate
-from torch_l2topo.registry import Registry
 
 ROOT = Path(__file__).resolve().parents[1]
 
 CALIBRATION_DIRS = (DATA_DIR, ROOT / "benchmarks" / "results" / "calibrations")
+MANIFEST = ROOT / "benchmarks" / "results" / "fingerprints" / "manifest.csv"
+# The sessions the decision band is fit on: two GPUs at 05:37 (unknown machine) and machine A's two at 21:34
+# (2026-11-30). Every other session is held out; tests/recorded.py keeps the same split.
+TUNING_SESSIONS = ("2026-11-30T05:37", "2026-11-30T21:34")
 SALTS = tuple(f"bench-salt-{i:02d}" for i in range(8))  # fixed: the figures must be reproducible
 KS = (4, 8, 16)
 TRAIN = ("cuda", "waves")
@@ -93,9 +102,6 @@ def signature_figures(topos: dict) -> dict:
     between = [d for (a, b), d in dist.items() if device[a] != device[b]]
     fig = separation(within, between)
     fig["default_threshold"] = fp.DEFAULT_THRESHOLD
-    for key, threshold in (("identify_calibrated", fig["threshold"]), ("identify_default", fp.DEFAULT_THRESHOLD)):
-        if threshold is not None:
-            fig[key] = identify_accuracy(sigs, device, threshold)
 
     hashed_w, hashed_b = [], []
     for salt in SALTS:
@@ -110,20 +116,64 @@ def signature_figures(topos: dict) -> dict:
     return fig
 
 
-def identify_accuracy(sigs: dict, device: dict, threshold: float) -> dict:
-    """Every ordered pair (query, entry) through a one-entry Registry: right when it matches iff same GPU."""
-    right, false_match, missed = 0, 0, 0
-    with tempfile.TemporaryDirectory() as tmp:
-        for i, (query, entry) in enumerate(itertools.permutations(sigs, 2)):
-            reg = Registry(Path(tmp) / str(i))
-            reg.add("entry", sigs[entry])
-            name, _, _ = reg.identify(sigs[query], threshold=threshold)
-            same = device[query] == device[entry]
-            right += (name is not None) == same
-            false_match += name is not None and not same
-            missed += name is None and same
-    n = len(sigs) * (len(sigs) - 1)
-    return {"threshold": threshold, "accuracy": right / n, "false_matches": false_match, "missed": missed, "n": n}
+def collection_figures(tuning_sessions) -> dict:
+    """Issue 11: the decision band fit on the tuning sessions and its error rates on everything else."""
+    records = fe.load_collection(MANIFEST, ROOT)
+    tuning = set(tuning_sessions)
+    fit_pairs = fe.pairs(records, lambda a, b: a.session in tuning and b.session in tuning)
+    test_pairs = fe.pairs(records, lambda a, b: not (a.session in tuning and b.session in tuning))
+    fitted = fe.fit(fit_pairs)
+    devices = {fe.device_of(r) for r in records}
+    out = {
+        "manifest": _shown(MANIFEST), "tuning_sessions": sorted(tuning),
+        "records": len(records), "with_signature": sum(r.signature is not None for r in records),
+        "sessions": sorted({r.session for r in records}), "machines": sorted({r.row["machine"] for r in records} - {""}),
+        "devices_by_identifier": len(devices), "devices_with_serial": sum(d.startswith("serial:") for d in devices),
+        "untrusted": {r.key: list(r.problems) for r in records if not r.trusted},
+        "fit": fitted,
+        "default": {"threshold": fp.DEFAULT_THRESHOLD, "factor": fp.AMBIGUITY_FACTOR},
+        "test": fe.evaluate(test_pairs, fp.DEFAULT_THRESHOLD, fp.AMBIGUITY_FACTOR),
+        "test_plain_threshold": {k: v for k, v in fe.evaluate(test_pairs, fp.DEFAULT_THRESHOLD, 1.0).items()
+                                 if k != "listed"},
+        "test_device_pairs": fe.device_pairs(records, test_pairs, fp.DEFAULT_THRESHOLD, fp.AMBIGUITY_FACTOR),
+        "chain_maps": chain_map_figures(records),
+    }
+    return out
+
+
+def chain_map_figures(records) -> dict:
+    """Which devices have near-identical chain maps (raw repeats included), and serials seen under several
+    uuids. Per device the median of its trusted centered chain maps; the cut for "near-identical" is the
+    largest chain RMS between two calibrations of one device (same identifier) in the collection."""
+    trusted = [r for r in records if r.trusted]
+    within = [fe.chain_rms(a, b) for a, b in itertools.combinations(trusted, 2) if fe.same_device(a, b)[0]]
+    by = {}
+    for r in trusted:
+        by.setdefault(fe.device_of(r), []).append(r.chain)
+    rep = {d: np.median(v, axis=0) for d, v in by.items()}
+    rms = {(a, b): float(np.sqrt(np.mean((rep[a] - rep[b] - np.median(rep[a] - rep[b])) ** 2)))
+           for a, b in itertools.combinations(sorted(rep), 2)}
+    cut = max(within)
+    parent = {d: d for d in rep}  # union-find: devices whose maps are within the cut count as one map
+
+    def root(d):
+        while parent[d] != d:
+            d = parent[d]
+        return d
+
+    for (a, b), v in rms.items():
+        if v <= cut:
+            parent[root(a)] = root(b)
+    uuids_per_serial = {}
+    for r in records:
+        if r.serial_hash:
+            uuids_per_serial.setdefault(r.serial_hash, set()).add(r.uuid_hash)
+    return {"within_device_rms_max": cut, "n_devices": len(rep),
+            "n_distinct_maps": len({root(d) for d in rep}),
+            "between_device_rms": spread(list(rms.values())),
+            "near_pairs": [{"devices": list(k), "rms_cycles": v} for k, v in sorted(rms.items(), key=lambda x: x[1])
+                           if v < 1.0],
+            "uuids_per_serial": {s: sorted(u) for s, u in uuids_per_serial.items()}}
 
 
 def _near_far(line_cycles: np.ndarray, side: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -222,6 +272,8 @@ def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "fingerprint_h200_cpu.json"),
                    help="result JSON path")
+    p.add_argument("--tuning-sessions", nargs="+", default=TUNING_SESSIONS,
+                   help="sessions (manifest column) the decision band is fit on; the rest is the test set")
     args = p.parse_args(argv)
     topos, duplicates, skipped = load_all()
     if len({t.meta.get("uuid_hash") for t in topos.values()}) < 2:
@@ -232,6 +284,7 @@ def main(argv=None) -> dict:
                              "torch_l2topo": t.meta.get("versions", {}).get("torch_l2topo")}
                          for k, t in topos.items()},
         "duplicates": duplicates, "skipped": skipped,
+        "collection": collection_figures(args.tuning_sessions),
         "signature": signature_figures(topos),
         "near_far": near_far_figures(topos),
         "localization": localization_figures(topos),
@@ -249,9 +302,16 @@ def _print_summary(f: dict) -> None:
         print(f"{name:8s} within {w['min']:.4f}/{w['median']:.4f}/{w['max']:.4f}  between {b['min']:.4f}/"
               f"{b['median']:.4f}/{b['max']:.4f}  ratio {block['ratio_min_between_over_max_within']}  "
               f"threshold {block['threshold']}  margin {block['margin']}")
-    for key in ("identify_calibrated", "identify_default"):
-        if key in s:
-            print(f"{key}: {s[key]}")
+    c = f["collection"]
+    print(f"collection: {c['records']} records, {c['devices_by_identifier']} devices by identifier "
+          f"({c['chain_maps']['n_distinct_maps']} distinct maps), sessions {len(c['sessions'])}, "
+          f"untrusted {len(c['untrusted'])}")
+    print(f"fit on {c['tuning_sessions']}: {c['fit']}")
+    for key in ("false_match", "false_non_match", "ambiguous_same", "ambiguous_different"):
+        r = c["test"][key]
+        print(f"test {key}: {r['k']}/{r['n']}  95% CI {r['ci95'][0]:.4f}-{r['ci95'][1]:.4f}")
+    print(f"test device pairs: {c['test_device_pairs']}")
+    print(f"near-identical chain maps: {c['chain_maps']['near_pairs']}")
     print(f"hashed accuracy at default threshold: {s['hashed']['accuracy_default']:.4f}")
     for key, v in f["near_far"].items():
         print(f"near/far {key} (min/median/max): "

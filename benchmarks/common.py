@@ -18,7 +18,7 @@ import numpy as np
 def environment(device_index: int = 0) -> dict:
     import torch
 
-    from torch_l2topo.device import device_info
+    from torch_l2topo.device import board_serial_hash, device_info
     from torch_l2topo.version import __version__
 
     info = device_info(device_index)
@@ -28,7 +28,8 @@ def environment(device_index: int = 0) -> dict:
         triton_version = triton.__version__
     except ImportError:
         triton_version = None
-    return {"gpu": info.name, "uuid_hash": info.uuid_hash, "cc": list(info.cc), "sm_count": info.sm_count,
+    return {"gpu": info.name, "uuid_hash": info.uuid_hash, "serial_hash": board_serial_hash(device_index),
+            "cc": list(info.cc), "sm_count": info.sm_count,
             "l2_bytes": info.l2_bytes, "driver": info.driver, "torch": torch.__version__,
             "cuda": torch.version.cuda, "triton": triton_version, "torch_l2topo": __version__,
             "clocks": _smi_clocks(device_index),

@@ -15,6 +15,20 @@ CALIBRATIONS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / 
 TUNING_GPUS = ("d557bc", "f78934")
 TEST_GPUS = ("1e5731", "d00e55")
 
+# The labelled fingerprint collection (issue 11): fingerprint.DEFAULT_THRESHOLD and AMBIGUITY_FACTOR were fit
+# on pairs inside TUNING_SESSIONS (benchmarks/bench_fingerprint.py keeps the same split); tests of the
+# decision use pairs with at least one calibration from another session.
+ROOT = Path(__file__).resolve().parents[1]
+COLLECTION_MANIFEST = ROOT / "benchmarks" / "results" / "fingerprints" / "manifest.csv"
+TUNING_SESSIONS = ("2026-11-30T05:37", "2026-11-30T21:34")
+
+
+def load_collection() -> list:
+    """fingerprint_eval.Records of every row of the collection manifest."""
+    from torch_l2topo.fingerprint_eval import load_collection as load
+
+    return load(COLLECTION_MANIFEST, ROOT)
+
 
 def gpu_of(name: str) -> str:
     """'h200-1e5731-cuda-waves' -> '1e5731'."""

@@ -122,3 +122,116 @@ def test_default_threshold_is_the_fit_on_the_tuning_set(sigs):
     threshold, margin = fp.calibrate_threshold(within, between)
     assert threshold == pytest.approx(fp.DEFAULT_THRESHOLD, rel=0.01)
     assert margin > 1.5
+
+
+# ---- the decision, on the labelled collection (issue 11) -------------------------------------------
+def test_decide_band_and_candidates():
+    t, f = 0.5, 2.0
+    assert fp.decide(0.2, threshold=t, factor=f) == fp.MATCH
+    assert fp.decide(0.3, threshold=t, factor=f) == fp.AMBIGUOUS  # inside [0.25, 1.0]
+    assert fp.decide(0.9, threshold=t, factor=f) == fp.AMBIGUOUS
+    assert fp.decide(1.1, threshold=t, factor=f) == fp.NO_MATCH
+    assert fp.decide(0.1, 0.45, threshold=t, factor=f) == fp.AMBIGUOUS  # a second device within the threshold
+    assert fp.decide(0.1, 0.6, threshold=t, factor=f) == fp.MATCH
+    assert fp.decide(0.5, threshold=t, factor=1.0) == fp.MATCH  # factor 1: a plain threshold
+    with pytest.raises(ValueError, match="factor"):
+        fp.decide(0.1, threshold=t, factor=0.5)
+
+
+@pytest.fixture(scope="module")
+def collection():
+    from recorded import load_collection
+
+    return load_collection()
+
+
+def test_collection_is_labelled_and_carries_no_raw_identifier(collection):
+    import re
+
+    from recorded import ROOT
+
+    hex12 = re.compile(r"[0-9a-f]{12}")
+    for r in collection:
+        assert hex12.fullmatch(r.uuid_hash) and (r.serial_hash is None or hex12.fullmatch(r.serial_hash)), r.key
+        assert r.row["session"] and r.row["date"] and r.row["backend"] and r.row["mode"] and r.row["source"], r.key
+        if not r.row["member"]:
+            uuid = Topology.load(ROOT / r.row["file"]).meta["device"]["uuid"]
+            assert uuid.startswith("sha256:"), f"{r.key} carries a raw uuid"
+    assert len({r.uuid_hash for r in collection}) >= 12
+    assert len({r.session for r in collection}) >= 6
+
+
+def _split(collection):
+    from recorded import TUNING_SESSIONS
+    from torch_l2topo import fingerprint_eval as fe
+
+    inside = lambda a, b: a.session in TUNING_SESSIONS and b.session in TUNING_SESSIONS  # noqa: E731
+    return fe.pairs(collection, inside), fe.pairs(collection, lambda a, b: not inside(a, b))
+
+
+def test_decision_band_is_the_fit_on_the_tuning_sessions(collection):
+    from torch_l2topo import fingerprint_eval as fe
+
+    tuning, _ = _split(collection)
+    fitted = fe.fit(tuning)
+    assert fitted["threshold"] == pytest.approx(fp.DEFAULT_THRESHOLD, rel=0.01)
+    assert fitted["factor"] == pytest.approx(fp.AMBIGUITY_FACTOR, rel=0.01)
+
+
+def test_bench_uses_the_same_split():
+    import sys
+
+    from recorded import ROOT, TUNING_SESSIONS
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_fingerprint
+
+    assert tuple(bench_fingerprint.TUNING_SESSIONS) == TUNING_SESSIONS
+
+
+def test_held_out_pairs_same_device_never_refused_and_serials_never_collide(collection):
+    """On pairs with a calibration outside the tuning sessions: no same-device pair gets "no match", and
+    every different-device pair the map does not separate rests on the uuid alone (no serial on one side):
+    the candidates for "same GPU, new uuid"; two different serials never collided."""
+    from torch_l2topo import fingerprint_eval as fe
+
+    _, test = _split(collection)
+    report = fe.evaluate(test, fp.DEFAULT_THRESHOLD, fp.AMBIGUITY_FACTOR)
+    assert report["false_non_match"]["n"] >= 80 and report["false_non_match"]["k"] == 0
+    assert report["false_match"]["n"] >= 500
+    for p in report["listed"]:
+        if not p["same"]:
+            assert p["truth"] == "uuid", p
+    assert report["truth_by"]["serial"] >= 1  # machine B's two boards: serial against serial
+
+
+def test_untrusted_calibrations_are_screened_out(collection):
+    from torch_l2topo import fingerprint_eval as fe
+
+    untrusted = [r for r in collection if not r.trusted]
+    assert {r.row["member"] for r in untrusted} == {"matmul"}  # the recorded runs under another process's matmuls
+    assert all(any("L2-resident" in p for p in r.problems) for r in untrusted)
+    keys = {k for p in fe.pairs(collection) for k in (p.a, p.b)}
+    assert not keys & {r.key for r in untrusted}
+
+
+def test_raw_repeats_enter_the_chain_map_comparison_only(collection):
+    """bench_noise's two GPUs of one session (uuid hashes 5dcc71..., 62ec90...) have chain maps as close as
+    two calibrations of one GPU: recorded as found, for the serial to settle (README, fingerprints)."""
+    from torch_l2topo import fingerprint_eval as fe
+
+    reps = {r.key: r for r in collection if r.signature is None and r.trusted}
+    assert len(reps) >= 16
+    a = reps["h200-5dcc7192757e-2026-11-30a:cuda_default_r0"]
+    b = reps["h200-62ec9099ccd2-2026-11-30a:cuda_default_r0"]
+    assert fe.chain_rms(a, b) < 0.1
+
+
+def test_clopper_pearson():
+    from torch_l2topo.fingerprint_eval import clopper_pearson
+
+    lo, hi = clopper_pearson(0, 92)
+    assert lo == 0 and hi == pytest.approx(1 - 0.025 ** (1 / 92))
+    lo, hi = clopper_pearson(5, 10)
+    assert lo == pytest.approx(0.1871, abs=1e-4) and hi == pytest.approx(0.8129, abs=1e-4)
+    assert clopper_pearson(0, 0) == [0.0, 1.0]

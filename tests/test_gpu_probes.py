@@ -203,8 +203,11 @@ def test_identify_the_running_gpu_against_its_own_calibration(gpu, tmp_path):
     reg = Registry(tmp_path / "registry")
     reg.add("this-gpu", fp.signature(torch_l2topo.calibrate(0, use_cache=False)))
     reg.add("another-h200", fp.signature(torch_l2topo.load_example(other)))
-    name, distance, margin = reg.identify(torch_l2topo.calibrate(0, backend="cuda", use_cache=False))
-    assert name == "this-gpu" and distance < fp.DEFAULT_THRESHOLD
+    found = reg.identify(torch_l2topo.calibrate(0, backend="cuda", use_cache=False))
+    assert found.name == "this-gpu" and found.distance < fp.DEFAULT_THRESHOLD, found.explain()
+    # the bundled GPU may be this very board under another uuid (issue 11): then two entries are candidates
+    assert found.verdict == "match" or (found.verdict == "ambiguous" and found.runner_up == "another-h200"), \
+        found.explain()
 
 
 def test_a_calibration_under_another_process_matmuls_is_refused_and_not_cached(gpu, cache_dir):

@@ -20,8 +20,8 @@ LAYERS = [
     ("probes", {"probes", "oracles", "gpc_probe"}),
     ("calibration", {"calibration", "trust", "repeats"}),
     ("analysis", {"nuca", "labels", "structure", "slices", "compare", "analysis"}),
-    ("uses", {"localize", "selfloc", "fingerprint", "registry", "hashed", "plans", "launcher", "sm_aware",
-              "partition_map"}),
+    ("uses", {"localize", "selfloc", "fingerprint", "fingerprint_eval", "registry", "hashed", "plans", "launcher",
+              "sm_aware", "partition_map"}),
     ("presentation", {"report", "figures", "cli", "__init__", "__main__"}),
 ]
 LAYER = {m: i for i, (_, mods) in enumerate(LAYERS) for m in mods}

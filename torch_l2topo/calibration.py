@@ -10,7 +10,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from . import cache, trust
-from .device import device_info, device_uuid, resolve_device
+from .device import board_serial_hash, device_info, device_uuid, resolve_device
 from .errors import CalibrationDisturbed, ProbeError, check_choice
 from .files import exclusive
 from .launch import BACKEND_CHOICES, resolve_backend
@@ -137,7 +137,8 @@ def _measure(index: int, info, cfg: ProbeConfig, backend: str, mode: str) -> Top
     versions = {"torch_l2topo": __version__, "torch": torch.__version__, "cuda": torch.version.cuda,
                 "triton": _triton_version()}
     meta = {
-        "device": info.as_dict(), "uuid_hash": info.uuid_hash, "backend": backend, "mode": mode,
+        "device": info.as_dict(), "uuid_hash": info.uuid_hash, "serial_hash": board_serial_hash(index),
+        "backend": backend, "mode": mode,
         "config": dataclasses.asdict(cfg), "versions": versions,
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "wall_s": wall, "probe_s": {"chain": [c.elapsed_s for c in chains], "lines": [r.elapsed_s for r in lines]},

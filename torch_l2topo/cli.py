@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from .bundled import DEFAULT_EXAMPLE, list_examples, load_example, load_topology
+from .cache import cache_dir
 from .errors import L2TopoError
 from .launch import BACKEND_CHOICES
 from .probes import DEFAULT_MODE, MODES
@@ -28,6 +29,39 @@ def cmd_calibrate(args) -> int:
 
 def cmd_show(args) -> int:
     _emit(load_topology(args.file or args.example), args.json)
+    return 0
+
+
+def _calibration_of(args):
+    """A saved calibration (path or bundled name) when given, else this machine's GPU (calibrate())."""
+    if args.file:
+        return load_topology(args.file)
+    from .calibration import calibrate
+
+    return calibrate(args.device)
+
+
+def cmd_enroll(args) -> int:
+    from .registry import Registry
+
+    reg = Registry(args.registry)
+    topo = _calibration_of(args)
+    if reg.names():  # say first whether this GPU is already there, perhaps under another uuid
+        print("before enrolling: " + reg.identify(topo).explain())
+    path = reg.add(args.name, topo, replace=args.replace)
+    m = topo.meta
+    print(f"enrolled {args.name!r} ({path}): {m.get('device', {}).get('name', '?')}, uuid hash "
+          f"{m.get('uuid_hash') or 'unknown'}, board serial hash {m.get('serial_hash') or 'unknown'}")
+    return 0
+
+
+def cmd_identify(args) -> int:
+    import json
+
+    from .registry import Registry
+
+    found = Registry(args.registry).identify(_calibration_of(args))
+    print(json.dumps(found.to_dict(), indent=1) if args.json else found.explain())
     return 0
 
 
@@ -88,6 +122,21 @@ def build_parser() -> argparse.ArgumentParser:
                                      "adds how partitions, clusters and slice classes hold between the two")
     r.add_argument("-o", "--out-dir", default="l2topo-report", help="output directory (default l2topo-report)")
     r.set_defaults(func=cmd_report)
+    for verb, func, text in (("enroll", cmd_enroll, "add a GPU's fingerprint to a registry under a name"),
+                             ("identify", cmd_identify, "which enrolled GPU made a calibration: match, no match "
+                                                        "or ambiguous, and whether its uuid changed")):
+        f = sub.add_parser(verb, help=text)
+        if verb == "enroll":
+            f.add_argument("name", help="entry name (letters, digits, '.', '_', '-')")
+            f.add_argument("--replace", action="store_true", help="overwrite an entry of that name")
+        f.add_argument("file", nargs="?", help="a saved calibration (.npz) or bundled name; default: calibrate "
+                                               "this machine's GPU")
+        f.add_argument("--device", type=int, default=None, help="CUDA device index when calibrating")
+        f.add_argument("--registry", default=str(cache_dir() / "registry"),
+                       help="registry directory (default: <calibration cache>/registry)")
+        if verb == "identify":
+            f.add_argument("--json", action="store_true", help="print the evidence as JSON")
+        f.set_defaults(func=func)
     e = sub.add_parser("examples", help="list the bundled calibrations")
     e.set_defaults(func=lambda args: print("\n".join(list_examples())) or 0)
     return p

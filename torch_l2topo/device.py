@@ -1,8 +1,14 @@
-"""Which GPU to probe, whether it can be probed, and what identifies it (name, uuid, driver, MIG)."""
+"""Which GPU to probe, whether it can be probed, and what identifies it (name, uuid, driver, MIG, board serial).
+
+Result files carry hashes of the uuid and of the board serial, never the raw values (uuid_hash,
+board_serial_hash). The serial is the physical ground truth: some machines present a new uuid for the same
+board on another day, while the board serial stays.
+"""
 from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
 from dataclasses import asdict, dataclass
 
 from .errors import DeviceError
@@ -36,6 +42,67 @@ class DeviceInfo:
 
 def uuid_hash(uuid: str) -> str:
     return hashlib.sha256(uuid.encode()).hexdigest()[:12]
+
+
+# What NVML and nvidia-smi report when a board has no readable serial (vGPU guests, some consumer boards).
+_NO_SERIAL = {"", "n/a", "[n/a]", "not supported", "[not supported]"}
+_serial_hashes: dict[str, str | None] = {}  # by uuid: one lookup per process (nvidia-smi takes ~0.1 s)
+
+
+def board_serial_hash(index: int) -> str | None:
+    """sha256 of CUDA device `index`'s board serial number, first 12 hex (the uuid_hash scheme); None when it
+    cannot be read. Tries NVML (nvidia-ml-py, the board matched by uuid), then `nvidia-smi`; never raises."""
+    try:
+        uuid = device_uuid(index)
+    except Exception:  # no torch or no such device: no serial either
+        return None
+    if uuid not in _serial_hashes:
+        serial = _serial_from_nvml(uuid) or _serial_from_smi(uuid)
+        _serial_hashes[uuid] = uuid_hash(serial) if serial else None
+    return _serial_hashes[uuid]
+
+
+def _clean_serial(value) -> str | None:
+    if isinstance(value, bytes):
+        value = value.decode(errors="replace")
+    if not isinstance(value, str):
+        return None
+    value = value.strip()
+    return None if value.lower() in _NO_SERIAL else value
+
+
+def _nvml_uuid(uuid: str) -> str:
+    """NVML and nvidia-smi name GPUs 'GPU-<uuid>'; torch prints the bare uuid."""
+    return uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+
+
+def _serial_from_nvml(uuid: str) -> str | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return _clean_serial(pynvml.nvmlDeviceGetSerial(pynvml.nvmlDeviceGetHandleByUUID(_nvml_uuid(uuid))))
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # NVML is optional; boards without a serial raise NVMLError_NotSupported
+        return None
+
+
+def _serial_from_smi(uuid: str) -> str | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=uuid,serial", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):  # not installed, hung driver
+        return None
+    if out.returncode != 0:
+        return None
+    want = _nvml_uuid(uuid).lower()
+    for line in out.stdout.splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) == 2 and fields[0].lower() == want:
+            return _clean_serial(fields[1])
+    return None
 
 
 def resolve_device(device=None) -> int:

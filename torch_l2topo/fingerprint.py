@@ -1,8 +1,9 @@
 """Device fingerprints: which physical GPU made this calibration, from its latency maps alone.
 
 Owns the device signature (the address-independent, offset-free part of a Topology), the distance between
-two signatures and the threshold that separates "same GPU" from "another GPU". registry.py keeps known
-signatures on disk; hashed.py exports them for matching without sharing maps.
+two signatures and the decision on a distance (decide(): match, no match, or ambiguous inside the band
+around the threshold). registry.py keeps known signatures on disk; hashed.py exports them for matching
+without sharing maps; fingerprint_eval.py fits and tests the decision on a labelled collection.
 
 What a signature holds, and why (measured on two H200s, 12 calibrations, benchmarks/bench_fingerprint.py):
 - chain block: the per-SM chain map (cycles per load over the random 2 MiB ring) minus its median.
@@ -31,13 +32,14 @@ SIGNATURE_VERSION = 1
 BLOCKS = ("chain", "side")
 FORMAT = "torch_l2topo/device-signature"
 
-# Same-GPU vs other-GPU boundary for distance(), fit by calibrate_threshold() on the tuning set: two H200s
-# (d557bc, f78934), 6 calibrations each (both backends x three modes, one process per GPU), recorded in
-# benchmarks/results/fingerprint_h200_cpu.json: within-device distances 0.009-0.263, between-device
-# 0.981-1.016, boundary 0.508, 1.93x from both. tests/test_fingerprint.py checks it on the other GPUs only.
-# Recalibrations on other days, clocks or drivers were not in that data: widen with calibrate_threshold()
-# when they are.
+# The decision band of decide(): threshold and factor from calibrate_threshold() on the tuning sessions of
+# the labelled collection benchmarks/results/fingerprints/ (2026-11-30: two H200s at 05:37 on one machine,
+# six calibrations each, and machine A's two H200s at 21:34, two each; trusted calibrations only, truth =
+# uuid since none of them has a serial). Within-device distances 0.007-0.263, between-device from 0.981:
+# threshold 0.508, band 0.263-0.981 (factor 1.93). Held out: every pair not wholly inside those sessions
+# (benchmarks/results/fingerprint_h200_cpu.json, "collection"; tests/test_fingerprint.py).
 DEFAULT_THRESHOLD = 0.51
+AMBIGUITY_FACTOR = 1.93
 
 # An SM's partition side is only recorded when the two partitions differ by more than this many times the
 # calibration's line repeat noise: below that a split is noise (a flat map has no sides).
@@ -157,6 +159,29 @@ def distance(a: DeviceSignature, b: DeviceSignature) -> float:
         d = a.block(name) - b.block(name)
         total += float(np.sum((d - np.median(d)) ** 2))
     return math.sqrt(total / a.vector.size)
+
+
+MATCH, NO_MATCH, AMBIGUOUS = "match", "no match", "ambiguous"
+
+
+def decide(best: float, runner_up: float = math.inf, threshold: float = DEFAULT_THRESHOLD,
+           factor: float = AMBIGUITY_FACTOR) -> str:
+    """The verdict for a query whose nearest entry lies at `best` and whose nearest entry of another device
+    at `runner_up` (inf when there is none): MATCH, NO_MATCH or AMBIGUOUS.
+
+    The band [threshold / factor, threshold * factor] is the range of distances the fit never saw a pair
+    in (calibrate_threshold(): its edges are the largest within-device and the smallest between-device
+    distance of the tuning data): a distance in it is too close to call. Below the band it is a match,
+    unless a second device also lies within the threshold (two candidates: the map cannot tell which, or
+    one GPU was enrolled twice under two uuids). factor=1 gives a plain threshold decision.
+    """
+    if not threshold > 0 or not factor >= 1:
+        raise ValueError(f"need threshold > 0 and factor >= 1, got {threshold!r}, {factor!r}")
+    if best > threshold * factor:
+        return NO_MATCH
+    if best > threshold / factor or runner_up <= threshold:
+        return AMBIGUOUS
+    return MATCH
 
 
 def calibrate_threshold(within, between) -> tuple[float, float]:
