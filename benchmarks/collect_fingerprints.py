@@ -49,7 +49,11 @@ def collect(out: Path, machine: str, rounds: int, mode: str) -> list[dict]:
         t0 = time.perf_counter()
         for backend in BACKENDS:
             for r in range(rounds):
-                topo = torch_l2topo.calibrate(index, backend=backend, mode=mode, force=True, check=False)
+                try:
+                    topo = torch_l2topo.calibrate(index, backend=backend, mode=mode, force=True, check=False)
+                except torch_l2topo.L2TopoError as exc:  # no map at all (SMs held, no backend): say, go on
+                    print(f"gpu{index} {backend:6s} r{r}: not calibrated: {exc}", flush=True)
+                    continue
                 m = topo.meta
                 name = f"{session.replace(':', '')}-{machine}-gpu{index}-{backend}-{mode}-r{r}-{m['uuid_hash']}.npz"
                 topo.export_copy(command=command_line(), machine=machine, session=session).save(out / name)
