@@ -5,8 +5,9 @@ waves mode, a private cache; check=False so that a map failing its self-checks i
 than lost, after calibrate's own retries), each saved with the uuid replaced by its hash as
 <session>-<machine>-gpu<i>-<backend>-<mode>-r<k>-<uuid hash>.npz, and one manifest row per calibration
 (fingerprint_eval.COLUMNS: uuid and board serial hashes, date, session, machine, backend, mode) appended to
-<out>/manifest.csv. The machine label is --machine, else a hash of the host name. Then it identifies each GPU
-against the committed collection (one registry entry per device) and prints the verdicts.
+<out>/manifest.csv. The machine label is --machine, else a hash of the host name. Then it prints how far
+apart this session's GPUs are, and identifies each against the committed collection (one registry entry per
+device).
 
 merge (here, after copying the output back): copies the .npz files into benchmarks/results/fingerprints/ and
 adds their rows to its manifest; rows already there (same file) are skipped, so merging twice is harmless.
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import hashlib
+import itertools
 import os
 import shutil
 import socket
@@ -69,8 +71,24 @@ def collect(out: Path, machine: str, rounds: int, mode: str) -> list[dict]:
     previous = read_manifest(manifest) if manifest.exists() else []
     write_manifest(manifest, previous + rows)
     print(f"wrote {len(rows)} calibrations and their manifest rows to {out}")
+    compare_within_session(topos)
     identify_against_collection(topos)
     return rows
+
+
+def compare_within_session(topos) -> None:
+    """Print how far apart the GPUs of this session are (first calibration each), with their serial hashes:
+    two device indices with one map and one serial would be one board seen twice."""
+    from torch_l2topo.fingerprint import decide, distance, signature
+
+    first = {}
+    for index, topo in topos:
+        first.setdefault(index, topo)
+    for (i, a), (j, b) in itertools.combinations(sorted(first.items()), 2):
+        d = distance(signature(a), signature(b))
+        sa, sb = a.meta.get("serial_hash"), b.meta.get("serial_hash")
+        same = "unknown" if not (sa and sb) else "the same" if sa == sb else "different"
+        print(f"gpu{i} vs gpu{j} of this session: distance {d:.3f} ({decide(d)}); board serials {same}")
 
 
 def identify_against_collection(topos) -> None:

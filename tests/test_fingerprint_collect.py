@@ -37,6 +37,7 @@ def test_collect_then_merge_twice(two_gpus, tmp_path, monkeypatch, capsys):
     cf.main(["collect", "--out", str(out), "--machine", "test-rig", "--rounds", "1"])
     printed = capsys.readouterr().out
     assert "gpu0 against the collection" in printed and "same GPU, new UUID" in printed
+    assert "gpu0 vs gpu1 of this session" in printed and "(no match)" in printed
     rows = read_manifest(out / "manifest.csv")
     assert [(r["gpu_index"], r["backend"]) for r in sorted(rows, key=lambda r: (r["gpu_index"], r["backend"]))] == \
         [("0", "cuda"), ("0", "triton"), ("1", "cuda"), ("1", "triton")]

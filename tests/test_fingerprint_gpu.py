@@ -16,7 +16,7 @@ _CHILD = """
 import json, sys
 import torch_l2topo
 from torch_l2topo.registry import Registry
-topo = torch_l2topo.calibrate(0, backend="cuda", force=True)
+topo = torch_l2topo.calibrate(0, force=True)  # the backend of the enrolled one, in a new process
 print(json.dumps(Registry(sys.argv[1]).identify(topo).to_dict()))
 """
 
