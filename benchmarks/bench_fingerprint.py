@@ -307,7 +307,7 @@ def _print_summary(f: dict) -> None:
           f"({c['chain_maps']['n_distinct_maps']} distinct maps), sessions {len(c['sessions'])}, "
           f"untrusted {len(c['untrusted'])}")
     print(f"fit on {c['tuning_sessions']}: {c['fit']}")
-    for key in ("false_match", "false_non_match", "ambiguous_same", "ambiguous_different"):
+    for key in ("false_match", "false_non_match", "ambiguous_same", "ambiguous_different", "serial_collisions"):
         r = c["test"][key]
         print(f"test {key}: {r['k']}/{r['n']}  95% CI {r['ci95'][0]:.4f}-{r['ci95'][1]:.4f}")
     print(f"test device pairs: {c['test_device_pairs']}")

@@ -203,6 +203,7 @@ def test_held_out_pairs_same_device_never_refused_and_serials_never_collide(coll
         if not p["same"]:
             assert p["truth"] == "uuid", p
     assert report["truth_by"]["serial"] >= 1  # machine B's two boards: serial against serial
+    assert report["serial_collisions"]["k"] == 0
 
 
 def test_untrusted_calibrations_are_screened_out(collection):

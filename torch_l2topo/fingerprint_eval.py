@@ -189,7 +189,7 @@ def evaluate(test_pairs, threshold: float, factor: float) -> dict:
     """Verdicts of held-out pairs (each one query against a one-entry registry) against the ground truth.
 
     false_match: different devices, verdict match. false_non_match: same device, verdict no match.
-    ambiguous_*: the verdict was ambiguous. Rates over calibration pairs (which are not independent: many
+    ambiguous_*: the verdict was ambiguous. serial_collisions: false matches where both serials are known. Rates over calibration pairs (which are not independent: many
     pairs share a GPU, so the intervals are optimistic), and false matches also over device pairs.
     """
     verdicts = [(p, decide(p.distance, math.inf, threshold, factor)) for p in test_pairs]
@@ -200,7 +200,10 @@ def evaluate(test_pairs, threshold: float, factor: float) -> dict:
            "false_non_match": _rate(sum(v == NO_MATCH for _, v in same), len(same)),
            "ambiguous_same": _rate(sum(v == AMBIGUOUS for _, v in same), len(same)),
            "ambiguous_different": _rate(sum(v == AMBIGUOUS for _, v in diff), len(diff)),
-           "truth_by": {t: sum(p.truth == t for p, _ in verdicts) for t in ("serial", "uuid")}}
+           "truth_by": {t: sum(p.truth == t for p, _ in verdicts) for t in ("serial", "uuid")},
+           # two different board serials whose maps matched: the collisions the map cannot tell apart
+           "serial_collisions": _rate(sum(v == MATCH for p, v in diff if p.truth == "serial"),
+                                      sum(p.truth == "serial" for p, _ in diff))}
     out["listed"] = [{"a": p.a, "b": p.b, "distance": p.distance, "same": p.same, "truth": p.truth, "verdict": v}
                      for p, v in verdicts if (v != MATCH) == p.same or v == AMBIGUOUS]
     return out

@@ -65,10 +65,6 @@ class Identification:
     entry_uuid_hash: str | None = None
     notes: tuple = field(default_factory=tuple)
 
-    @property
-    def matched(self) -> bool:
-        return self.verdict == MATCH
-
     def explain(self) -> str:
         """The verdict in plain words, with the evidence (for the CLI and logs)."""
         band = f"threshold {self.threshold:.3g}, undecided between {self.threshold / self.factor:.3g} and " \
