@@ -63,6 +63,7 @@ def test_same_gpu_new_uuid_is_said_plainly(tmp_path, topos):
     found = reg.identify(query)
     assert found.verdict == "match" and found.name == "gpu-a" and found.uuid_changed
     assert "same GPU, new UUID" in found.explain() and "0123456789ab" in found.explain()
+    assert "rests on the map alone" in found.explain()
     # with a serial on both sides the serial says it: the uuid changed, not the board
     reg.add("gpu-a", _with_meta(topos["h200-d557bc-cuda-waves"], serial_hash="aaaaaaaaaaaa"), replace=True)
     found = reg.identify(_with_meta(query, serial_hash="aaaaaaaaaaaa"))

@@ -192,8 +192,10 @@ class Registry:
         if conflict:
             verdict = AMBIGUOUS
         uuid_changed = None if not (q_uuid and best.uuid_hash) else q_uuid != best.uuid_hash
-        if verdict == MATCH and uuid_changed and q_serial and q_serial == best.serial_hash:
-            notes.append(f"the board serial (hash {q_serial}) is the enrolled one: the uuid changed, not the GPU")
+        if verdict == MATCH and uuid_changed:
+            notes.append(f"the board serial (hash {q_serial}) is the enrolled one: the uuid changed, not the GPU"
+                         if q_serial and q_serial == best.serial_hash else
+                         "no board serial on both sides: this rests on the map alone")
         margin = best_d / threshold if best_d > threshold else threshold / best_d if best_d > 0 else math.inf
         return Identification(verdict, best.name, best_d, runner.name if runner else None, runner_d, threshold,
                               factor, margin,
