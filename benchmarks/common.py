@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -38,7 +39,6 @@ def environment(device_index: int = 0) -> dict:
 
 def cpu_environment() -> dict:
     """The environment of a CPU-only benchmark (analysis of recorded calibrations): versions, CPU, date."""
-    import os
     import platform
 
     import scipy
@@ -68,7 +68,10 @@ def quantiles(values) -> dict:
 
 
 def command_line() -> str:
-    return "python " + " ".join(shlex.quote(a) for a in sys.argv)
+    """The command that is running, with CUDA_VISIBLE_DEVICES when set (it says which GPU --device 0 was)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    prefix = f"CUDA_VISIBLE_DEVICES={shlex.quote(visible)} " if visible is not None else ""
+    return prefix + "python " + " ".join(shlex.quote(a) for a in sys.argv)
 
 
 def write_result(path, figures: dict, device_index: int = 0) -> Path:

@@ -26,8 +26,11 @@ constexpr int PLAN_N_SLOTS = 0;
 constexpr int PLAN_N_STATIC = 1;
 constexpr int PLAN_N_TAIL = 2;
 constexpr int PLAN_MAGIC = 3;
-constexpr int PLAN_HEADER = 4;
+constexpr int PLAN_MODE = 4;
+constexpr int PLAN_HEADER = 5;
 constexpr int PLAN_MAGIC_VALUE = 0x4C32504C;
+constexpr int PLAN_MODE_SHARES = 0;
+constexpr int PLAN_MODE_DIRECT = 1;
 constexpr int PLAN_MAX_SLOTS = 256;
 
 // ---- placement state (int64) ----

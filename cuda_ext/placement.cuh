@@ -7,6 +7,9 @@
 //   PlanItem plan_next(plan, state, sm, phase)  {next item or -1, phase to pass back}; start with phase 0
 //   void plan_finish(plan, state, sm, t0, n_done)  per-SM statistics; the last CTA out resets the cursors
 //
+// A plan in direct mode (policy "plain", launched with one CTA per item) gives CTA b item b and then -1,
+// without atomics, statistics or reset.
+//
 // Where the Triton version returns tuples, these return the small structs PlanCta and PlanItem. Usage:
 //
 //   const l2topo::PlanCta cta = l2topo::plan_start(plan, state);
@@ -146,6 +149,12 @@ __device__ inline PlanCta plan_start(const int32_t* plan, int64_t* state) {
 }
 
 __device__ inline PlanItem plan_next(const int32_t* plan, int64_t* state, int64_t sm, int phase) {
+  // Direct mode: every thread reads the same words, so the branch is uniform and needs no broadcast.
+  if (detail::plan_ok(plan) && plan[PLAN_MODE] == PLAN_MODE_DIRECT) {
+    const int64_t block =
+        blockIdx.x + static_cast<int64_t>(gridDim.x) * (blockIdx.y + static_cast<int64_t>(gridDim.y) * blockIdx.z);
+    return {phase == PHASE_SHARE && block < plan[PLAN_N_TAIL] ? block : -1, PHASE_DONE};
+  }
   __shared__ PlanItem next;
   const int rank = detail::thread_rank();
   __syncthreads();  // every thread has read the previous call's `next` before it is overwritten
@@ -165,6 +174,7 @@ __device__ inline void plan_finish(const int32_t* plan, int64_t* state, int64_t 
   // The CTA's last plan_next call ended with __syncthreads after its last item, so thread 0 alone finishes.
   if (detail::thread_rank() != 0) return;
   const bool ok = detail::plan_ok(plan);
+  if (ok && plan[PLAN_MODE] == PLAN_MODE_DIRECT) return;  // no cursor moved: nothing to count or reset
   const int n_slots = plan[PLAN_N_SLOTS];
   if (ok && sm < n_slots) {
     int64_t* stats = state + STATE_CURSORS + n_slots + sm;  // statistic k of SM sm: stats[k * n_slots]

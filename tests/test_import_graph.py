@@ -19,9 +19,10 @@ LAYERS = [
     ("launch", {"launch", "extension"}),
     ("probes", {"probes", "oracles", "gpc_probe"}),
     ("calibration", {"calibration", "trust", "repeats"}),
-    ("analysis", {"nuca", "labels", "structure", "slices", "compare", "analysis"}),
+    ("analysis", {"nuca", "labels", "structure", "slices", "compare", "analysis", "geometry"}),
     ("uses", {"localize", "selfloc", "fingerprint", "fingerprint_eval", "registry", "hashed", "plans", "launcher",
-              "sm_aware", "partition_map"}),
+              "sm_aware", "partition_map", "green_contexts"}),
+    ("suites", {"geometry_probes"}),  # a use of the uses: calibration, partition maps, slice classes
     ("presentation", {"report", "figures", "cli", "__init__", "__main__"}),
 ]
 LAYER = {m: i for i, (_, mods) in enumerate(LAYERS) for m in mods}

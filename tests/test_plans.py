@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import torch_l2topo
-from torch_l2topo.layout import PLAN_HEADER, PLAN_MAGIC, plan_words
+from torch_l2topo.layout import PLAN_HEADER, PLAN_MAGIC, PLAN_MODE, PLAN_MODE_DIRECT, PLAN_MODE_SHARES, plan_words
 from torch_l2topo.plans import (DEFAULT_TAIL_FRACTION, POLICIES, Plan, SpeedModel, Workload, gain_fraction, limit,
                                 make_plan, predict)
 
@@ -99,6 +99,24 @@ def test_device_array_layout_and_rejections():
         Plan.from_array(bad)
     with pytest.raises(ValueError, match="int32"):
         Plan("uniform", 1, [0, 1], [2**31], []).to_array()
+
+
+def test_a_plain_plan_runs_in_direct_mode():
+    speeds = two_partition_model(4)
+    plan = make_plan("plain", speeds, Workload(10))
+    assert plan.direct and len(plan.items) == 0 and plan.tail.tolist() == list(range(10))
+    a = plan.to_array()
+    assert a[PLAN_MODE] == PLAN_MODE_DIRECT
+    back = Plan.from_array(a)
+    assert back.policy == "plain" and back.direct and back.tail.tolist() == list(range(10))
+    assert make_plan("dynamic", speeds, Workload(10)).to_array()[PLAN_MODE] == PLAN_MODE_SHARES
+    with pytest.raises(ValueError, match="direct-mode"):
+        Plan("plain", 2, [0, 1, 1], [3], [0, 1, 2])
+    with pytest.raises(ValueError, match="direct-mode"):
+        Plan("plain", 2, [0, 0, 0], [], [1, 0])
+    a[PLAN_MODE] = 7
+    with pytest.raises(ValueError, match="mode"):
+        Plan.from_array(a)
 
 
 def test_validate_names_missing_and_duplicated_items():

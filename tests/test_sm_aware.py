@@ -150,6 +150,16 @@ def test_affinity_candidates_need_classes_and_low_parallelism():
     assert candidate_policies(("weighted",), False, None) == ("dynamic", "weighted")  # dynamic is the reference
 
 
+def test_plain_is_always_a_candidate_and_launches_one_cta_per_item():
+    for has_classes, parallelism in ((False, 4), (True, HIGH_PARALLELISM)):
+        assert "plain" in candidate_policies(DEFAULT_CANDIDATES, has_classes, parallelism)
+    p = Placement(policy="plain")
+    assert p.grid(n_items=1000) == 1000 and p.grid(n_items=0) == 1
+    assert Placement().grid(policy="plain", n_items=7) == 7
+    with pytest.raises(ValueError, match="n_items"):
+        p.grid()
+
+
 def test_declared_occupancy_and_mlp_decide_the_parallelism():
     assert Placement(occupancy=2, mlp=8)._parallelism() == 16
     assert sm_aware(good_kernel)._parallelism() == 4  # 1 CTA x 4 warps, one load each

@@ -38,6 +38,7 @@ KERNELS = {
     "placement_demo": Kernel("placement_demo:checksum_kernel", "placement_demo", num_warps=4),
     "latency_oracle": Kernel("oracle:latency_oracle_kernel", None),
     "partition_probe": Kernel("partition_probe:partition_probe_kernel", None),
+    "sm_census": Kernel("whereami:sm_census_kernel", None),
 }
 
 

@@ -7,7 +7,8 @@ Dependency direction: layout <- kernels (triton_kernels/, cuda_ext/) <- launch <
 
 Control block (int64): four counters, then one claim flag per SM slot.
 Placement plan (int32, read-only on the device): a header, per-SM offsets into a flat item list (CSR),
-the items, then the dynamic tail. Placement state (int64, zero at rest): per-SM cursors, the tail cursor,
+the items, then the dynamic tail. A plan in direct mode hands program p item p and nothing else (policy
+"plain": one program per item, placed by the hardware, no claims). Placement state (int64, zero at rest): per-SM cursors, the tail cursor,
 the count of finished CTAs (the last CTA out zeroes the cursors, so launches need no host reset and can be
 captured in CUDA graphs), then per-SM statistics that accumulate across launches.
 """
@@ -36,8 +37,11 @@ PLAN_N_SLOTS = 0    # SM slots with a static share (the calibration's SM count)
 PLAN_N_STATIC = 1   # items in the static shares
 PLAN_N_TAIL = 2     # items in the dynamic tail, taken by whichever CTA asks first
 PLAN_MAGIC = 3      # PLAN_MAGIC_VALUE: a kernel handed anything else fails instead of guessing
-PLAN_HEADER = 4     # offsets[n_slots + 1] start here, then items[n_static], then tail[n_tail]
+PLAN_MODE = 4       # PLAN_MODE_SHARES or PLAN_MODE_DIRECT
+PLAN_HEADER = 5     # offsets[n_slots + 1] start here, then items[n_static], then tail[n_tail]
 PLAN_MAGIC_VALUE = 0x4C32504C  # "L2PL"
+PLAN_MODE_SHARES = 0  # shares, tail and stealing, claimed with atomics (every policy but "plain")
+PLAN_MODE_DIRECT = 1  # program p takes item p if p < n_tail, then stops: no atomics, no statistics, no reset
 # Width of the device's steal scan: every slot's cursor is read in one vector. 256 covers every NVIDIA GPU to
 # date (H200: 132 SMs, B200: 148); the host refuses plans with more slots.
 PLAN_MAX_SLOTS = 256

@@ -7,7 +7,9 @@ CTAs on every SM; each CTA reads %smid and then
 2. takes items of the dynamic tail, one at a time through one global cursor, while any are left,
 3. steals: takes the next unclaimed item (at the victim's cursor) of the SM with the most unclaimed items,
    so that no item is lost when an SM is missing, busy or slow,
-and stops when nothing is left. make_plan() decides the shares and the tail (Plan, stored on the device in
+and stops when nothing is left. Policy "plain" is the exception: no shares, no claims, one program per item
+(program p takes item p) placed by the hardware's CTA scheduler, exactly a plain launch of a non-persistent
+kernel; it is the reference every placement must beat. make_plan() decides the shares and the tail (Plan, stored on the device in
 the int32 format of layout.py); predict() simulates that protocol under a SpeedModel; limit() is the
 lower bound over all fractional assignments; gain_fraction() says how much of the possible gain a
 measured run took. ("auto", choosing among plans by timing them, belongs to the launcher, not here.)
@@ -28,9 +30,11 @@ from scipy.optimize import linprog
 
 from .errors import check_choice
 from .labels import sm_labels
-from .layout import PLAN_HEADER, PLAN_MAGIC, PLAN_MAGIC_VALUE, PLAN_N_SLOTS, PLAN_N_STATIC, PLAN_N_TAIL, plan_words
+from .layout import (PLAN_HEADER, PLAN_MAGIC, PLAN_MAGIC_VALUE, PLAN_MODE, PLAN_MODE_DIRECT, PLAN_MODE_SHARES,
+                     PLAN_N_SLOTS, PLAN_N_STATIC, PLAN_N_TAIL, plan_words)
 
-POLICIES = ("uniform", "dynamic", "weighted", "fastest", "partition_affine", "affine_weighted", "measured")
+POLICIES = ("uniform", "dynamic", "weighted", "fastest", "partition_affine", "affine_weighted", "measured", "plain")
+DIRECT_POLICIES = ("plain",)  # plans in direct mode (layout.py): one program per item, no claims
 N_CLASSES = 3  # item classes: home partition 0, home partition 1, unknown or mixed home
 # The static shares carry the locality and affinity; the tail only has to absorb the model's error (a
 # workload's real per-SM speed differs from the calibration's by a few %, the H200 chain map spreads +-4%)
@@ -174,7 +178,8 @@ class Workload:
 @dataclass(frozen=True)
 class Plan:
     """SM s's static share is items[offsets[s]:offsets[s+1]] in processing order; tail is handed out
-    dynamically in order. predicted_makespan: predict() under the SpeedModel the plan was built with."""
+    dynamically in order. predicted_makespan: predict() under the SpeedModel the plan was built with.
+    A "plain" plan (direct mode) holds every item in the tail in id order: program p takes item p."""
 
     policy: str
     n_slots: int
@@ -191,6 +196,13 @@ class Plan:
             raise ValueError(f"a plan needs n_slots >= 1 and n_slots + 1 offsets, got {self.n_slots} and {len(o)}")
         if o[0] != 0 or o[-1] != len(self.items) or (np.diff(o) < 0).any():
             raise ValueError(f"offsets must rise monotonically from 0 to {len(self.items)} (the static item count)")
+        if self.direct and (len(self.items) or not np.array_equal(self.tail, np.arange(len(self.tail)))):
+            raise ValueError("a direct-mode plan has no static shares and its tail is 0..n-1 in order")
+
+    @property
+    def direct(self) -> bool:
+        """True for a plan the device runs in direct mode (program p takes item p): policy "plain"."""
+        return self.policy in DIRECT_POLICIES
 
     def share(self, s: int) -> np.ndarray:
         return self.items[self.offsets[s]:self.offsets[s + 1]]
@@ -215,6 +227,7 @@ class Plan:
         out = np.empty(plan_words(self.n_slots, len(self.items), len(self.tail)), dtype=np.int32)
         out[PLAN_N_SLOTS], out[PLAN_N_STATIC], out[PLAN_N_TAIL] = self.n_slots, len(self.items), len(self.tail)
         out[PLAN_MAGIC] = PLAN_MAGIC_VALUE
+        out[PLAN_MODE] = PLAN_MODE_DIRECT if self.direct else PLAN_MODE_SHARES
         out[PLAN_HEADER:] = body
         return out
 
@@ -225,6 +238,10 @@ class Plan:
             raise ValueError(f"a plan array is 1-D integer of at least {PLAN_HEADER} words, got {a.dtype} {a.shape}")
         if a[PLAN_MAGIC] != PLAN_MAGIC_VALUE:
             raise ValueError(f"bad plan magic {int(a[PLAN_MAGIC]):#x}, expected {PLAN_MAGIC_VALUE:#x}")
+        if a[PLAN_MODE] not in (PLAN_MODE_SHARES, PLAN_MODE_DIRECT):
+            raise ValueError(f"bad plan mode {int(a[PLAN_MODE])}")
+        if a[PLAN_MODE] == PLAN_MODE_DIRECT:
+            policy = DIRECT_POLICIES[0]
         n_slots, n_static, n_tail = (int(a[i]) for i in (PLAN_N_SLOTS, PLAN_N_STATIC, PLAN_N_TAIL))
         if n_slots < 1 or n_static < 0 or n_tail < 0 or a.size != plan_words(n_slots, n_static, n_tail):
             raise ValueError(f"plan header (slots {n_slots}, static {n_static}, tail {n_tail}) does not match "
@@ -303,7 +320,9 @@ def make_plan(policy: str, speeds: SpeedModel, workload: Workload, *, k: int | N
     only the k fastest SMs; the others drain the tail and steal. partition_affine: items of class p to the SMs
     near p (equal counts), class 2 over all SMs. affine_weighted: limit()'s LP rounded to whole items per
     (SM, class): near first, spilling far only when a class is overloaded. measured: weighted, meant for a
-    SpeedModel.from_measured() (the workload's own per-SM speed rather than the calibration's).
+    SpeedModel.from_measured() (the workload's own per-SM speed rather than the calibration's). plain: every
+    item in the tail in id order, run in direct mode (one program per item, no claims); predicted like
+    dynamic, the hardware scheduler being a queue without a claim cost.
     Every static policy then moves about tail_fraction of the items from the end of each share to the tail.
     """
     check_choice("policy", policy, POLICIES)
@@ -317,7 +336,7 @@ def make_plan(policy: str, speeds: SpeedModel, workload: Workload, *, k: int | N
     if not 0 <= tail_fraction < 1:
         raise ValueError(f"tail_fraction must be in [0, 1), got {tail_fraction!r}")
     n, n_sm = workload.n_items, speeds.n_sm
-    if policy == "dynamic" or n == 0:
+    if policy in ("dynamic", "plain") or n == 0:
         plan = Plan(policy, n_sm, np.zeros(n_sm + 1), np.zeros(0), np.arange(n))
         return replace(plan, predicted_makespan=predict(plan, speeds, workload))
 

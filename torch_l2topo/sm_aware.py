@@ -30,8 +30,8 @@ working as outside. To keep the region whole, fix the policy and pass the plan t
 own torch.library.triton_op:
 
     gather_rows_jit = gather_rows.fn                          # the @triton.jit function itself
-    plan, state = gather_rows.plan_tensors(n_items=n_rows)   # eager, outside the compiled region
-    grid = gather_rows.grid()
+    plan, state = gather_rows.plan_tensors(n_items=n_rows, policy="weighted")  # eager, outside the region
+    grid = gather_rows.grid(policy="weighted", n_items=n_rows)
 
     @torch.library.triton_op("mylib::gather_rows", mutates_args={"out", "state"})  # exactly what the kernel writes
     def gather_rows_op(x: torch.Tensor, idx: torch.Tensor, out: torch.Tensor, dim: int, plan: torch.Tensor,
@@ -58,13 +58,16 @@ import torch
 
 from .errors import PlacementError, check_choice
 from .launcher import CAPTURE_MESSAGE, PlanSlot, StatsSnapshot, check_topology
-from .plans import POLICIES, SpeedModel, Workload, make_plan
+from .plans import DIRECT_POLICIES, POLICIES, SpeedModel, Workload, make_plan
 
 AUTO = "auto"
 POLICY_CHOICES = (*POLICIES, AUTO)
 # "measured" is no candidate: its plan changes while it runs, so a few timed launches do not say what it
 # will do (on the H200 gather it won trials by noise and then ran 40% slower than dynamic).
-DEFAULT_CANDIDATES = ("dynamic", "uniform", "weighted", "partition_affine", "affine_weighted")
+# "plain" (one program per item, placed by the hardware) is one: a persistent grid pays one atomic claim per
+# item, which on short items (the H200 gather: 0.063 ms plain, 0.106 ms at best persistent) costs more than
+# placement gains. With it, "auto" is never slower than a plain launch of the same kernel.
+DEFAULT_CANDIDATES = ("dynamic", "uniform", "weighted", "partition_affine", "affine_weighted", "plain")
 AFFINITY_POLICIES = ("partition_affine", "affine_weighted")
 # Loads in flight per SM (resident warps x independent loads per warp) from which affinity is not tried.
 # Measured on the H200 before this package: affinity helps a latency-bound SM (one chain per SM: 6.8% faster),
@@ -202,7 +205,8 @@ class _Entry:
 class Placement:
     """The policy machinery for launches of a persistent kernel built on the placement helpers.
 
-    policy: one of plans.POLICIES, or "auto". ctas_per_sm: CTAs per SM of the grid (ctas_per_sm x n_sm).
+    policy: one of plans.POLICIES, or "auto". ctas_per_sm: CTAs per SM of the grid (ctas_per_sm x n_sm;
+    policy "plain" launches one CTA per item instead).
     occupancy: resident warps per SM, mlp: independent loads in flight per warp (both for "auto": their
     product at or above HIGH_PARALLELISM skips the affinity candidates). topology: a calibration of the
     device (default: torch_l2topo.calibrate(device), on first use). tail_fraction: plans.make_plan's (None:
@@ -262,7 +266,7 @@ class Placement:
                 slot = None if entry is None else entry.slots.get(self._capture_policy(entry))
                 if slot is None:
                     raise PlacementError(CAPTURE_MESSAGE)
-                launch(self.grid(index), slot.plan, slot.state)
+                launch(self._grid(index, slot, n_items), slot.plan, slot.state)
                 return
             entry = self._entry(index, key, n_items, item_class, loads_per_item)
             self._read_timings(key, entry)
@@ -273,7 +277,8 @@ class Placement:
             if timed:
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
-            launch(self.grid(index), slot.plan, slot.state)
+            grid = self._grid(index, slot, n_items)
+            launch(grid, slot.plan, slot.state)
             if timed:
                 end.record()
                 entry.pending.append((policy, start, end))
@@ -282,13 +287,22 @@ class Placement:
                 entry.snapshot = slot.snapshot()
             final = policy == (self.policy if self.policy != AUTO else entry.chosen) and policy != "measured"
             if fast and final:  # from now on this workload always launches this slot: skip the bookkeeping
-                self._settled[fast[0]] = (fast[2], index, self.grid(index), slot)
+                self._settled[fast[0]] = (fast[2], index, grid, slot)
 
-    def grid(self, device=None) -> int:
-        """CTAs of a launch on `device`: ctas_per_sm x its SM count."""
+    def grid(self, device=None, *, policy: str | None = None, n_items: int | None = None) -> int:
+        """CTAs of a launch of `policy` (default: the decorator's) on `device`: ctas_per_sm x its SM count, or
+        n_items (at least 1) for policy "plain"."""
         from .device import resolve_device
 
+        policy = self.policy if policy is None else policy
+        if policy in DIRECT_POLICIES:
+            if n_items is None:
+                raise ValueError(f"the grid of policy {policy!r} is one CTA per item: pass n_items")
+            return max(int(n_items), 1)
         return self.ctas_per_sm * self._device(resolve_device(device))[0].n_sm
+
+    def _grid(self, index: int, slot: PlanSlot, n_items: int) -> int:
+        return max(int(n_items), 1) if slot.loaded.direct else self.ctas_per_sm * self._device(index)[0].n_sm
 
     def plan_tensors(self, n_items: int, item_class=None, loads_per_item=1.0, *, policy: str | None = None,
                      device=None):

@@ -9,13 +9,16 @@ every function under the same name; tests/test_kernel_sources.py checks that the
     plan_next(plan_ptr, state_ptr, sm, phase) -> (item, phase)
         the next item id (int64) for this program, or -1 when none is left. Start with phase 0 and pass back
         the phase it returns: 0 = this SM's share, 1 = the dynamic tail, 2 = steal from the SM with the most
-        unclaimed items, 3 = done.
+        unclaimed items, 3 = done. A plan in direct mode (policy "plain") gives program p item p (if p is
+        below the item count) and then -1, without touching the state.
     plan_finish(plan_ptr, state_ptr, sm, t0, n_done)
         add this program's items, busy ns and 1 CTA to its SM's statistics; the last program out resets the
-        cursors, so the next launch (or CUDA graph replay) starts clean with no host work.
+        cursors, so the next launch (or CUDA graph replay) starts clean with no host work. Nothing in
+        direct mode: no cursor moved, and a plain launch pays for no atomics.
 
-Usage: launch ctas_per_sm x n_sm programs (torch_l2topo.sm_aware does it, with the plan and state tensors
-of torch_l2topo.launcher as the last two arguments):
+Usage: launch ctas_per_sm x n_sm programs, or one program per item for a direct-mode plan
+(torch_l2topo.sm_aware does it, with the plan and state tensors of torch_l2topo.launcher as the last two
+arguments):
 
     @triton.jit
     def my_kernel(x_ptr, out_ptr, plan_ptr, state_ptr):
@@ -38,8 +41,8 @@ Works for any num_warps: the helpers do scalar work. Triton executes a scalar at
 thread 0, and broadcasts a used result through shared memory to every thread: in the num_warps=4 PTX every
 `atom.global` / `red.global` is predicated on `setp.eq (tid & 31) | (tid >> 5), 0`, and every claim's result
 goes st.shared -> bar.sync -> ld.shared (tests/test_placement_kernels_compile.py checks both). The steal
-scan is a MAX_SLOTS-wide vector load spread over the program's threads and reduced with tl.max / tl.argmax,
-whose result every thread gets.
+scan is a MAX_SLOTS-wide vector load spread over the program's threads (up to 8 warps hold no replica, so
+every warp decides alike) and reduced with tl.max, whose result every thread gets.
 
 Only constexpr globals and @triton.jit functions are referenced inside the helpers, so that torch.compile
 (Inductor inlines a user kernel's helpers by source) can compile a kernel built on them.
@@ -59,6 +62,8 @@ PLAN_N_TAIL = tl.constexpr(_layout.PLAN_N_TAIL)
 PLAN_MAGIC = tl.constexpr(_layout.PLAN_MAGIC)
 PLAN_HEADER = tl.constexpr(_layout.PLAN_HEADER)
 PLAN_MAGIC_VALUE = tl.constexpr(_layout.PLAN_MAGIC_VALUE)
+PLAN_MODE = tl.constexpr(_layout.PLAN_MODE)
+PLAN_MODE_DIRECT = tl.constexpr(_layout.PLAN_MODE_DIRECT)
 STATE_TAIL = tl.constexpr(_layout.STATE_TAIL)
 STATE_FINISHED = tl.constexpr(_layout.STATE_FINISHED)
 STATE_ERROR = tl.constexpr(_layout.STATE_ERROR)
@@ -68,6 +73,7 @@ STAT_BUSY_NS = tl.constexpr(_layout.STAT_BUSY_NS)
 STAT_CTAS = tl.constexpr(_layout.STAT_CTAS)
 
 MAX_SLOTS = tl.constexpr(_layout.PLAN_MAX_SLOTS)  # the width of the steal scan
+LEFT_CAP = tl.constexpr(2**31 // _layout.PLAN_MAX_SLOTS - 1)  # the steal key's largest count (int32)
 
 PHASE_SHARE = tl.constexpr(0)
 PHASE_TAIL = tl.constexpr(1)
@@ -114,6 +120,11 @@ def plan_next(plan_ptr, state_ptr, sm, phase):
     if not _plan_ok(plan_ptr):
         phase = tl.full((), PHASE_DONE, tl.int32)
     n_slots = tl.load(plan_ptr + PLAN_N_SLOTS)
+    if (phase == PHASE_SHARE) & (tl.load(plan_ptr + PLAN_MODE) == PLAN_MODE_DIRECT):
+        pid = tl.program_id(0).to(tl.int64)
+        if pid < tl.load(plan_ptr + PLAN_N_TAIL):
+            item = pid
+        phase = tl.full((), PHASE_DONE, tl.int32)
     if phase == PHASE_SHARE:
         if sm < n_slots:  # an SM the plan does not know has no share
             item = _claim_share(plan_ptr, state_ptr, sm, n_slots)
@@ -127,17 +138,26 @@ def plan_next(plan_ptr, state_ptr, sm, phase):
         else:
             phase = tl.full((), PHASE_STEAL, tl.int32)
     if phase == PHASE_STEAL:
+        # One MAX_SLOTS-wide vector over the program's threads (no thread holds a replica: the decision must
+        # be the same in every warp), kept narrow so that a kernel's register count does not grow for a scan
+        # it rarely runs: int32 share sizes and cursors (both below 2**31; a cursor is read as the low word of
+        # its int64), and one int32 max over a key that packs the items left with the slot (ties: lowest slot,
+        # as tl.argmax). Vectors of int64 and a max + argmax took a gather kernel from 64 to 96 registers per
+        # thread and its residency from 32 to 21 single-warp CTAs per SM.
         slots = tl.arange(0, MAX_SLOTS)
         in_plan = slots < n_slots
-        lo = tl.load(plan_ptr + PLAN_HEADER + slots, mask=in_plan, other=0)
-        hi = tl.load(plan_ptr + PLAN_HEADER + slots + 1, mask=in_plan, other=0)
+        cursor_low = (state_ptr + STATE_CURSORS + slots).to(tl.pointer_type(tl.int32), bitcast=True)
         while (phase == PHASE_STEAL) & (item < 0):
+            share = tl.load(plan_ptr + PLAN_HEADER + slots + 1, mask=in_plan, other=0) \
+                - tl.load(plan_ptr + PLAN_HEADER + slots, mask=in_plan, other=0)
             # volatile: the cursors move under other programs' atomics; a cached copy would hide that
-            cursor = tl.load(state_ptr + STATE_CURSORS + slots, mask=in_plan, other=0, volatile=True)
-            left = tl.where(in_plan, (hi - lo).to(tl.int64) - cursor, 0)
-            if tl.max(left, axis=0) > 0:
+            left = share - tl.load(cursor_low, mask=in_plan, other=0, volatile=True)
+            # int32 key: counts above LEFT_CAP compare as equal (any victim with items left is correct)
+            key = tl.max(tl.where(in_plan & (left > 0), tl.minimum(left, LEFT_CAP) * MAX_SLOTS + (MAX_SLOTS - 1 - slots),
+                                  -1), axis=0)
+            if key >= 0:
                 # most unclaimed items first: the victim is the SM furthest from finishing its share
-                item = _claim_share(plan_ptr, state_ptr, tl.argmax(left, axis=0), n_slots)
+                item = _claim_share(plan_ptr, state_ptr, MAX_SLOTS - 1 - key % MAX_SLOTS, n_slots)
             else:
                 phase = tl.full((), PHASE_DONE, tl.int32)
     return item, phase
@@ -146,21 +166,24 @@ def plan_next(plan_ptr, state_ptr, sm, phase):
 @triton.jit
 def plan_finish(plan_ptr, state_ptr, sm, t0, n_done):
     ok = _plan_ok(plan_ptr)
-    n_slots = tl.load(plan_ptr + PLAN_N_SLOTS)
-    if ok & (sm < n_slots):
-        stats = state_ptr + STATE_CURSORS + n_slots + sm  # statistic k of SM sm: stats + k * n_slots
-        tl.atomic_add(stats + STAT_ITEMS * n_slots, tl.zeros((), tl.int64) + n_done, sem="relaxed")
-        tl.atomic_add(stats + STAT_BUSY_NS * n_slots, global_ns() - t0, sem="relaxed")
-        tl.atomic_add(stats + STAT_CTAS * n_slots, tl.full((), 1, tl.int64), sem="relaxed")
-    # Why the last program out may reset the state without racing anyone: every program makes all its claims
-    # (the last one being the failed claim that returned -1) before this increment, and acq_rel orders them
-    # before it (release) and this program's resets after it (acquire). The program that sees grid - 1 is
-    # therefore the last to touch the cursors in this launch, and the next launch starts after this one ends
-    # in stream order.
-    finished = tl.atomic_add(state_ptr + STATE_FINISHED, tl.full((), 1, tl.int64), sem="acq_rel")
-    if finished == tl.num_programs(0) - 1:
-        if ok:
-            slots = tl.arange(0, MAX_SLOTS)
-            tl.store(state_ptr + STATE_CURSORS + slots, tl.zeros((MAX_SLOTS,), tl.int64), mask=slots < n_slots)
-        tl.store(state_ptr + STATE_TAIL, tl.full((), 0, tl.int64))
-        tl.store(state_ptr + STATE_FINISHED, tl.full((), 0, tl.int64))
+    if ok & (tl.load(plan_ptr + PLAN_MODE) == PLAN_MODE_DIRECT):
+        pass  # direct mode: no cursor moved, nothing to count or reset
+    else:
+        n_slots = tl.load(plan_ptr + PLAN_N_SLOTS)
+        if ok & (sm < n_slots):
+            stats = state_ptr + STATE_CURSORS + n_slots + sm  # statistic k of SM sm: stats + k * n_slots
+            tl.atomic_add(stats + STAT_ITEMS * n_slots, tl.zeros((), tl.int64) + n_done, sem="relaxed")
+            tl.atomic_add(stats + STAT_BUSY_NS * n_slots, global_ns() - t0, sem="relaxed")
+            tl.atomic_add(stats + STAT_CTAS * n_slots, tl.full((), 1, tl.int64), sem="relaxed")
+        # Why the last program out may reset the state without racing anyone: every program makes all its
+        # claims (the last one being the failed claim that returned -1) before this increment, and acq_rel
+        # orders them before it (release) and this program's resets after it (acquire). The program that sees
+        # grid - 1 is therefore the last to touch the cursors in this launch, and the next launch starts after
+        # this one ends in stream order.
+        finished = tl.atomic_add(state_ptr + STATE_FINISHED, tl.full((), 1, tl.int64), sem="acq_rel")
+        if finished == tl.num_programs(0) - 1:
+            if ok:
+                slots = tl.arange(0, MAX_SLOTS)
+                tl.store(state_ptr + STATE_CURSORS + slots, tl.zeros((MAX_SLOTS,), tl.int64), mask=slots < n_slots)
+            tl.store(state_ptr + STATE_TAIL, tl.full((), 0, tl.int64))
+            tl.store(state_ptr + STATE_FINISHED, tl.full((), 0, tl.int64))

@@ -4,13 +4,13 @@
 for each of K chosen lines of a buffer that this process calibrated, a few warm loads, then timed dependent
 loads. The K cycle counts, matched against the calibration by torch_l2topo/selfloc.py, say which SM (or
 TPC, GPC, partition) the kernel runs on. `whereami_kernel` records %smid next to the signature, as ground
-truth for evaluating that classifier.
+truth for evaluating that classifier. `sm_census_kernel` only records %smid: which SMs a launch may use.
 """
 import triton
 import triton.language as tl
 
 from torch_l2topo.layout import LINE_BYTES as _LINE_BYTES
-from torch_l2topo.triton_kernels.protocol import chase, clock_after, sm_id
+from torch_l2topo.triton_kernels.protocol import chase, clock_after, global_ns, sm_id
 
 LINE_BYTES = tl.constexpr(_LINE_BYTES)
 
@@ -47,3 +47,13 @@ def whereami_kernel(lines_ptr, idx_ptr, out_ptr, N_WARM: tl.constexpr, N_TIMED: 
     row = out_ptr + pid * (K + 1)
     tl.store(row, sm_id())
     tl.store(row + 1 + tl.arange(0, K), sig)
+
+
+@triton.jit
+def sm_census_kernel(out_ptr, spin_ns):
+    """out[pid] = %smid, after holding the SM for `spin_ns` ns: with many more programs than SMs, every SM the
+    launch may use gets some (torch_l2topo/green_contexts.py finds which SMs a green context holds)."""
+    t0 = global_ns()
+    while global_ns() - t0 < spin_ns:
+        pass
+    tl.store(out_ptr + tl.program_id(0), sm_id())
