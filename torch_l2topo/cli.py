@@ -1,5 +1,5 @@
-"""Command line: `python -m torch_l2topo [calibrate|show|report|examples] ...`. Thin: parse, call the library,
-print. Every failure the library reports on purpose is one line on stderr and exit status 2."""
+"""Command line: `python -m torch_l2topo [calibrate|show|report|examples|geometry] ...`. Thin: parse, call the
+library, print. Every failure the library reports on purpose is one line on stderr and exit status 2."""
 from __future__ import annotations
 
 import argparse
@@ -74,6 +74,19 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_geometry(args) -> int:
+    import json
+
+    from .geometry_probes import jsonable, run_suite, summary_lines
+
+    result = run_suite(quick=args.quick, device=args.device)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"command": " ".join(sys.argv), **result}, f, indent=1, default=jsonable)
+    print("\n".join(summary_lines(result)))
+    return 0
+
+
 def cmd_main_job(args) -> int:
     """No subcommand: calibrate the local GPU; without one, show the bundled H200 calibration and say so."""
     import torch
@@ -139,6 +152,12 @@ def build_parser() -> argparse.ArgumentParser:
         f.set_defaults(func=func)
     e = sub.add_parser("examples", help="list the bundled calibrations")
     e.set_defaults(func=lambda args: print("\n".join(list_examples())) or 0)
+    g = sub.add_parser("geometry", help="measure the L2 geometry: line, capacity knees, hashing, contention, "
+                                        "prefetching, persisting L2 (a GPU; quick: <= 20 s)")
+    g.add_argument("--quick", action="store_true", help="short sweeps (<= 20 s on an H200; full: <= 3 min)")
+    g.add_argument("--device", type=int, default=None, help="CUDA device index (default: current)")
+    g.add_argument("--out", help="also write every curve and derived number to this JSON file")
+    g.set_defaults(func=cmd_geometry)
     return p
 
 

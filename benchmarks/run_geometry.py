@@ -1,0 +1,81 @@
+"""The L2 geometry suite, recorded: every curve and derived number of `run_suite` as one result JSON
+(benchmarks/results/geometry_<gpu>_<uuidhash>.json, with the environment, the command and the run times) and
+the curves the CPU tests read back (benchmarks/results/geometry/<uuidhash>.npz).
+
+    python benchmarks/run_geometry.py [--quick] [--device N] [--out-dir benchmarks/results]
+    ncu -k regex:lanes_chase --metrics <counters> python benchmarks/run_geometry.py --ncu-target
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import environment, write_json
+
+from torch_l2topo.geometry_probes import (
+    contention_for_profiler,
+    run_suite,
+    summary_lines,
+)
+
+
+def curves(result: dict) -> dict:
+    """The arrays tests/test_geometry.py reads: first touch, capacity (all SMs warming, and one SM per
+    partition on its own ring), stride and prefetch sweeps, contention, the home-partition flip fractions."""
+    e = result["experiments"]
+    out = {}
+    if "granule_bytes" in e.get("first_touch", {}):
+        ft = e["first_touch"]
+        out.update(ft_k=ft["k_bytes"], ft_cycles=ft["second_load_cycles"])
+    if "footprint" in e.get("capacity", {}):
+        c = e["capacity"]
+        out.update({f"cap_{k}": c[k] for k in ("footprint", "mean", "near", "far", "p0", "p1")})
+    if "strides" in e.get("stride_sweep", {}):
+        out.update(stride=e["stride_sweep"]["strides"], stride_cycles=e["stride_sweep"]["mean_cycles"])
+    if "strides" in e.get("prefetch", {}):
+        p = e["prefetch"]
+        out.update(pf_stride=p["strides"], **{f"pf_{k}": p[k] for k in ("cold_regular", "cold_random",
+                                                                           "warm_regular", "warm_random")})
+    if "self_warmed" in e.get("capacity", {}):
+        sw = e["capacity"]["self_warmed"]
+        out.update(sw_footprint=sw["footprint"], sw_cycles=np.mean(sw["cycles"], axis=1), sw_cold=[sw["cold_cycles"]])
+    if "k" in e.get("contention", {}):
+        c = e["contention"]
+        out.update(k=c["k"], one_rate=c["one_requests_per_ns"], spread_rate=c["spread_requests_per_ns"])
+    if "partition_flip" in e.get("address_bits", {}):
+        out.update(bits=e["address_bits"]["bits"], partition_flip=e["address_bits"]["partition_flip"])
+    return {k: np.asarray(v, dtype=np.float64) for k, v in out.items()}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="the quick suite (<= 20 s) instead of the full one")
+    ap.add_argument("--device", type=int, default=0, help="CUDA device index")
+    ap.add_argument("--out-dir", default=str(Path(__file__).resolve().parent / "results"))
+    ap.add_argument("--ncu-target", action="store_true",
+                    help="only the two contention launches, for `ncu -k regex:lanes_chase --metrics ...`")
+    args = ap.parse_args(argv)
+    if args.ncu_target:
+        contention_for_profiler(args.device)
+        return 0
+    result = run_suite(quick=args.quick, device=args.device)
+    result["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")  # which GPU --device 0 was
+    env = environment(args.device)
+    out = Path(args.out_dir)
+    name = f"geometry{'_quick' if args.quick else ''}_h200_{env['uuid_hash']}" if "H200" in env["gpu"] else \
+        f"geometry{'_quick' if args.quick else ''}_{env['uuid_hash']}"
+    path = write_json(out / f"{name}.json", result, env)
+    (out / "geometry").mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(out / "geometry" / f"{name}.npz", **curves(result))
+    print("\n".join(summary_lines(result)))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

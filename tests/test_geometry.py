@@ -1,0 +1,220 @@
+"""The geometry detectors (torch_l2topo/geometry.py) on curves with planted answers, on flat and noisy curves
+(reported as not found), and on the curves recorded on H200s (benchmarks/results/geometry/*.npz)."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from torch_l2topo import geometry as G
+
+RECORDED = sorted((Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "geometry").glob("*.npz"))
+MB = 1 << 20
+
+
+def _footprints(per_octave=4):
+    return 2.0 ** np.arange(1, 9, 1 / per_octave) * MB
+
+
+@pytest.mark.parametrize("noise", [0.0, 1.0, 3.0])
+def test_planted_regimes_and_knees(noise):
+    x = _footprints()
+    rng = np.random.default_rng(0)
+    y = np.where(x < 24 * MB, 275, np.where(x < 56 * MB, 305, 640)) + rng.normal(0, noise, x.size)
+    r = G.find_regimes(x, y)
+    assert r.found and len(r.knees) == 2
+    np.testing.assert_allclose(r.levels, [275, 305, 640], atol=3)
+    assert 16 * MB <= r.knees[0].mid <= 32 * MB and 45 * MB <= r.knees[1].mid <= 70 * MB
+    assert r.knees[0].onset < r.knees[0].mid < r.knees[0].end
+
+
+def test_a_ramp_between_two_plateaus_is_one_knee():
+    x = _footprints()
+    y = np.interp(np.log2(x / MB), [1, 4, 7, 9], [270, 270, 650, 650])
+    r = G.find_regimes(x, y + np.random.default_rng(1).normal(0, 1, x.size))
+    assert len(r.knees) == 1
+    assert r.knees[0].onset == pytest.approx(16 * MB, rel=0.2) and r.knees[0].end == pytest.approx(128 * MB, rel=0.2)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_flat_and_noisy_curves_have_no_knee(seed):
+    x = _footprints()
+    rng = np.random.default_rng(seed)
+    assert not G.find_regimes(x, np.full(x.size, 300.0)).found
+    noisy = G.find_regimes(x, 300 + rng.normal(0, 15, x.size))
+    assert not noisy.found and noisy.reason
+
+
+def test_effective_capacity_from_a_random_replacement_curve():
+    x = _footprints()
+    cap, hit, miss = 30 * MB, 300.0, 700.0
+    y = miss - (miss - hit) * np.minimum(1, cap / x)
+    assert G.effective_capacity(x, y, hit, miss) == pytest.approx(cap, rel=1e-6)
+    assert G.effective_capacity(x, np.full(x.size, hit), hit, miss) is None  # every load hits: no estimate
+    assert G.effective_capacity(x, y, miss, hit) is None
+
+
+def test_a_step_under_the_relative_floor_is_not_a_knee():
+    x = _footprints()
+    assert not G.find_regimes(x, np.where(x < 32 * MB, 300.0, 304.0)).found  # 1.3% < REL_STEP
+
+
+def test_bad_curves_are_refused():
+    with pytest.raises(ValueError):
+        G.find_regimes([1, 2, 2], [1, 2, 3])
+    with pytest.raises(ValueError):
+        G.find_regimes([1, 2, 3], [1, np.nan, 3])
+
+
+@pytest.mark.parametrize("granule", [32, 64, 128])
+def test_first_touch_granule(granule):
+    k = np.array([8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 512])
+    rng = np.random.default_rng(granule)
+    y = np.where(k < granule, 290, 660) + rng.normal(0, 4, k.size)
+    e = G.hit_extent(k, y)
+    assert e.found and e.granule == granule
+    assert e.hit == pytest.approx(290, abs=5) and e.miss == pytest.approx(660, abs=5)
+
+
+def test_first_touch_with_scattered_dram_latencies():
+    """As recorded on an H200: hits within a few cycles, misses anywhere in 640-990 cycles."""
+    k = [8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 512, 1024, 2048, 4096]
+    y = [365, 360, 357, 346, 342, 679, 815, 695, 798, 985, 695, 725, 796, 723]
+    assert G.hit_extent(k, y).granule == 64
+
+
+def test_first_touch_negatives():
+    k = np.array([8, 16, 32, 64, 128, 256])
+    assert not G.hit_extent(k, np.full(k.size, 650.0)).found            # all alike
+    assert not G.hit_extent(k, [290, 660, 290, 660, 290, 660]).found     # interleaved: no granule
+    assert not G.hit_extent(k, 600 + np.random.default_rng(0).normal(0, 30, k.size)).found
+
+
+def test_stride_sweep_saturation():
+    s = np.array([4, 8, 16, 32, 64, 128, 256, 512])
+    line, hit, miss = 128, 290.0, 650.0
+    y = hit + (miss - hit) * np.minimum(1, s / line)
+    sat = G.saturation(s, y + np.random.default_rng(2).normal(0, 2, s.size))
+    assert sat.found and sat.at == line
+    assert not G.saturation(s, np.full(s.size, 650.0)).found
+    assert not G.saturation(s, hit + 10 * s).found  # still rising at the end
+
+
+def test_prefetch_dips():
+    s = np.array([128, 256, 512, 1024, 2048, 4096])
+    rnd = 640 + np.random.default_rng(3).normal(0, 3, s.size)
+    reg = rnd.copy()
+    reg[[2, 3, 4]] -= 200  # planted dips at 512, 1024 and 2048 B
+    d = G.find_dips(s, reg, rnd)
+    assert d.found and d.dips.tolist() == [512, 1024, 2048]
+    assert not G.find_dips(s, rnd + 2, rnd).found
+    assert not G.find_dips(s, rnd - 20, rnd).found  # 3% faster: under the 10% a prefetcher must show
+
+
+def _xor_labels(addr, mask, page_bit, seed=0):
+    pages = addr >> page_bit
+    const = np.random.default_rng(seed).integers(0, 2, pages.max() + 1)
+    par = np.zeros(addr.size, dtype=np.int64)
+    v = addr & mask
+    while np.any(v):
+        par ^= v & 1
+        v >>= 1
+    return par ^ const[pages]
+
+
+def test_xor_model_recovers_planted_bits():
+    addr = (1 << 30) + np.arange(1 << 16, dtype=np.int64) * 128  # 8 MB in 128-byte blocks, four 2 MB pages
+    mask = (1 << 8) | (1 << 11) | (1 << 14) | (1 << 19)
+    labels = _xor_labels(addr, mask, 21)
+    flips = G.bit_flips(addr, labels, np.arange(7, 21))
+    assert flips.granularity() == 256
+    np.testing.assert_array_equal(flips.flip[[1, 4, 7, 12]], 1.0)
+    model = G.xor_model(addr, labels, 21)
+    assert model.mask == mask and model.ambiguous.size == 0
+    res = G.held_out_accuracy(addr, labels, 21)
+    assert res["accuracy"] == 1.0 and res["bits"] == [8, 11, 14, 19]
+
+
+def test_xor_model_on_random_labels_is_ambiguous_and_at_chance():
+    addr = np.arange(1 << 16, dtype=np.int64) * 128
+    labels = np.random.default_rng(5).integers(0, 2, addr.size)
+    res = G.held_out_accuracy(addr, labels, 21)
+    assert len(res["ambiguous_bits"]) == 14
+    assert abs(res["accuracy"] - 0.5) < 0.02
+
+
+def test_page_patterns_model_a_non_linear_hash():
+    """Pages that repeat one of three random patterns (or its complement): no XOR explains them, the page
+    patterns predict every held-out block; random labels stay at chance."""
+    rng = np.random.default_rng(0)
+    per_page = 1 << (21 - 7)
+    pats = rng.integers(0, 2, (3, per_page))
+    addr = (1 << 30) + np.arange(32 * per_page, dtype=np.int64) * 128
+    labels = np.concatenate([pats[rng.integers(0, 3)] ^ rng.integers(0, 2) for _ in range(32)])
+    assert G.held_out_accuracy(addr, labels, 21)["accuracy"] < 0.7
+    res = G.pattern_accuracy(addr, labels, 21)
+    assert res["accuracy"] == 1.0 and res["distinct_patterns"] == 3
+    chance = G.pattern_accuracy(addr, rng.integers(0, 2, addr.size), 21)
+    assert abs(chance["accuracy"] - 0.5) < 0.02 and chance["distinct_patterns"] == 16
+    with pytest.raises(ValueError):
+        G.pattern_accuracy(addr[:100], labels[:100], 21)
+
+
+def test_bit_flips_skip_undecided_and_check_shapes():
+    addr = np.arange(8, dtype=np.int64) * 128
+    labels = np.array([0, 1, 0, 1, -1, -1, -1, -1])
+    f = G.bit_flips(addr, labels, [7, 8])
+    assert f.flip.tolist() == [1.0, 0.0] and f.pairs.tolist() == [2, 2]
+    with pytest.raises(ValueError):
+        G.bit_flips(addr, labels[:3], [7])
+    with pytest.raises(ValueError):
+        G.xor_model(addr, labels + 2, 21)
+
+
+def test_lfsr_orders_are_permutations():
+    from torch_l2topo.geometry_probes import LFSR_TAPS, lfsr_order
+
+    for k in LFSR_TAPS:
+        o = lfsr_order(1 << k)
+        assert np.array_equal(np.sort(o), np.arange(1 << k)), k
+        assert abs(np.corrcoef(np.arange(o.size), o)[0, 1]) < 0.2  # not an address order
+    with pytest.raises(ValueError):
+        lfsr_order(1000)
+
+
+def test_first_rise_planted_and_negatives():
+    x = _footprints()
+    y = np.where(x <= 28 * MB, 285.0, 285 + 10 * (x - 28 * MB) / MB)  # flat, then a ramp, no second plateau
+    r = G.first_rise(x, y + np.random.default_rng(6).normal(0, 1, x.size))
+    assert r.found and r.flat_until <= 28 * MB < r.rises_at <= 34 * MB
+    assert not G.find_regimes(x, y).found or G.find_regimes(x, y).knees[0].onset <= 28 * MB
+    assert not G.first_rise(x, np.full(x.size, 285.0)).found
+    assert not G.first_rise(x, 285 + np.random.default_rng(7).normal(0, 15, x.size)).found
+    bump = np.full(x.size, 285.0)
+    bump[10] = 400  # leaves and comes back: no knee
+    assert not G.first_rise(x, bump).found
+
+
+@pytest.mark.skipif(not RECORDED, reason="no recorded H200 geometry curves")
+@pytest.mark.parametrize("path", RECORDED, ids=lambda p: p.stem)
+def test_recorded_h200_curves(path):
+    """The detectors' verdicts on the full suite's recorded curves: the numbers the README quotes."""
+    d = np.load(path)
+    assert G.hit_extent(d["ft_k"], d["ft_cycles"]).granule == 64             # first touch
+    assert G.saturation(d["stride"], d["stride_cycles"]).at == 64           # cold stride sweep
+    for key in ("cap_mean", "cap_near", "cap_far"):                          # all SMs warm the footprint
+        rise = G.first_rise(d["cap_footprint"], d[key])
+        assert rise.found and 20 * MB <= rise.flat_until < rise.rises_at <= 34 * MB, key
+    r = G.find_regimes(d["cap_footprint"], d["cap_mean"])
+    assert r.found and 330 < r.levels[0] < 400 and r.levels[-1] > 650       # per-load timing: + ~68 cycles
+    cap = G.effective_capacity(d["cap_footprint"], d["cap_mean"], d["cap_mean"][1], d["cap_mean"][-1])
+    assert 25 * MB < cap < 40 * MB
+    near, far = np.mean(d["cap_near"][1:10]), np.mean(d["cap_far"][1:10])
+    assert 25 < far - near < 45                                              # the partition step, in L2
+    rise = G.first_rise(d["sw_footprint"], d["sw_cycles"])                   # one SM on its own ring
+    assert rise.flat_until == 28 * MB and rise.rises_at == 32 * MB and 270 < rise.level < 300
+    assert not G.find_dips(d["pf_stride"], d["pf_cold_regular"], d["pf_cold_random"]).found   # no prefetch
+    assert not G.find_dips(d["pf_stride"], d["pf_warm_regular"], d["pf_warm_random"]).found
+    one, spread = G.saturation(d["k"], d["one_rate"]), G.saturation(d["k"], d["spread_rate"])
+    assert one.at == 64 and spread.at == 96 and spread.top > 3 * one.top         # one slice class saturates
+    flip = dict(zip(d["bits"].astype(int), d["partition_flip"]))
+    assert flip[7] < 1e-4 and flip[9] < 1e-4 and 0.2 < flip[8] < 0.5          # 256 B granules; not an XOR

@@ -1,0 +1,120 @@
+"""Triton kernels of the L2 geometry suite (host side: torch_l2topo/geometry_probes.py).
+
+Three kernels, all on the public protocol (protocol.py): every SM is claimed, and only the SMs given a row
+measure (rows[sm] >= 0), all at once (wave = n_sm). Scalar or one-warp work: launch with num_warps=1.
+
+offsets_chase_kernel: one dependent chain of loads per measuring SM through a list of byte offsets from
+`base`, each load timed alone. The data is arbitrary (not pointers): the next address is base + offset +
+(loaded value AND zero), zero a runtime 0 that neither Triton nor ptxas can fold (inline asm), so each load
+waits for the one before. The offset of the next load is read while the current one is in flight, so that
+read (an L1 hit, or an L2 load once every 16 offsets) overlaps the chain instead of adding to it. Each timing
+is one L2 or DRAM load plus the clock read (~25 cycles on the H200) and the loop's bookkeeping: what one
+dependent load costs a real chain. One list serves first touch (pairs of loads into cold memory), stride
+sweeps, regular against random orders, and footprint sweeps (random lines of a footprint).
+
+ring_chase_kernel: the chain probe's pointer chase on chosen SMs, for footprints each SM fills itself.
+
+lanes_chase_kernel: LANES independent pointer chases per measuring SM (one per thread of the warp), for
+contention: k SMs x LANES requests in flight at once against a chosen set of lines. Each word of the line
+buffer holds the address of the word its lane visits next.
+"""
+import triton
+import triton.language as tl
+from torch_l2topo.triton_kernels.protocol import (
+    chase,
+    claim_sm,
+    clock_after,
+    finish_turn,
+    global_ns,
+)
+
+
+@triton.jit
+def _link(addr, value, zero):
+    """addr + (value AND zero): addr itself, but only once `value` has arrived."""
+    return tl.inline_asm_elementwise("{ .reg .b64 m; and.b64 m, $2, $3; add.s64 $0, $1, m; }", "=l,l,l,l",
+                                     [addr, value, zero], dtype=tl.int64, is_pure=True, pack=1)
+
+
+@triton.jit(do_not_specialize=["zero"])
+def offsets_chase_kernel(ctrl_ptr, base, offsets_ptr, rows_ptr, cycles_ptr, per_row_ptr, n_loads, zero, n_sm,
+                         wave, timeout_ns):
+    """rows[sm] = r >= 0: SM `sm` loads base + offsets[r, i] for i = 0..n_loads-1 in one dependent chain
+    (offsets: (n_rows, n_loads + 1) int64, the last column unused padding for the read-ahead) and stores each
+    load's clock64 cycles to cycles[r, i]; per_row[r] = (cycles, globaltimer ns, start ns, end ns) of the
+    whole chain."""
+    sm, go = claim_sm(ctrl_ptr, n_sm, wave, timeout_ns)
+    if go:
+        row = tl.load(rows_ptr + sm)
+        if row >= 0:
+            z = zero.to(tl.int64)
+            offs = offsets_ptr + row * (n_loads + 1)
+            nxt = tl.load(offs)
+            g0 = global_ns()
+            t_prev = clock_after(nxt)
+            t_first = t_prev
+            v = t_prev
+            for i in range(n_loads):
+                addr = _link(base + nxt, v, z)
+                nxt = tl.load(offs + i + 1)  # in flight while the chain load is
+                v = chase(addr)
+                t = clock_after(v)
+                tl.store(cycles_ptr + row * n_loads + i, t - t_prev)
+                t_prev = t
+            g1 = global_ns()
+            tl.store(per_row_ptr + row * 4 + 0, t_prev - t_first)
+            tl.store(per_row_ptr + row * 4 + 1, g1 - g0)
+            tl.store(per_row_ptr + row * 4 + 2, g0)
+            tl.store(per_row_ptr + row * 4 + 3, g1)
+        finish_turn(ctrl_ptr)
+
+
+@triton.jit
+def lanes_chase_kernel(ctrl_ptr, starts_ptr, rows_ptr, out_ptr, n_warm, n_timed, n_sm, wave, timeout_ns,
+                       LANES: tl.constexpr):
+    """rows[sm] = r >= 0: SM `sm` runs LANES pointer chases from starts[r, 0..LANES-1]: n_warm steps, then
+    n_timed timed ones. out[r] = (clock64 cycles, globaltimer ns, start ns, end ns, XOR of the final
+    addresses: the host checks the chase ends where its ring says)."""
+    sm, go = claim_sm(ctrl_ptr, n_sm, wave, timeout_ns)
+    if go:
+        row = tl.load(rows_ptr + sm)
+        if row >= 0:
+            p = tl.load(starts_ptr + row * LANES + tl.arange(0, LANES))
+            for _ in range(n_warm):
+                p = chase(p)
+            g0 = global_ns()
+            t0 = clock_after(tl.max(p, axis=0))
+            for _ in range(n_timed):
+                p = chase(p)
+            t1 = clock_after(tl.max(p, axis=0))
+            g1 = global_ns()
+            tl.store(out_ptr + row * 5 + 0, t1 - t0)
+            tl.store(out_ptr + row * 5 + 1, g1 - g0)
+            tl.store(out_ptr + row * 5 + 2, g0)
+            tl.store(out_ptr + row * 5 + 3, g1)
+            tl.store(out_ptr + row * 5 + 4, tl.xor_sum(p, axis=0))
+        finish_turn(ctrl_ptr)
+
+
+@triton.jit
+def ring_chase_kernel(ctrl_ptr, starts_ptr, rows_ptr, out_ptr, n_warm, n_timed, n_sm, wave, timeout_ns):
+    """rows[sm] = r >= 0: SM `sm` chases the pointer ring from starts[r]: n_warm loads (a whole pass fills
+    the L2 with the ring as this SM sees it), then n_timed timed ones. out[r] = (clock64 cycles, globaltimer
+    ns, final address). The chain probe's loop, on chosen SMs and without per-load clock reads."""
+    sm, go = claim_sm(ctrl_ptr, n_sm, wave, timeout_ns)
+    if go:
+        row = tl.load(rows_ptr + sm)
+        if row >= 0:
+            p = tl.load(starts_ptr + row)
+            for _ in range(n_warm):
+                p = chase(p)
+            g0 = global_ns()
+            t0 = clock_after(p)
+            for _ in range(n_timed):
+                p = chase(p)
+            t1 = clock_after(p)
+            g1 = global_ns()
+            tl.store(out_ptr + row * 3 + 0, t1 - t0)
+            tl.store(out_ptr + row * 3 + 1, g1 - g0)
+            tl.store(out_ptr + row * 3 + 2, p)
+        finish_turn(ctrl_ptr)
