@@ -574,7 +574,7 @@ def _libcuda():
 
 def _check(rc: int, what: str) -> None:
     if rc != 0:
-        raise RuntimeError(f"{what} failed with CUresult {rc}")
+        raise ProbeError(f"{what} failed with CUresult {rc}: the persisting-L2 experiment cannot run here")
 
 
 def _driver_limit(limit: int):
@@ -634,7 +634,7 @@ def persisting(ctx: Context, flush: Flusher, budget: Budget, quick: bool) -> dic
 
 
 def _hit_miss_reference(ctx: Context, flush: Flusher, hot, n: int) -> dict:
-    """Mean latency of the hot buffer's chase right after a flush (DRAM) and right after (L2 hits)."""
+    """Median latency of a chase over the hot buffer right after a flush (DRAM) and again at once (L2 hits)."""
     offs = np.random.default_rng(6).integers(0, hot.numel() * 4 // LINE_BYTES, size=(1, n)) * LINE_BYTES
     flush()
     cold, _ = _run_offsets(ctx, hot.data_ptr(), offs, [0])
