@@ -25,10 +25,12 @@ import time
 
 import numpy as np
 
-from common import quantiles, write_result
+from bench_placement import interleaved
+from common import write_result
 from placement_workloads import chase_plain_kernel, chase_workload
 
 import torch_l2topo
+import torch_l2topo.green_contexts
 
 CHASE_MB = 16
 CHASE_LOADS = 2048
@@ -44,33 +46,21 @@ def describe_groups(groups, topo) -> list:
              "mean_chain_cycles": float(topo.chain_cycles[list(g.sms)].mean())} for g in groups]
 
 
-def interleaved(variants: dict, reps: int, warmup: int = 3) -> dict:
-    """{label: quantiles of CUDA-event ms}: variants = {label: (n_sm, near, launch)}, each launched inside
-    on_sms(n_sm, near=near) (n_sm None: as is), one launch of every variant per round."""
-    import torch
-
-    def context(n_sm, near):
-        return torch_l2topo.on_sms(n_sm, near=near) if n_sm else contextlib.nullcontext()
-
-    times = {label: [] for label in variants}
-    for round_ in range(warmup + reps):
-        for label, (n_sm, near, launch) in variants.items():
-            with context(n_sm, near) as sel:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
+def side_by_side(variants: dict, reps: int) -> dict:
+    """{label: quantiles of ms, sms, vs_as_is}: variants = {label: (n_sm, near, launch)}, each launched inside
+    on_sms(n_sm, near=near) (n_sm None: as is), in interleaved rounds. The events are recorded on the caller's
+    stream around the block, so a time includes the block's stream hand-offs: what a user pays."""
+    def inside(n_sm, near, launch):
+        def run():
+            with torch_l2topo.on_sms(n_sm, near=near):
                 launch()
-                end.record()
-            if round_ >= warmup:
-                times[label].append((start, end, sel))
-    torch.cuda.synchronize()
-    out = {}
-    for label, events in times.items():
-        out[label] = quantiles([s.elapsed_time(e) for s, e, _ in events])
-        sel = events[0][2]
+        return run if n_sm else launch
+
+    out = interleaved({label: inside(*v) for label, v in variants.items()}, reps)
+    for label, (n_sm, near, _) in variants.items():
+        sel = torch_l2topo.green_contexts.select(n_sm, near=near) if n_sm else None
         out[label]["sms"] = None if sel is None or sel.sms is None else len(sel.sms)
-    base = out["as_is"]["p50"]
-    for r in out.values():
-        r["vs_as_is"] = r["p50"] / base
+        out[label]["vs_as_is"] = out[label]["p50"] / out["as_is"]["p50"]
     return out
 
 
@@ -98,7 +88,7 @@ def bench_chase(dev, topo, reps) -> dict:
             torch.cuda.synchronize()
             if not np.array_equal(ends.cpu().numpy(), w.expected[mine[:n_walks]]):
                 raise AssertionError(f"chase {n_walks} walks, {label}: walks ended elsewhere")
-        rows = interleaved({label: (n_sm, near, launch) for label, n_sm, near in CHASE_VARIANTS}, reps)
+        rows = side_by_side({label: (n_sm, near, launch) for label, n_sm, near in CHASE_VARIANTS}, reps)
         out[f"{n_walks}_walks"] = rows
         print(f"chase {n_walks} walks:", {k: (round(v['p50'], 4), round(v['vs_as_is'], 3)) for k, v in rows.items()},
               flush=True)
@@ -125,7 +115,7 @@ def bench_embedding_bag(dev, topo, reps) -> dict:
                 launch()
             torch.cuda.synchronize()
             torch.testing.assert_close(result["y"], ref, msg=lambda m: f"embedding_bag {label}: {m}")
-        rows = interleaved({label: (n_sm, None, launch) for label, n_sm in variants}, reps)
+        rows = side_by_side({label: (n_sm, None, launch) for label, n_sm in variants}, reps)
         out[f"{n_bags}_bags"] = rows
         print(f"embedding_bag {n_bags} bags:", {k: (round(v['p50'], 4), round(v['vs_as_is'], 3))
                                                 for k, v in rows.items()}, flush=True)

@@ -12,7 +12,8 @@
 3. @sm_aware launch overhead over a plain Triton launch of the same kernel: eager, and inside a CUDA graph.
 Every result is checked against its reference once per policy (chase ends, bag sums) and every launch's
 items are counted on the device (the placement statistics): each item exactly once. Makespan = one
-kernel's CUDA-event time, median over --reps launches (p20/p80 kept).
+kernel's CUDA-event time, median over --reps rounds (p20/p80 kept); in each round every policy of a block
+runs once (interleaved), so that the GPU's drift between states touches all of them alike.
 
     python benchmarks/bench_placement.py --device 0 --out benchmarks/results/placement_h200.json
 """
@@ -43,17 +44,27 @@ CHASE_CANDIDATES = tuple(p for p in DEFAULT_CANDIDATES if p != "plain")
 
 def timed(launch, reps: int, warmup: int = 3) -> dict:
     """CUDA-event times (ms) of `reps` launches after `warmup`."""
+    return interleaved({"one": launch}, reps, warmup)["one"]
+
+
+def interleaved(launches: dict, reps: int, warmup: int = 3) -> dict:
+    """{name: quantiles of CUDA-event ms}: `reps` rounds after `warmup`, each launching every entry once. Side
+    by side in rounds, so that drift (the H200's L2 latency steps between states lasting milliseconds to
+    seconds; clocks) touches every entry alike: timed one after the other in blocks, the same 0.07 ms gather
+    read 0.068 ms in one block and 0.118 ms in another."""
     import torch
 
-    for _ in range(warmup):
-        launch()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for start, end in events:
-        start.record()
-        launch()
-        end.record()
+    events = {name: [] for name in launches}
+    for r in range(warmup + reps):
+        for name, launch in launches.items():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            launch()
+            end.record()
+            if r >= warmup:
+                events[name].append((start, end))
     torch.cuda.synchronize()
-    return quantiles([s.elapsed_time(e) for s, e in events])
+    return {name: quantiles([s.elapsed_time(e) for s, e in ev]) for name, ev in events.items()}
 
 
 def settle(kernel, launch):
@@ -68,26 +79,37 @@ def settle(kernel, launch):
         torch.cuda.synchronize()  # lets the trial launches' events complete
 
 
-def run_policies(make_kernel, args, n_items, classes, loads, policies, reps, check) -> dict:
-    """Time each policy's kernel; check its result and that every launch did each item exactly once."""
+def run_policies(make_kernel, args, n_items, classes, loads, policies, reps, check, extra=None) -> dict:
+    """Time every policy's kernel side by side (interleaved rounds), with `extra` launches ({name: launch},
+    e.g. a plain kernel without the helpers); check each result once and that the launches of every plan did
+    each item exactly once (the device's statistics)."""
     import torch
 
-    out = {}
+    kernels, launches, first_s = {}, {}, {}
     for policy in policies:
-        kernel = make_kernel(policy)
+        kernel = kernels[policy] = make_kernel(policy)
 
-        def launch():
+        def launch(kernel=kernel):
             kernel(*args, n_items=n_items, item_class=classes, loads_per_item=loads)
 
         settle(kernel, launch)
         before = time.perf_counter()
         launch()
         torch.cuda.synchronize()
+        first_s[policy] = time.perf_counter() - before
         check(policy)
-        result = timed(launch, reps)
+        launches[policy] = launch
+    for name, launch in (extra or {}).items():
+        launch()
+        torch.cuda.synchronize()
+        check(name)
+        launches[name] = launch
+    out = interleaved(launches, reps)
+    for policy, kernel in kernels.items():
+        result = out[policy]
         used = kernel.decisions[next(iter(kernel.decisions))]["policy"] if policy == "auto" else policy
         # every launch of this plan counted on the device: n_items each, or an item was lost or done twice
-        # (direct mode counts nothing: there the reference check above is the proof)
+        # (direct mode counts nothing: there the reference check is the proof)
         slot = kernel.slot(n_items, classes, loads, policy=used)
         done = int(slot.stats()["items"].sum())
         if not slot.loaded.direct and (done % n_items or done < reps * n_items):
@@ -97,10 +119,10 @@ def run_policies(make_kernel, args, n_items, classes, loads, policies, reps, che
         if policy == "auto":
             result["decision"] = {k: v for k, v in kernel.decisions[next(iter(kernel.decisions))].items()
                                   if k != "timings"}
-        result["first_launch_s"] = time.perf_counter() - before
-        out[policy] = result
-        print(f"  {policy:17s} {result['p50']:8.3f} ms  (p20 {result['p20']:.3f}, p80 {result['p80']:.3f})"
-              + (f"  -> {used}" if policy == "auto" else ""), flush=True)
+        result["first_launch_s"] = first_s[policy]
+    for name, result in out.items():
+        print(f"  {name:17s} {result['p50']:8.3f} ms  (p20 {result['p20']:.3f}, p80 {result['p80']:.3f})"
+              + (f"  -> {result['policy_used']}" if name == "auto" else ""), flush=True)
     return out
 
 
@@ -145,12 +167,11 @@ def bench_chase(dev, topo, reps) -> dict:
         def make(policy):
             return sm_aware(chase_kernel, policy=policy, num_warps=1, topology=topo, candidates=CHASE_CANDIDATES)
 
-        results = run_policies(make, (w.starts, ends, CHASE_LOADS), n_items, w.classes, CHASE_LOADS, POLICIES, reps,
-                               check)
         # the plain persistent loop on the same grid (one single-warp program per SM): static equal shares
-        results["plain_loop"] = timed(lambda: chase_plain_kernel[(topo.n_sm,)](w.starts, ends, CHASE_LOADS, n_items,
-                                                                           num_warps=1), reps)
-        check("plain loop")
+        plain_loop = {"plain_loop": lambda: chase_plain_kernel[(topo.n_sm,)](w.starts, ends, CHASE_LOADS, n_items,
+                                                                             num_warps=1)}
+        results = run_policies(make, (w.starts, ends, CHASE_LOADS), n_items, w.classes, CHASE_LOADS, POLICIES, reps,
+                               check, extra=plain_loop)
         wl = Workload(n_items, item_class=w.classes, loads_per_item=CHASE_LOADS)
         predicted = {p: predict(make_plan(p, speeds, wl), speeds, wl)
                      for p in ("uniform", "dynamic", "weighted", "partition_affine", "affine_weighted")}
@@ -178,17 +199,15 @@ def bench_gather(dev, topo, reps) -> dict:
         def make(policy):
             return sm_aware(gather_kernel, policy=policy, ctas_per_sm=ctas, num_warps=num_warps, topology=topo)
 
+        # side by side with each block: the kernel without the helpers, one program per bag, placed by the
+        # hardware (the plain launch "auto" must not lose to)
+        plain_kernel = {"plain_kernel": lambda: gather_plain_kernel[(GATHER_BAGS,)](w.table, w.idx, out, w.bag, w.dim,
+                                                                                     num_warps=1)}
         results = run_policies(make, (w.table, w.idx, out, w.bag, w.dim), GATHER_BAGS, w.classes, 1.0,
-                               GATHER_POLICIES, reps, check)
+                               GATHER_POLICIES, reps, check, extra=plain_kernel)
+        for r in results.values():
+            r["vs_plain_kernel"] = r["p50"] / results["plain_kernel"]["p50"]
         figures[f"{warps}_warps_per_sm"] = with_ratios(results)
-    # one program per bag: the hardware scheduler places them (the plain launch of this kernel)
-    figures["plain_kernel"] = timed(lambda: gather_plain_kernel[(GATHER_BAGS,)](w.table, w.idx, out, w.bag, w.dim,
-                                                                                 num_warps=1), reps)
-    check("plain kernel")
-    for row in figures.values():
-        if "policies" in row:
-            for r in row["policies"].values():
-                r["vs_plain_kernel"] = r["p50"] / figures["plain_kernel"]["p50"]
     return figures
 
 

@@ -2,7 +2,8 @@
 # Every GPU measurement behind benchmarks/results/, in one call on the device machine (one or two H200s).
 # Writes everything under $OUT/r and packs it as $OUT/r.tgz. Steps are independent: one failing does not
 # stop the others (each logs to $OUT/r/<step>.log).
-#   bash benchmarks/run_h200_suite.sh [steps...]     steps: tests noise trust placement partition fingerprint sanitizer
+#   bash benchmarks/run_h200_suite.sh [steps...]     steps: tests noise trust placement partition green replication
+#                                                    fingerprints sanitizer
 set -u
 python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -1
 export PYTHONUNBUFFERED=1 MAX_JOBS=16
@@ -23,6 +24,9 @@ for step in $steps; do
            done ;;
     placement) (cd benchmarks && python3 bench_placement.py --device 0 --out "$R/placement_h200.json" 2>&1 | tee "$R/placement.log" | tail -60) ;;
     partition) (cd benchmarks && python3 bench_partition_map.py --device 0 --out "$R/partition_map_h200.json" 2>&1 | tee "$R/partition.log" | tail -12) ;;
+    green) (cd benchmarks && python3 bench_green.py --device 0 --out "$R/green_h200.json" 2>&1 | tee "$R/green.log" | tail -8) ;;
+    replication) (cd benchmarks && python3 bench_replication.py --device 0 --out "$R/replication_h200.json" 2>&1 | tee "$R/replication.log" | tail -8) ;;
+    fingerprints) (cd benchmarks && python3 collect_fingerprints.py collect --out "$R/fingerprints" --rounds 2 2>&1 | tee "$R/collect.log" | tail -6) ;;
     sanitizer) bash benchmarks/run_sanitizer.sh "$R/sanitizer" ;;
   esac
 done

@@ -189,21 +189,23 @@ def test_bench_uses_the_same_split():
     assert tuple(bench_fingerprint.TUNING_SESSIONS) == TUNING_SESSIONS
 
 
-def test_held_out_pairs_same_device_never_refused_and_serials_never_collide(collection):
-    """On pairs with a calibration outside the tuning sessions: no same-device pair gets "no match", and
-    every different-device pair the map does not separate rests on the uuid alone (no serial on one side):
-    the candidates for "same GPU, new uuid"; two different serials never collided."""
+def test_held_out_pairs_same_device_never_refused_and_serial_collisions_are_reported(collection):
+    """On pairs with a calibration outside the tuning sessions: no same-device pair gets "no match". Boards
+    with different serials do collide: the sessions of 23:44-23:51 (three machines, serials known) put three
+    boards of distinct serials within 0.03 cycles RMS of each other and of machine B's GPU 0 (a63c7a...),
+    closer than two calibrations of one GPU. The evaluation must count them as serial collisions (not as
+    uuid-only pairs that might be one GPU), and none may be called the same device by its serial."""
     from torch_l2topo import fingerprint_eval as fe
 
     _, test = _split(collection)
     report = fe.evaluate(test, fp.DEFAULT_THRESHOLD, fp.AMBIGUITY_FACTOR)
     assert report["false_non_match"]["n"] >= 80 and report["false_non_match"]["k"] == 0
     assert report["false_match"]["n"] >= 500
-    for p in report["listed"]:
-        if not p["same"]:
-            assert p["truth"] == "uuid", p
-    assert report["truth_by"]["serial"] >= 1  # machine B's two boards: serial against serial
-    assert report["serial_collisions"]["k"] == 0
+    assert report["truth_by"]["serial"] >= 1
+    collided = [p for p in report["listed"] if not p["same"] and p["truth"] == "serial"]
+    assert report["serial_collisions"]["k"] >= 1 and collided
+    for p in collided:
+        assert p["verdict"] in ("match", "ambiguous"), p
 
 
 def test_untrusted_calibrations_are_screened_out(collection):
