@@ -17,16 +17,13 @@ which every variant runs once (interleaved, so that clock and cache drift touch 
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
-import os
-import tempfile
 import time
 
 import numpy as np
 
 from bench_placement import interleaved
-from common import write_result
+from common import calibrated_device, gpu_parser, write_result
 from placement_workloads import chase_plain_kernel, chase_workload
 
 import torch_l2topo
@@ -145,24 +142,13 @@ def bench_overhead(dev, topo) -> dict:
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--device", type=int, default=0)
-    p.add_argument("--reps", type=int, default=30)
-    p.add_argument("--out", required=True)
-    args = p.parse_args(argv)
-    os.environ.setdefault("TORCH_L2TOPO_CACHE", tempfile.mkdtemp(prefix="l2topo-green-"))
-
-    import torch
-
+    args = gpu_parser(__doc__, reps=30).parse_args(argv)
     from torch_l2topo.green_contexts import sm_groups
 
-    dev = torch.device("cuda", args.device)
-    torch.cuda.set_device(dev)
-    topo = torch_l2topo.calibrate(dev)  # cached: on_sms() ranks with this same calibration
+    dev, topo, calibration = calibrated_device(args.device, "green")  # cached: on_sms() ranks with it
     t0 = time.perf_counter()
     groups = sm_groups(dev)
-    figures = {"calibration": {"uuid_hash": topo.meta["uuid_hash"], "trust": topo.meta.get("trust", {}).get("trusted")},
-               "groups": describe_groups(groups, topo), "groups_s": time.perf_counter() - t0}
+    figures = {"calibration": calibration, "groups": describe_groups(groups, topo), "groups_s": time.perf_counter() - t0}
     print(f"{len(groups)} groups in {figures['groups_s']:.2f} s:", [(g['sms'][:4], g['in_partition'])
                                                                      for g in figures["groups"]], flush=True)
     for part, fn in (("chase", bench_chase), ("embedding_bag", bench_embedding_bag)):

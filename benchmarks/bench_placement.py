@@ -19,14 +19,11 @@ runs once (interleaved), so that the GPU's drift between states touches all of t
 """
 from __future__ import annotations
 
-import argparse
-import os
-import tempfile
 import time
 
 import numpy as np
 
-from common import quantiles, write_result
+from common import calibrated_device, gpu_parser, quantiles, write_result
 from torch_l2topo.sm_aware import DEFAULT_CANDIDATES
 from placement_workloads import (chase_kernel, chase_plain_kernel, chase_workload, gather_kernel, gather_plain_kernel,
                                  gather_workload)
@@ -262,23 +259,12 @@ def bench_overhead(dev, topo) -> dict:
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--device", type=int, default=0)
-    p.add_argument("--reps", type=int, default=15)
-    p.add_argument("--out", required=True)
+    p = gpu_parser(__doc__, reps=15)
     p.add_argument("--only", choices=("chase", "gather", "overhead"), action="append")
     args = p.parse_args(argv)
-    os.environ.setdefault("TORCH_L2TOPO_CACHE", tempfile.mkdtemp(prefix="l2topo-placement-"))
-
-    import torch
-
-    import torch_l2topo
-
-    dev = torch.device("cuda", args.device)
-    torch.cuda.set_device(dev)
-    topo = torch_l2topo.calibrate(dev)
+    dev, topo, calibration = calibrated_device(args.device, "placement")
     parts = args.only or ("chase", "gather", "overhead")
-    figures = {"calibration": {"uuid_hash": topo.meta["uuid_hash"], "trust": topo.meta.get("trust", {}).get("trusted")}}
+    figures = {"calibration": calibration}
     for part, fn in (("chase", bench_chase), ("gather", bench_gather), ("overhead", bench_overhead)):
         if part in parts:
             figures[part] = fn(dev, topo, args.reps) if part != "overhead" else fn(dev, topo)

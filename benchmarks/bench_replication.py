@@ -20,16 +20,13 @@ partition" is near by measurement, not by assumption.
 """
 from __future__ import annotations
 
-import argparse
-import os
-import tempfile
 
 import numpy as np
 import triton
 import triton.language as tl
 
 from bench_placement import timed
-from common import write_result
+from common import calibrated_device, gpu_parser, write_result
 from torch_l2topo.triton_kernels.protocol import chase, sm_id
 
 ROW_BYTES = 256      # one partition block
@@ -180,22 +177,9 @@ def run(dev, topo, reps: int) -> dict:
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--device", type=int, default=0)
-    p.add_argument("--reps", type=int, default=15)
-    p.add_argument("--out", required=True)
-    args = p.parse_args(argv)
-    os.environ.setdefault("TORCH_L2TOPO_CACHE", tempfile.mkdtemp(prefix="l2topo-replication-"))
-
-    import torch
-
-    import torch_l2topo
-
-    dev = torch.device("cuda", args.device)
-    torch.cuda.set_device(dev)
-    topo = torch_l2topo.calibrate(dev)
-    figures = {"calibration": {"uuid_hash": topo.meta["uuid_hash"], "trust": topo.meta.get("trust", {}).get("trusted")},
-               "walks": run(dev, topo, args.reps)}
+    args = gpu_parser(__doc__, reps=15).parse_args(argv)
+    dev, topo, calibration = calibrated_device(args.device, "replication")
+    figures = {"calibration": calibration, "walks": run(dev, topo, args.reps)}
     write_result(args.out, figures, args.device)
     return figures
 

@@ -5,12 +5,14 @@ Results are JSON files under benchmarks/results/, one object per run: {"env": ..
 """
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import json
 import os
 import shlex
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -72,6 +74,29 @@ def command_line() -> str:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     prefix = f"CUDA_VISIBLE_DEVICES={shlex.quote(visible)} " if visible is not None else ""
     return prefix + "python " + " ".join(shlex.quote(a) for a in sys.argv)
+
+
+def gpu_parser(doc: str, reps: int) -> argparse.ArgumentParser:
+    """The arguments every GPU benchmark takes: --device, --reps, --out (add your own to the parser)."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--device", type=int, default=0)
+    p.add_argument("--reps", type=int, default=reps)
+    p.add_argument("--out", required=True)
+    return p
+
+
+def calibrated_device(index: int, name: str):
+    """(torch.device, its calibration, {"uuid_hash", "trust"} for the figures): device `index` made current
+    and calibrated into a private cache (so that no cached map of another run is reused)."""
+    os.environ.setdefault("TORCH_L2TOPO_CACHE", tempfile.mkdtemp(prefix=f"l2topo-{name}-"))
+    import torch
+
+    import torch_l2topo
+
+    dev = torch.device("cuda", index)
+    torch.cuda.set_device(dev)
+    topo = torch_l2topo.calibrate(dev)
+    return dev, topo, {"uuid_hash": topo.meta["uuid_hash"], "trust": topo.meta.get("trust", {}).get("trusted")}
 
 
 def write_result(path, figures: dict, device_index: int = 0) -> Path:

@@ -277,9 +277,31 @@ def on_sms(n_sm: int, *, near: int | None = None, topology=None, device=None):
         yield sel
         return
     caller = torch.cuda.current_stream(sel.stream.device)
-    sel.stream.wait_stream(caller)
+    before, after = _handoff_events(sel.stream)
+    before.record(caller)
+    sel.stream.wait_event(before)
     try:
         with torch.cuda.stream(sel.stream):
             yield sel
     finally:
-        caller.wait_stream(sel.stream)
+        after.record(sel.stream)
+        caller.wait_event(after)
+
+
+_handoffs = threading.local()
+
+
+def _handoff_events(stream) -> tuple:
+    """Two events for the stream hand-offs into and out of `stream`, made once per thread and stream: creating
+    them per entry (Stream.wait_stream does) is a large part of entering on_sms(). Re-recording an event is
+    safe: a wait takes the event's state when it is queued. Per thread, so that two threads entering one
+    selection at once never wait on each other's work."""
+    import torch
+
+    events = getattr(_handoffs, "events", None)
+    if events is None:
+        events = _handoffs.events = {}
+    key = stream.cuda_stream
+    if key not in events:
+        events[key] = (torch.cuda.Event(), torch.cuda.Event())
+    return events[key]
