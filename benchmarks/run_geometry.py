@@ -26,7 +26,8 @@ from torch_l2topo.geometry_probes import (
 
 def curves(result: dict) -> dict:
     """The arrays tests/test_geometry.py reads: first touch, capacity (all SMs warming, and one SM per
-    partition on its own ring), stride and prefetch sweeps, contention, the home-partition flip fractions."""
+    partition on its own ring), stride and prefetch sweeps, contention, the home-partition flip fractions, the
+    conflict-set grid (n lines x stride, aligned and control, with its hit and miss references)."""
     e = result["experiments"]
     out = {}
     if "granule_bytes" in e.get("first_touch", {}):
@@ -49,6 +50,10 @@ def curves(result: dict) -> dict:
         out.update(k=c["k"], one_rate=c["one_requests_per_ns"], spread_rate=c["spread_requests_per_ns"])
     if "partition_flip" in e.get("address_bits", {}):
         out.update(bits=e["address_bits"]["bits"], partition_flip=e["address_bits"]["partition_flip"])
+    if "aligned_cycles" in e.get("conflict_sets", {}):
+        c = e["conflict_sets"]
+        out.update(cs_n=c["n_lines"], cs_stride=c["strides"], cs_aligned=c["aligned_cycles"],
+                   cs_control=c["control_cycles"], cs_refs=[c["hit_cycles"], c["miss_cycles"]])
     return {k: np.asarray(v, dtype=np.float64) for k, v in out.items()}
 
 

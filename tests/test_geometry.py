@@ -218,3 +218,78 @@ def test_recorded_h200_curves(path):
     assert one.at == 64 and spread.at == 96 and spread.top > 3 * one.top         # one slice class saturates
     flip = dict(zip(d["bits"].astype(int), d["partition_flip"]))
     assert flip[7] < 1e-4 and flip[9] < 1e-4 and 0.2 < flip[8] < 0.5          # 256 B granules; not an XOR
+    if "cs_aligned" in d:                                                     # runs since the conflict-set search
+        hit, miss = d["cs_refs"]
+        cs = G.conflict_sets(d["cs_n"], d["cs_stride"], d["cs_aligned"], hit, miss, control=d["cs_control"])
+        assert not cs.found and cs.excess.max() < 0.1                         # the hash hides every set
+        assert 250 < hit < 320 and miss > hit + 300
+
+
+CONFLICT_N = np.array([1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256])
+CONFLICT_S = 4096 * 2 ** np.arange(14)
+
+
+def _conflict_grid(noise: float, seed: int, hit=285.0):
+    return hit + np.random.default_rng(seed).normal(0, noise, (CONFLICT_S.size, CONFLICT_N.size))
+
+
+@pytest.mark.parametrize("noise", [0.0, 3.0])
+def test_planted_conflict_set(noise):
+    """A plain 16-way set-indexed cache: from a 256 KiB stride on, n > 16 lines share a set and all miss."""
+    y = _conflict_grid(noise, 8)
+    y[CONFLICT_S >= 256 << 10] += np.where(CONFLICT_N > 16, 700.0 - 285.0, 0.0)
+    r = G.conflict_sets(CONFLICT_N, CONFLICT_S, y, 285, 700, control=_conflict_grid(noise, 9))
+    assert r.found and r.ways == [None] * 6 + [16] * 8
+    assert r.verdict().startswith("conflict found at stride 262144 B: n > 16 lines miss")
+
+
+def test_random_replacement_conflicts_partly_and_is_still_found():
+    y = _conflict_grid(1.0, 10)
+    frac = np.clip(1 - 8 / CONFLICT_N, 0, 1)  # 8 ways, random replacement: a rising miss fraction
+    y[-1] += frac * (700 - 285)
+    r = G.conflict_sets(CONFLICT_N, CONFLICT_S, y, 285, 700)
+    assert r.found and r.ways[:-1] == [None] * 13 and 8 <= r.ways[-1] <= 12
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_flat_and_noisy_grids_have_no_conflict(seed):
+    for noise in (0.0, 10.0):
+        r = G.conflict_sets(CONFLICT_N, CONFLICT_S, _conflict_grid(noise, seed), 285, 700)
+        assert not r.found and r.reason
+        assert r.verdict().startswith("no conflict set found up to n=256 lines for strides 4096-33554432 B")
+
+
+def test_a_rise_the_control_shares_is_not_a_conflict():
+    """TLB reach: the same lines moved off the power-of-two alignment rise as much, so no set conflict."""
+    y = _conflict_grid(1.0, 11)
+    y[-3:] += np.where(CONFLICT_N > 64, 200.0, 0.0)
+    assert G.conflict_sets(CONFLICT_N, CONFLICT_S, y, 285, 700).found
+    assert not G.conflict_sets(CONFLICT_N, CONFLICT_S, y, 285, 700, control=y + 1).found
+
+
+def test_conflict_edge_cases():
+    y = _conflict_grid(0.0, 0)
+    last = y.copy()
+    last[:, -1] += 400  # only the last point misses: one point is no conflict set
+    assert not G.conflict_sets(CONFLICT_N, CONFLICT_S, last, 285, 700).found
+    every = y + 400  # misses even with one line: not a conflict (a broken chase, or not an L2 hit at all)
+    assert not G.conflict_sets(CONFLICT_N, CONFLICT_S, every, 285, 700).found
+    with pytest.raises(ValueError):
+        G.conflict_sets(CONFLICT_N, CONFLICT_S, y[:, :-1], 285, 700)
+    with pytest.raises(ValueError):
+        G.conflict_sets(CONFLICT_N, CONFLICT_S, y, 700, 285)
+    with pytest.raises(ValueError):
+        G.conflict_sets(CONFLICT_N, CONFLICT_S, y, 285, 700, control=y[:-1])
+
+
+def test_fix_effect():
+    rng = np.random.default_rng(12)
+    base = 1.0 + rng.normal(0, 0.005, 15)
+    assert G.fix_effect(0.7 * base, base).verdict == "faster"
+    assert G.fix_effect(1.3 * base, base).verdict == "slower"
+    same = G.fix_effect(rng.permutation(base), base)
+    assert same.verdict == "no effect" and same.ratio == pytest.approx(1.0, abs=0.01)
+    noisy = 1.0 + rng.normal(0, 0.1, 15)
+    assert G.fix_effect(0.95 * noisy, noisy).verdict == "no effect"  # 5% inside a ~13% spread
+    with pytest.raises(ValueError):
+        G.fix_effect([1.0], [1.0, 1.0])

@@ -1,6 +1,9 @@
 """The geometry kernels (triton_kernels/geometry.py) compile to sm_90 PTX without a GPU and emit what they rely
 on: L2 loads that skip L1, %clock64 / %smid / %globaltimer reads, the chain's AND with the runtime zero (not
-folded), and, in the offsets chase, the read of the next offset issued before the timed load."""
+folded), and, in the offsets chase, the read of the next offset issued before the timed load. The layout fixes'
+column read is one 16-byte L2 load per struct, with and without the XOR swizzle, and the burst fix's lane counts
+(1 and 8) compile."""
+import os
 import re
 
 import pytest
@@ -35,7 +38,7 @@ def test_offsets_chase_times_each_load_and_reads_ahead():
     assert ahead < chain < clock
 
 
-@pytest.mark.parametrize("lanes", [2, 32])
+@pytest.mark.parametrize("lanes", [1, 2, 8, 32])
 def test_lanes_chase_keeps_one_chain_per_thread(lanes):
     ptx = _lanes_ptx(lanes)
     # one warp: one load instruction per loop (warm, timed), each thread its own element
@@ -50,3 +53,30 @@ def test_ring_chase_is_the_chain_probe_loop():
                wave=I32, timeout_ns=I64)
     ptx = _triton_compile(k.ring_chase_kernel, sig, {})
     assert ptx.count("ld.global.cg.u64") == 2 and ptx.count("%clock64") == 2 and "ld.global.ca" not in ptx
+
+
+def _column_ptx(swizzle: bool) -> str:
+    """column_read_kernel for sm_90 as it is launched: 4 warps, the table pointer 16-byte aligned (torch's
+    allocations are, and Triton specializes on it). Missing Triton: a skip here, a failure on CI."""
+    try:
+        import triton
+    except ImportError:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail("triton is missing on CI")
+        pytest.skip("triton not available here")
+    from torch_l2topo.triton_kernels import geometry as k
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    sig = dict(src_ptr="*fp32", out_ptr="*fp32", n_rows=I32, pitch_structs=I32, reps=I32, COLS="constexpr",
+               SWIZZLE="constexpr", BLOCK_R="constexpr")
+    src = ASTSource(k.column_read_kernel, sig, {"COLS": 1024, "SWIZZLE": swizzle, "BLOCK_R": 128},
+                    attrs={(0,): [["tt.divisibility", 16]]})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
+
+
+@pytest.mark.parametrize("swizzle", [False, True])
+def test_column_read_is_one_16_byte_l2_load_per_struct(swizzle):
+    ptx = _column_ptx(swizzle)
+    assert re.findall(r"ld\.global[.\w]*", ptx) == ["ld.global.cg.v4.b32"]  # 128 rows / 128 threads, 4 floats
+    assert ("xor.b32" in ptx) == swizzle

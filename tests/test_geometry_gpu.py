@@ -1,7 +1,7 @@
 """The geometry suite's quick mode on a GPU, against physical oracles: a fetch granule that is a whole number
 of 32-byte sectors and at most a 128-byte line, an L2 hit in 200-450 cycles, DRAM slower than L2, the
 capacity curve's first regime an L2 hit and its last one DRAM, home partitions decided for every 128-byte
-block, and a quick run within its 20 s."""
+block, a conflict-set grid between L2 hit and DRAM, the layout fixes timed, and a quick run within its 20 s."""
 import pytest
 
 pytestmark = pytest.mark.gpu
@@ -45,3 +45,12 @@ def test_partition_bits(quick):
 def test_contention_spread_is_not_slower(quick):
     c = quick["experiments"]["contention"]
     assert c["spread_requests_per_ns"][-1] >= 0.9 * c["one_requests_per_ns"][-1]
+
+
+def test_conflict_grid_and_layout_fixes(quick):
+    c = quick["experiments"]["conflict_sets"]
+    assert 200 <= c["hit_cycles"] <= 450 and c["miss_cycles"] > c["hit_cycles"] + 150
+    assert len(c["aligned_cycles"]) == len(c["strides"]) and "verdict" in c  # found or not: a result either way
+    f = quick["experiments"]["layout_fixes"]
+    for fix in (f["columns"]["padding"], f["columns"]["swizzle"], f["bursts"]["one_class"]):
+        assert 0 < fix["ratio"] < 10 and fix["verdict"] in ("faster", "slower", "no effect")

@@ -23,7 +23,7 @@ LAYERS = [
     ("uses", {"localize", "selfloc", "fingerprint", "fingerprint_eval", "registry", "hashed", "plans", "launcher",
               "sm_aware", "partition_map", "green_contexts"}),
     ("suites", {"geometry_probes"}),  # a use of the uses: calibration, partition maps, slice classes
-    ("presentation", {"report", "figures", "cli", "__init__", "__main__"}),
+    ("presentation", {"report", "figures", "geometry_figures", "cli", "__init__", "__main__"}),
 ]
 LAYER = {m: i for i, (_, mods) in enumerate(LAYERS) for m in mods}
 GPU_SIDE = {"launch", "extension", "probes", "oracles", "gpc_probe", "calibration"}

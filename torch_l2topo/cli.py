@@ -77,13 +77,29 @@ def cmd_report(args) -> int:
 def cmd_geometry(args) -> int:
     import json
 
-    from .geometry_probes import jsonable, run_suite, summary_lines
+    from .geometry_probes import jsonable, summary_lines
 
-    result = run_suite(quick=args.quick, device=args.device)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"command": " ".join(sys.argv), **result}, f, indent=1, default=jsonable)
+    if args.from_file:  # a recorded result: no GPU
+        from .geometry_figures import load_geometry
+
+        result = load_geometry(args.from_file)
+    else:
+        from .geometry_probes import run_suite
+
+        result = run_suite(quick=args.quick, device=args.device)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump({"command": " ".join(sys.argv), **result}, f, indent=1, default=jsonable)
     print("\n".join(summary_lines(result)))
+    if args.figures:
+        from .geometry_figures import draw_geometry_figures
+
+        try:
+            files = draw_geometry_figures(result, args.figures)
+        except ImportError:
+            print("no figures: matplotlib is not installed (`pip install torch-l2topo[plots]` adds them)")
+        else:
+            print(f"wrote {len(files)} figures to {args.figures}: {', '.join(files.values())}")
     return 0
 
 
@@ -157,6 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--quick", action="store_true", help="short sweeps (<= 20 s on an H200; full: <= 3 min)")
     g.add_argument("--device", type=int, default=None, help="CUDA device index (default: current)")
     g.add_argument("--out", help="also write every curve and derived number to this JSON file")
+    g.add_argument("--figures", metavar="DIR", help="draw the main curves as PNGs into DIR (needs matplotlib)")
+    g.add_argument("--from", dest="from_file", metavar="FILE",
+                   help="summarize (and with --figures draw) a recorded geometry JSON instead of measuring")
     g.set_defaults(func=cmd_geometry)
     return p
 

@@ -16,7 +16,10 @@ It owns:
 - find_dips: strides a regular order is faster at than a random order of the same addresses (prefetching);
 - bit_flips / xor_model: how a label (home partition, slice class) changes when one address bit flips, and
   the XOR-of-address-bits model that follows, with its accuracy on held-out pages; pattern_accuracy: the
-  model of pages that repeat a few patterns, for labels no XOR explains.
+  model of pages that repeat a few patterns, for labels no XOR explains;
+- conflict_sets: whether n lines at a power-of-two stride miss once n passes a number of ways (a plainly
+  set-indexed cache), or keep hitting (a hashed index spreads them), against an unaligned control;
+- fix_effect: whether a layout fix changed a kernel's time beyond the spread of its own repeats.
 """
 from __future__ import annotations
 
@@ -475,3 +478,94 @@ def held_out_accuracy(addresses, labels, page_bit: int, anchors_per_page: int = 
     return {"bits": model.bits.tolist(), "ambiguous_bits": model.ambiguous.tolist(), "page_bit": page_bit,
             "accuracy": acc, "n_scored": int(scored.sum()), "n_train": int((~test).sum()),
             "n_test_pages": int(test_pages.size), "flip": model.flips.flip.tolist()}
+
+
+# ---- sets and ways: chases over lines at a power-of-two stride -------------------------------------------
+MISS_FRACTION = 0.25  # a conflict: at least this fraction of a steady-state chase's loads miss (~100 cycles)
+
+
+@dataclass(frozen=True)
+class ConflictSets:
+    """ways[j]: for strides[j], the largest n of lines that still hit, when every larger n measured misses
+    (a conflict set of `ways` ways), else None. excess[j, i]: the miss fraction the detector read,
+    (cycles - max(hit, control)) / (miss - hit)."""
+
+    strides: np.ndarray
+    n_lines: np.ndarray
+    ways: list
+    excess: np.ndarray
+    reason: str = ""
+
+    @property
+    def found(self) -> bool:
+        return any(w is not None for w in self.ways)
+
+    def verdict(self) -> str:
+        if self.found:
+            j = next(j for j, w in enumerate(self.ways) if w is not None)
+            return (f"conflict found at stride {int(self.strides[j])} B: n > {self.ways[j]} lines miss "
+                    f"(strides with a conflict: {[int(s) for s, w in zip(self.strides, self.ways) if w is not None]})")
+        return (f"no conflict set found up to n={int(self.n_lines.max())} lines for strides "
+                f"{int(self.strides.min())}-{int(self.strides.max())} B: {self.reason}")
+
+
+def conflict_sets(n_lines, strides, cycles, hit: float, miss: float, control=None, noise: float | None = None,
+                  min_fraction: float = MISS_FRACTION) -> ConflictSets:
+    """cycles[j, i]: cycles per load of a steady-state chase over n_lines[i] lines at stride strides[j]; hit and
+    miss: the L2-hit and DRAM latencies. control (same shape, optional): the same lines each moved by a random
+    whole number of lines within its stride (same pages, no power-of-two alignment); a rise there too is not a
+    set conflict (TLB reach, say) and is subtracted. A conflict at a stride: from some n on, every point is
+    above the reference by min_fraction of (miss - hit) and by Z_STEP noise sd, for at least two points of n,
+    and the first point (the fewest lines) hits. noise: sd of one point (default: from the grid's rows)."""
+    n = np.asarray(n_lines, dtype=np.float64)
+    s = np.asarray(strides, dtype=np.float64)
+    y = np.asarray(cycles, dtype=np.float64)
+    if n.ndim != 1 or s.ndim != 1 or y.shape != (s.size, n.size):
+        raise ValueError(f"conflict_sets: cycles must be (strides, n_lines) = ({s.size}, {n.size}), got {y.shape}")
+    if n.size < 3 or np.any(np.diff(n) <= 0) or not np.all(np.isfinite(y)):
+        raise ValueError("conflict_sets: need at least 3 increasing n_lines and finite cycles")
+    if not miss > hit:
+        raise ValueError(f"conflict_sets: miss ({miss}) must exceed hit ({hit})")
+    ref = np.full_like(y, float(hit))
+    if control is not None:
+        c = np.asarray(control, dtype=np.float64)
+        if c.shape != y.shape:
+            raise ValueError(f"conflict_sets: control must have the shape of cycles {y.shape}, got {c.shape}")
+        ref = np.maximum(ref, c)
+    sd = float(np.median([noise_sd(row) for row in y])) if noise is None else float(noise)
+    excess = (y - ref) / (miss - hit)
+    above = (excess >= min_fraction) & (y - ref > Z_STEP * sd)
+    ways = []
+    for row in above:
+        k = row.size
+        while k > 0 and row[k - 1]:
+            k -= 1
+        ways.append(int(n[k - 1]) if row.size - k >= 2 and k >= 1 else None)
+    reason = "" if any(w is not None for w in ways) else (
+        f"no stride where every n from some point on misses {min_fraction:.0%} of its loads "
+        f"(largest miss fraction {excess.max():.2f})")
+    return ConflictSets(strides=s, n_lines=n, ways=ways, excess=excess, reason=reason)
+
+
+# ---- layout fixes: the same kernel with and without ------------------------------------------------------
+@dataclass(frozen=True)
+class FixEffect:
+    """ratio: median time with the fix / median without; spread: the larger relative spread of the two sets
+    of repeats ((p80 - p20) / median); verdict: 'faster', 'slower' or 'no effect'."""
+
+    ratio: float
+    spread: float
+    verdict: str
+
+
+def fix_effect(with_fix, without, min_rel: float = 0.02) -> FixEffect:
+    """Whether a layout fix changed a kernel's time: the ratio of medians must leave 1 by more than the
+    repeats' own relative spread and by min_rel (2%: run-to-run drift of a warm kernel), else 'no effect'."""
+    a, b = np.asarray(with_fix, dtype=np.float64), np.asarray(without, dtype=np.float64)
+    if a.size < 2 or b.size < 2 or np.any(a <= 0) or np.any(b <= 0):
+        raise ValueError("fix_effect needs at least two positive times with and without the fix")
+    spread = max(float(np.subtract(*np.percentile(t, [80, 20])) / np.median(t)) for t in (a, b))
+    ratio = float(np.median(a) / np.median(b))
+    margin = max(spread, min_rel)
+    verdict = "faster" if ratio < 1 - margin else "slower" if ratio > 1 + margin else "no effect"
+    return FixEffect(ratio=ratio, spread=spread, verdict=verdict)

@@ -11,7 +11,9 @@ capacity (footprint sweep from SMs of each partition, split by each line's home)
 against an LFSR order, cold and warm), address_bits (home partition of 128-byte blocks: granularity, XOR
 model, held-out accuracy; slice classes of consecutive lines), contention (k SMs on lines of one slice class
 against lines spread over classes; the pair detector), persisting (an L2 access policy window through the
-driver API). Cold means: after reading a flush buffer of 4x the L2, and in memory not touched since.
+driver API), conflict_sets (n lines at a power-of-two stride: sets and ways, or the hash that hides them),
+layout_fixes (padding, XOR swizzle and warp-wide bursts, each the same kernel with and without). Cold means:
+after reading a flush buffer of 4x the L2, and in memory not touched since.
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ MB = 1 << 20
 BUDGETS = {  # seconds (quick, full); the whole quick suite must stay under 20 s, the full under 3 minutes
     "setup": (6.0, 10.0), "first_touch": (1.0, 5.0), "stride_sweep": (1.0, 5.0), "capacity": (3.0, 30.0),
     "prefetch": (1.5, 15.0), "address_bits": (2.5, 25.0), "contention": (2.0, 30.0), "persisting": (2.0, 30.0),
+    "conflict_sets": (2.0, 20.0), "layout_fixes": (2.0, 20.0),
 }
 LANES = 128              # one warp, four chases per thread: 128 requests in flight per SM in the contention runs
 TIMEOUT_S = 2.0
@@ -551,6 +554,180 @@ def _pair_detector(ctx: Context, lines, addr, labels, n_pairs: int) -> dict:
     return {k: {"median_cycles": float(np.median(v)), "values": v} for k, v in res.items()}
 
 
+# ---- sets and ways: conflict sets at power-of-two strides ----------------------------------------------------
+KIB = 1 << 10
+CONFLICT_STRIDES = tuple(4 * KIB << i for i in range(14))  # 4 KiB .. 32 MiB
+CONFLICT_STRIDES_QUICK = (4 * KIB, 64 * KIB, 1 * MB, 32 * MB)
+CONFLICT_N = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)  # 512 x 4 KiB: one 2 MiB page
+CONFLICT_N_QUICK = (1, 4, 16, 32, 64)
+
+
+def _ring_through(buf, addrs: np.ndarray) -> int:
+    """Word at addrs[i] of `buf` points to addrs[i + 1], the last to the first. Returns the start address."""
+    _write_words(buf, addrs, np.roll(addrs, -1))
+    return int(addrs[0])
+
+
+def _steady_chase(ctx: Context, buf, addrs: np.ndarray) -> float:
+    """Cycles per load of SM 0's chase around the ring through `addrs`: 4 passes to warm, then at least 8 passes
+    and 512 loads timed (a replacement policy that is not LRU needs a few passes to settle)."""
+    n = addrs.size
+    n_warm, n_timed = 4 * n, max(8 * n, 512)
+    r = _run_ring(ctx, [_ring_through(buf, addrs)], [0], n_warm, n_timed)
+    if r[0, 2] != addrs[(n_warm + n_timed) % n]:
+        raise ProbeError("conflict sets: a chase did not end where its ring says (a load returned wrong data)")
+    return float(r[0, 0] / n_timed)
+
+
+def conflict_sets(ctx: Context, flush: Flusher, budget: Budget, quick: bool) -> dict:
+    """From SM 0, a dependent chase over n lines at a power-of-two stride s (line i at byte i*s of one buffer,
+    the ring in address order), in steady state: cycles per load for every (s, n). With a plainly set-indexed
+    L2, lines at a large power-of-two stride share a set and n > ways of them miss; a hashed index keeps them
+    hitting. Control: the same n lines each moved by a random whole number of lines within its stride (the same
+    pages, so the same TLB reach). References: n = 1 (a hit) and a cold chase through 256 MB (DRAM). The L2 sees
+    physical addresses: lines whose span n*s stays within one 2 MiB page keep the power-of-two stride there;
+    beyond, they lie on pages whose frames the driver chose."""
+    import torch
+
+    strides = CONFLICT_STRIDES_QUICK if quick else CONFLICT_STRIDES
+    ns = np.array(CONFLICT_N_QUICK if quick else CONFLICT_N)
+    # 16 GiB in the full run (512 lines x 32 MiB), of which only the chased lines are ever touched
+    buf = torch.empty(int(ns.max()) * max(strides) // 8, dtype=torch.int64, device=ctx.device)
+    base = buf.data_ptr()
+    flush()
+    cold = _run_ring(ctx, [_write_ring(buf, 256 * MB // LINE_BYTES, 0, seed=7)], [0], 0, 4096)
+    rng = np.random.default_rng(8)
+    out = {"strides": [], "n_lines": ns.tolist(), "aligned_cycles": [], "control_cycles": [],
+           "miss_cycles": float(cold[0, 0] / 4096)}
+    for st in strides:
+        if budget.over():
+            break
+        aligned, control = [], []
+        for n in ns:
+            at = base + np.arange(n, dtype=np.int64) * st
+            aligned.append(_steady_chase(ctx, buf, at))
+            control.append(_steady_chase(ctx, buf, at + rng.integers(0, st // LINE_BYTES, n) * LINE_BYTES))
+        out["strides"].append(st)
+        out["aligned_cycles"].append(aligned)
+        out["control_cycles"].append(control)
+    out["truncated"] = len(out["strides"]) < len(strides)
+    if out["strides"]:
+        y = np.array(out["aligned_cycles"])
+        out["hit_cycles"] = float(np.median(y[:, 0]))
+        d = G.conflict_sets(ns, out["strides"], y, out["hit_cycles"], out["miss_cycles"],
+                            control=np.array(out["control_cycles"]))
+        out.update(found=d.found, ways=d.ways, miss_fraction=d.excess.tolist(), verdict=d.verdict())
+    return out
+
+
+# ---- layout fixes: the same kernel with and without -----------------------------------------------------------
+FIX_COLS = 1024    # structs per row: a 16 KiB row pitch, a power of two
+FIX_ROWS = 1024    # 16 MiB table: under the 22.6 MB the all-SM capacity curve stays flat to, so reads hit L2
+FIX_BLOCK_R = 128  # rows per step of a program: 4 warps, one 16-byte load per thread
+BURST_LINES = 8    # lines per SM in the burst fix: one load at a time vs 8 at once
+
+
+def _timed_launches(ctx: Context, variants: dict, rounds: int, per_sample: int = 4) -> dict:
+    """{name: launch()}: after one warm-up launch each, `rounds` rounds of every variant in turn (the order
+    alternates, so drift does not favour one). A sample: per_sample launches back to back between two CUDA
+    events (later launches queue while the first runs, so the host's launch time is not counted but once),
+    divided by per_sample. Returns {name: [ms per launch, ...]}."""
+    import torch
+
+    for f in variants.values():
+        f()
+    times = {k: [] for k in variants}
+    for i in range(rounds):
+        for name in (list(variants) if i % 2 == 0 else list(variants)[::-1]):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(per_sample):
+                variants[name]()
+            end.record()
+            torch.cuda.synchronize(ctx.device)
+            times[name].append(float(start.elapsed_time(end)) / per_sample)
+    return times
+
+
+def _effect(times: dict, fixed: str, plain: str) -> dict:
+    e = G.fix_effect(times[fixed], times[plain])
+    return {"ratio": e.ratio, "spread": e.spread, "verdict": e.verdict, "with": times[fixed],
+            "without": times[plain]}
+
+
+def _column_fixes(ctx: Context, rounds: int, reps: int) -> dict:
+    """column_read_kernel over a power-of-two pitch, the pitch padded by one line, and the XOR swizzle (ms)."""
+    import torch
+
+    from .launch import launch_triton
+    from .triton_kernels.geometry import column_read_kernel
+
+    pad = LINE_BYTES // 16  # structs in one line
+    table = torch.ones((FIX_ROWS * (FIX_COLS + pad) * 4,), dtype=torch.float32, device=ctx.device)
+    sums = {}
+
+    def read(name, pitch, swizzle):
+        sums[name] = out = torch.zeros(FIX_COLS, dtype=torch.float32, device=ctx.device)
+        return lambda: launch_triton(column_read_kernel, FIX_COLS, (table, out, FIX_ROWS, pitch, reps), num_warps=4,
+                                     constexprs={"COLS": FIX_COLS, "SWIZZLE": swizzle, "BLOCK_R": FIX_BLOCK_R})
+
+    times = _timed_launches(ctx, {"plain": read("plain", FIX_COLS, False),
+                                  "padded": read("padded", FIX_COLS + pad, False),
+                                  "swizzled": read("swizzled", FIX_COLS, True)}, rounds)
+    for name, out in sums.items():  # every program summed its whole column (of ones)
+        if not torch.all(out == FIX_ROWS * 4 * reps):
+            raise ProbeError(f"layout fixes: a {name} column read summed the wrong number of structs")
+    gbs = {k: FIX_ROWS * FIX_COLS * 16 * reps / (np.median(v) * 1e6) for k, v in times.items()}
+    return {"rows": FIX_ROWS, "cols": FIX_COLS, "reps": reps, "pitch_bytes": FIX_COLS * 16,
+            "padded_pitch_bytes": (FIX_COLS + pad) * 16, "GB_per_s": gbs, "unit": "ms",
+            "padding": _effect(times, "padded", "plain"), "swizzle": _effect(times, "swizzled", "plain")}
+
+
+def _burst_fix(ctx: Context, rounds: int, steps: int) -> dict:
+    """Every SM reads m lines: one lane chasing a ring through them (one load at a time) against m lanes each
+    chasing its own ring (a warp-wide burst), the same number of loads; on lines of one slice class
+    (conflicting) and on lines of m classes (not). Times: the kernel's globaltimer span (ns), first start to
+    last end over all SMs, in alternating rounds."""
+    lines, _, classes = _slice_lines(ctx, 512, 3)
+    addr = lines.data_ptr() + np.arange(512, dtype=np.int64) * LINE_BYTES
+    big = int(np.argmax(classes.sizes))
+    m = int(min(BURST_LINES, classes.sizes[big], classes.count))
+    m = 1 << (m.bit_length() - 1)  # lanes: a power of two (tl.arange)
+    sets = {"one_class": addr[classes.labels == big][:m],
+            "spread": np.array([addr[np.flatnonzero(classes.labels == c)[0]] for c in range(m)])}
+    sms = np.arange(ctx.n_sm)
+    out = {"lines": m, "steps_per_lane": steps, "unit": "ns"}
+    for name, s in sets.items():
+        at, val, _ = _rings(s, ctx.n_sm, 1, seed=9)  # the rings of every word: the same for any lane count
+        _write_words(lines, at, val)
+        runs = {"one_by_one": (1, m * steps), "burst": (m, steps)}
+        plans = {k: (lanes, n, _rings(s, ctx.n_sm, lanes, seed=9)[2]) for k, (lanes, n) in runs.items()}
+        times = {k: [] for k in runs}
+        for i in range(rounds):
+            for k in (list(runs) if i % 2 == 0 else list(runs)[::-1]):
+                lanes, n, after = plans[k]
+                r = _run_lanes(ctx, after(0), sms, 16, n, lanes=lanes)
+                if not np.array_equal(r[:, 4], np.bitwise_xor.reduce(after(16 + n), axis=1)):
+                    raise ProbeError("layout fixes: a chase did not end where its ring says")
+                times[k].append(float(r[:, 3].max() - r[:, 2].min()))
+        out[name] = _effect(times, "burst", "one_by_one")
+    return out
+
+
+def layout_fixes(ctx: Context, flush: Flusher, budget: Budget, quick: bool) -> dict:
+    """The three layout fixes of an Ampere write-up (conflicts cut from 32% to 9% in one case), each the same
+    kernel with and without, warm, timed in interleaved rounds: ratio = median time with / without.
+    padding: column reads of a table of 16-byte structs (column_read_kernel) with a 16 KiB row pitch against
+    the pitch plus one 128-byte line; swizzle: the same reads with struct column c of row r stored at c XOR r;
+    bursts: every SM reads 8 lines one load at a time against 8 at once (lanes_chase_kernel), on lines of one
+    slice class and, to tell a conflict effect from memory-level parallelism, on lines of 8 classes."""
+    rounds = 5 if quick else 15
+    out = {"columns": _column_fixes(ctx, rounds, 8 if quick else 32)}  # 32 passes: ~0.25 ms a launch
+    if not budget.over():
+        out["bursts"] = _burst_fix(ctx, rounds, 32 if quick else 128)
+    return out
+
+
 # ---- persisting L2 through the driver API (libcuda, ctypes: no extra dependency) ----------------------------
 class _Window(ctypes.Structure):
     _fields_ = [("base_ptr", ctypes.c_void_p), ("num_bytes", ctypes.c_size_t), ("hitRatio", ctypes.c_float),
@@ -672,7 +849,7 @@ def _persisting_runs(ctx, flush, budget, lib, stream, hot, src, dst, sizes, rati
 
 EXPERIMENTS = {"first_touch": first_touch, "stride_sweep": stride_sweep, "capacity": capacity,
                "prefetch": prefetch, "address_bits": address_bits, "contention": contention,
-               "persisting": persisting}
+               "persisting": persisting, "conflict_sets": conflict_sets, "layout_fixes": layout_fixes}
 
 
 def make_context(device=None) -> Context:
@@ -793,6 +970,15 @@ def summary_lines(result: dict) -> list[str]:
                        f"req/ns ({r['spread_latency_cycles'][-1]:.0f} cycles); pairs same "
                        f"{r['pairs']['same']['median_cycles']:.0f} vs different "
                        f"{r['pairs']['different']['median_cycles']:.0f} cycles; {r['ncu_note']}")
+        elif name == "conflict_sets" and "verdict" in r:
+            out.append(f"conflict sets: {r['verdict']} (hit {r['hit_cycles']:.0f}, miss {r['miss_cycles']:.0f} "
+                       f"cycles; largest aligned {np.max(r['aligned_cycles']):.0f}, control "
+                       f"{np.max(r['control_cycles']):.0f})")
+        elif name == "layout_fixes":
+            fixes = [(k, r["columns"][k]) for k in ("padding", "swizzle")]
+            fixes += [(f"bursts ({k})", r["bursts"][k]) for k in ("one_class", "spread") if "bursts" in r]
+            out.append("layout fixes, time with / without: " + "; ".join(
+                f"{k} {f['ratio']:.3f} ({f['verdict']}, spread {f['spread']:.3f})" for k, f in fixes))
         elif name == "persisting":
             for run in r["runs"]:
                 out.append(f"persisting: hot {run['hot_bytes'] / MB:.0f} MB ratio {run['hit_ratio']}: "

@@ -16,7 +16,13 @@ ring_chase_kernel: the chain probe's pointer chase on chosen SMs, for footprints
 
 lanes_chase_kernel: LANES independent pointer chases per measuring SM (one per thread of the warp), for
 contention: k SMs x LANES requests in flight at once against a chosen set of lines. Each word of the line
-buffer holds the address of the word its lane visits next.
+buffer holds the address of the word its lane visits next. With LANES = 1 it issues the loads of a ring one by
+one; with LANES = M, M at once (the layout fixes' warp-wide bursts).
+
+column_read_kernel: the layout fixes' throughput kernel, not a probe (any SM, many warps): program c reads
+column c of a row-major table of 16-byte structs, every row, `reps` times. The same kernel runs without a
+fix (a power-of-two row pitch), padded (the pitch plus one line) and XOR-swizzled (struct column c of row r
+stored at column c XOR r), so the host compares like with like.
 """
 import triton
 import triton.language as tl
@@ -118,3 +124,27 @@ def ring_chase_kernel(ctrl_ptr, starts_ptr, rows_ptr, out_ptr, n_warm, n_timed, 
             tl.store(out_ptr + row * 3 + 1, g1 - g0)
             tl.store(out_ptr + row * 3 + 2, p)
         finish_turn(ctrl_ptr)
+
+
+@triton.jit
+def column_read_kernel(src_ptr, out_ptr, n_rows, pitch_structs, reps, COLS: tl.constexpr, SWIZZLE: tl.constexpr,
+                       BLOCK_R: tl.constexpr):
+    """Program c sums column c of an (n_rows, COLS) table of 16-byte structs (4 floats) laid out with a row
+    pitch of `pitch_structs` structs, `reps` times, and stores the sum to out[c]. SWIZZLE: the struct of column c in
+    row r sits at column c ^ (r % COLS). n_rows: a multiple of BLOCK_R. Loads skip L1 (.cg): every pass
+    reads the L2."""
+    col = tl.program_id(0)
+    rows = tl.arange(0, BLOCK_R)
+    lanes = tl.arange(0, 4)
+    acc = tl.zeros([BLOCK_R, 4], dtype=tl.float32)
+    for _ in range(reps):
+        for r0 in range(0, n_rows, BLOCK_R):
+            r = r0 + rows
+            if SWIZZLE:
+                c = col ^ (r & (COLS - 1))
+            else:
+                c = col + 0 * r
+            # struct index * 4: a multiple of 4 floats, so one 16-byte load per struct
+            acc += tl.load(src_ptr + (r[:, None] * pitch_structs + c[:, None]) * 4 + lanes[None, :],
+                           cache_modifier=".cg")
+    tl.store(out_ptr + col, tl.sum(acc))
