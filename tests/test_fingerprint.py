@@ -78,7 +78,7 @@ def test_other_model_or_length_is_refused_not_matched(sigs):
     with pytest.raises(ValueError, match="different device models"):  # a MIG slice: fewer SMs
         fp.distance(s, with_changes(s, sm_count=16, vector=s.vector[:32]))
     with pytest.raises(ValueError, match="versions differ"):
-        fp.distance(s, fp.DeviceSignature(s.name, s.sm_count, s.cc, s.vector, version=2))
+        fp.distance(s, fp.DeviceSignature(s.name, s.sm_count, s.cc, s.vector, version=fp.SIGNATURE_VERSION + 1))
     with pytest.raises(ValueError, match="shape"):
         with_changes(s, vector=s.vector[:-1])
     with pytest.raises(ValueError, match="NaN"):

@@ -153,16 +153,16 @@ def test_entry_written_before_identities_reads_as_unknown(tmp_path, sigs):
 @pytest.mark.parametrize("content", [
     "{not json",
     json.dumps({"format": "something else"}),
-    json.dumps({"format": "torch_l2topo/device-signature", "version": 1,
+    json.dumps({"format": "torch_l2topo/device-signature", "version": 2,
                 "device": {"name": "NVIDIA H200", "sm_count": 132, "cc": [9, 0]}, "vector": [0.0] * 10}),
-    json.dumps({"format": "torch_l2topo/device-signature", "version": 1,
+    json.dumps({"format": "torch_l2topo/device-signature", "version": 2,
                 "device": {"name": "NVIDIA H200", "sm_count": 132, "cc": [9, 0]}, "vector": ["a"] * 264}),
-    '{"format": "torch_l2topo/device-signature", "version": 1, "device": {"name": "NVIDIA H200", '
+    '{"format": "torch_l2topo/device-signature", "version": 2, "device": {"name": "NVIDIA H200", '
     '"sm_count": 132, "cc": [9, 0]}, "vector": [' + ", ".join(["NaN"] * 264) + "]}",
-    json.dumps({"format": "torch_l2topo/device-signature", "version": 1,
+    json.dumps({"format": "torch_l2topo/device-signature", "version": 2,
                 "device": {"name": "NVIDIA H200", "sm_count": 132, "cc": [9, 0]}, "vector": [0.0] * 264,
                 "identity": {"uuid_hash": "not a hash"}}),
-    json.dumps({"format": "torch_l2topo/device-signature", "version": 1,
+    json.dumps({"format": "torch_l2topo/device-signature", "version": 2,
                 "device": {"name": "NVIDIA H200", "sm_count": 132, "cc": [9, 0]}, "vector": [0.0] * 264,
                 "identity": "nonsense"}),
     "\xff\xfe",

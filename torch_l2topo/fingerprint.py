@@ -10,9 +10,12 @@ What a signature holds, and why (measured on two H200s, 12 calibrations, benchma
   The ring covers every L2 slice many times, so it does not depend on which buffer was probed. Centering
   removes the per-load overhead that differs between backends (Triton ~2 cycles above CUDA).
 - side block: the L2 partition side of each SM (labels.sm_labels, oriented so that the lowest decided SM
-  is on side -1; 0 for an undecided SM), times half the device's far - near latency gap. In cycles, so
-  that one SM on the wrong side costs what it costs in latency. The side of an SM does not depend on the
-  probed addresses as long as the lines cover both partitions.
+  is on side -1; 0 for an undecided SM), times SIDE_CYCLES, a fixed weight of about half the H200's far -
+  near gap: one SM on the wrong side costs about what it costs in latency. The side of an SM does not depend
+  on the probed addresses as long as the lines cover both partitions; the measured gap does (it averages
+  the probed lines' slices): one H200 calibrated by two processes at once, so with two buffers, measured
+  31.3 and 32.7 cycles, and a side block scaled by the measured gap put that GPU 0.74 from itself
+  (version 1 of the signature).
 - not included: per-SM near/far latency. They average over whichever L2 slices the probed lines happen
   to hit; two disjoint halves of the same 512 lines give per-SM near/far maps 0.2-1.5 cycles RMS apart
   (median 0.7-0.8), about as far as two different H200s are apart (1.2-1.9): they would fingerprint the
@@ -28,7 +31,7 @@ import numpy as np
 from .labels import sm_labels
 from .topology import Topology
 
-SIGNATURE_VERSION = 1
+SIGNATURE_VERSION = 2  # 2: the side block's weight is fixed (SIDE_CYCLES), no longer the measured gap / 2
 BLOCKS = ("chain", "side")
 FORMAT = "torch_l2topo/device-signature"
 
@@ -40,6 +43,9 @@ FORMAT = "torch_l2topo/device-signature"
 # (benchmarks/results/fingerprint_h200_cpu.json, "collection"; tests/test_fingerprint.py).
 DEFAULT_THRESHOLD = 0.51
 AMBIGUITY_FACTOR = 1.93
+
+# Cycles per SM of the side block: about half the near - far gap measured on H200s (30.7-32.7 cycles).
+SIDE_CYCLES = 15.5
 
 # An SM's partition side is only recorded when the two partitions differ by more than this many times the
 # calibration's line repeat noise: below that a split is noise (a flat map has no sides).
@@ -121,7 +127,7 @@ def signature(topo: Topology) -> DeviceSignature:
     if gap <= _SIDE_MIN_GAP_IN_NOISE * float(np.median(topo.line_noise)):
         side_block = np.zeros(topo.n_sm)
     else:
-        side_block = side * gap / 2
+        side_block = side * SIDE_CYCLES
     return DeviceSignature(name=str(dev["name"]), sm_count=topo.n_sm, cc=tuple(dev["cc"]),
                            vector=np.concatenate([chain - np.median(chain), side_block]))
 
