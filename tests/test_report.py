@@ -92,3 +92,32 @@ def test_report_command_on_a_missing_file_raises_what_the_cli_reports(tmp_path):
     args = build_parser().parse_args(["report", str(tmp_path / "missing.npz"), "-o", str(tmp_path)])
     with pytest.raises(FileNotFoundError):
         args.func(args)
+
+
+def test_report_with_a_recorded_geometry_run_adds_its_section_and_figures(tmp_path):
+    """`report --geometry FILE`: the L2 geometry section holds the suite's derived numbers from the recorded
+    H200 run (the 64-byte fetch granule, no prefetch) and, with matplotlib, one figure per experiment."""
+    from pathlib import Path
+
+    from torch_l2topo.cli import main
+
+    recorded = sorted((Path(__file__).resolve().parents[1] / "benchmarks" / "results").glob("geometry_h200_*.json"))
+    assert recorded, "no recorded geometry run"
+    assert main(["report", "--geometry", str(recorded[0]), "-o", str(tmp_path)]) == 0
+    text = (tmp_path / "report.md").read_text()
+    section = text[text.index("## L2 geometry"):]
+    assert "granule 64 B" in section and "dips at no stride" in section
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return
+    pngs = [line for line in section.splitlines() if line.startswith("![")]
+    assert len(pngs) >= 6 and all((tmp_path / line.split("(")[1].rstrip(")")).exists() for line in pngs)
+
+
+def test_report_refuses_a_file_that_is_not_a_geometry_result(tmp_path):
+    from torch_l2topo.cli import main
+
+    bad = tmp_path / "x.json"
+    bad.write_text(json.dumps({"figures": {"nothing": 1}}))
+    assert main(["report", "--geometry", str(bad), "-o", str(tmp_path / "out")]) == 2

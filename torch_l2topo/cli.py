@@ -69,7 +69,13 @@ def cmd_report(args) -> int:
     from .report import write_report
 
     topo = load_topology(args.file or args.example)
-    path = write_report(topo, args.out_dir, other=load_topology(args.compare) if args.compare else None)
+    geometry = None
+    if args.geometry:
+        from .geometry_figures import load_geometry
+
+        geometry = load_geometry(args.geometry)
+    path = write_report(topo, args.out_dir, other=load_topology(args.compare) if args.compare else None,
+                        geometry=geometry)
     print(f"wrote {path}")
     return 0
 
@@ -149,6 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"bundled calibration to analyse (default {DEFAULT_EXAMPLE}); see `examples`")
     r.add_argument("--compare", help="a second calibration of the same GPU (.npz path or bundled name): "
                                      "adds how partitions, clusters and slice classes hold between the two")
+    r.add_argument("--geometry", help="a result of `geometry --out` (or benchmarks/run_geometry.py): adds the L2 "
+                                      "geometry section with its figures")
     r.add_argument("-o", "--out-dir", default="l2topo-report", help="output directory (default l2topo-report)")
     r.set_defaults(func=cmd_report)
     for verb, func, text in (("enroll", cmd_enroll, "add a GPU's fingerprint to a registry under a name"),

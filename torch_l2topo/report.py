@@ -108,8 +108,9 @@ def render_markdown(a: Analysis, figures: dict | None, figure_note: str = "") ->
     return "\n".join(out) + "\n"
 
 
-def write_report(data, out_dir, noise=None, other=None) -> Path:
-    """Analyze `data` and write out_dir/report.md (and PNG figures when matplotlib is installed)."""
+def write_report(data, out_dir, noise=None, other=None, geometry=None) -> Path:
+    """Analyze `data` and write out_dir/report.md (and PNG figures when matplotlib is installed). geometry: a
+    result of the L2 geometry suite (geometry_figures.load_geometry), added as a section with its figures."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     analysis = analyze(data, noise, other)
@@ -118,6 +119,20 @@ def write_report(data, out_dir, noise=None, other=None) -> Path:
     except ImportError:
         figures, note = None, ("Text only: matplotlib is not installed (`pip install torch-l2topo[plots]` "
                                "adds the figures).")
+    text = render_markdown(analysis, figures, note)
+    if geometry is not None:
+        text += render_geometry(geometry, out_dir, with_figures=figures is not None)
     path = out_dir / "report.md"
-    path.write_text(render_markdown(analysis, figures, note))
+    path.write_text(text)
     return path
+
+
+def render_geometry(result: dict, out_dir, with_figures: bool) -> str:
+    """The report's L2 geometry section: the suite's derived numbers and, with matplotlib, its figures."""
+    from .geometry_figures import draw_geometry_figures
+    from .geometry_probes import summary_lines
+
+    out = ["", "## L2 geometry", "", "```", *summary_lines(result), "```", ""]
+    if with_figures:
+        out += [f"![{key}]({name})" for key, name in draw_geometry_figures(result, out_dir).items()]
+    return "\n".join(out) + "\n"
