@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from torch_l2topo.files import json_default
+
 
 def environment(device_index: int = 0) -> dict:
     import torch
@@ -108,13 +110,6 @@ def write_json(path, figures: dict, env: dict) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     doc = {"command": command_line(), "env": env, "figures": figures}
-    path.write_text(json.dumps(doc, indent=1, default=_jsonable) + "\n")
+    path.write_text(json.dumps(doc, indent=1, default=json_default) + "\n")
     return path
 
-
-def _jsonable(x):
-    if isinstance(x, np.generic):
-        return x.item()
-    if isinstance(x, np.ndarray):
-        return x.tolist()
-    raise TypeError(f"not JSON serializable: {type(x).__name__}")

@@ -83,7 +83,8 @@ def cmd_report(args) -> int:
 def cmd_geometry(args) -> int:
     import json
 
-    from .geometry_probes import jsonable, summary_lines
+    from .files import json_default
+    from .geometry_probes import summary_lines
 
     if args.from_file:  # a recorded result: no GPU
         from .geometry_figures import load_geometry
@@ -95,7 +96,7 @@ def cmd_geometry(args) -> int:
         result = run_suite(quick=args.quick, device=args.device)
         if args.out:
             with open(args.out, "w") as f:
-                json.dump({"command": " ".join(sys.argv), **result}, f, indent=1, default=jsonable)
+                json.dump({"command": " ".join(sys.argv), **result}, f, indent=1, default=json_default)
     print("\n".join(summary_lines(result)))
     if args.figures:
         from .geometry_figures import draw_geometry_figures

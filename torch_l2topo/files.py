@@ -1,4 +1,4 @@
-"""Safe file operations: an exclusive advisory lock with a timeout, and atomic writes.
+"""Safe file operations: an exclusive advisory lock with a timeout, atomic writes, and JSON of numpy values.
 
 flock locks are released by the OS when their holder dies, so a killed process never leaves a lock that
 blocks everyone after it (unlike a lock *file*, whose mere existence is the lock). Atomic writes go to a
@@ -55,3 +55,14 @@ def atomic_write(path: Path, data: bytes) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def json_default(x):
+    """json.dump's default= for results holding numpy values: scalars become Python numbers, arrays lists."""
+    import numpy as np
+
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    raise TypeError(f"not JSON serializable: {type(x).__name__}")

@@ -55,6 +55,14 @@ def draw_geometry_figures(result: dict, out_dir) -> dict:
         plt.close(fig)
         files[key] = name
 
+    def finish(fig, ax, key, xlabel, ylabel, title):
+        """Label a one-panel figure, add its legend and save it."""
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.legend(fontsize=8)
+        save(fig, key)
+
     if c := _ok(e, "capacity", "footprint"):
         fig, ax = plt.subplots(figsize=(7, 4))
         x = np.array(c["footprint"]) / MB
@@ -64,11 +72,7 @@ def draw_geometry_figures(result: dict, out_dir) -> dict:
             ax.semilogx(np.array(sw["footprint"]) / MB, np.mean(sw["cycles"], axis=1), "o-",
                         label="one SM per partition, own ring (no per-load clock: ~68 cycles less)")
             ax.axhline(sw["cold_cycles"], color="grey", ls=":", label="cold (DRAM)")
-        ax.set_xlabel("footprint (MB)")
-        ax.set_ylabel("cycles per load")
-        ax.set_title("capacity: latency against footprint")
-        ax.legend(fontsize=8)
-        save(fig, "capacity")
+        finish(fig, ax, "capacity", "footprint (MB)", "cycles per load", "capacity: latency against footprint")
 
     s, ft = _ok(e, "stride_sweep", "strides"), _ok(e, "first_touch", "k_bytes")
     if s or ft:
@@ -94,11 +98,8 @@ def draw_geometry_figures(result: dict, out_dir) -> dict:
         for t, color in (("cold", "C3"), ("warm", "C0")):
             ax.semilogx(p["strides"], p[f"{t}_regular"], "o-", color=color, base=2, label=f"{t}, regular order")
             ax.semilogx(p["strides"], p[f"{t}_random"], "s--", color=color, base=2, label=f"{t}, LFSR order")
-        ax.set_xlabel("stride (B)")
-        ax.set_ylabel("cycles per load")
-        ax.set_title("prefetch: regular against random order of the same addresses")
-        ax.legend(fontsize=8)
-        save(fig, "prefetch")
+        finish(fig, ax, "prefetch", "stride (B)", "cycles per load",
+               "prefetch: regular against random order of the same addresses")
 
     if c := _ok(e, "contention", "k"):
         fig, ax = plt.subplots(figsize=(7, 4))
@@ -106,11 +107,8 @@ def draw_geometry_figures(result: dict, out_dir) -> dict:
             at = c.get(f"{key}_saturates_at_k")
             ax.plot(c["k"], c[f"{key}_requests_per_ns"], "o-",
                     label=f"{label} (saturates at k={at:.0f})" if at else f"{label} (no saturation found)")
-        ax.set_xlabel("SMs chasing (k)")
-        ax.set_ylabel("requests per ns")
-        ax.set_title(f"contention: {c['lanes']} chases per SM over {c['lines_per_set']} lines")
-        ax.legend(fontsize=8)
-        save(fig, "contention")
+        finish(fig, ax, "contention", "SMs chasing (k)", "requests per ns",
+               f"contention: {c['lanes']} chases per SM over {c['lines_per_set']} lines")
 
     if p := _ok(e, "persisting", "runs"):
         fig, ax = plt.subplots(figsize=(7, 4))
@@ -119,11 +117,8 @@ def draw_geometry_figures(result: dict, out_dir) -> dict:
             ax.plot([r["hot_bytes"] / MB for r in runs], [r["hit_fraction"] for r in runs], "o-",
                     label="no window" if ratio == 0 else f"window, hitRatio {ratio}")
         ax.axvline(p["max_persisting_l2_bytes"] / MB, color="grey", ls=":", label="max persisting L2")
-        ax.set_xlabel("hot buffer (MB)")
-        ax.set_ylabel("hot loads that hit after a streaming copy")
-        ax.set_title("persisting L2 window")
-        ax.legend(fontsize=8)
-        save(fig, "persisting")
+        finish(fig, ax, "persisting", "hot buffer (MB)", "hot loads that hit after a streaming copy",
+               "persisting L2 window")
 
     if c := _ok(e, "conflict_sets", "strides"):
         fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)

@@ -903,15 +903,6 @@ def run_suite(quick: bool = False, device=None, only=None) -> dict:
             "total_s": time.perf_counter() - t0}
 
 
-def jsonable(x):
-    """json.dump's default= for the suite's results: numpy scalars and arrays."""
-    if isinstance(x, np.generic):
-        return x.item()
-    if isinstance(x, np.ndarray):
-        return x.tolist()
-    raise TypeError(f"not JSON serializable: {type(x).__name__}")
-
-
 def _fmt(v, unit="") -> str:
     return "n/a" if v is None or (isinstance(v, float) and not np.isfinite(v)) else f"{v:.0f}{unit}"
 

@@ -266,7 +266,7 @@ class Placement:
                 slot = None if entry is None else entry.slots.get(self._capture_policy(entry))
                 if slot is None:
                     raise PlacementError(CAPTURE_MESSAGE)
-                launch(self._grid(index, slot, n_items), slot.plan, slot.state)
+                launch(self._grid(index, slot.loaded.direct, n_items), slot.plan, slot.state)
                 return
             entry = self._entry(index, key, n_items, item_class, loads_per_item)
             self._read_timings(key, entry)
@@ -277,7 +277,7 @@ class Placement:
             if timed:
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
-            grid = self._grid(index, slot, n_items)
+            grid = self._grid(index, slot.loaded.direct, n_items)
             launch(grid, slot.plan, slot.state)
             if timed:
                 end.record()
@@ -295,14 +295,13 @@ class Placement:
         from .device import resolve_device
 
         policy = self.policy if policy is None else policy
-        if policy in DIRECT_POLICIES:
-            if n_items is None:
-                raise ValueError(f"the grid of policy {policy!r} is one CTA per item: pass n_items")
-            return max(int(n_items), 1)
-        return self.ctas_per_sm * self._device(resolve_device(device))[0].n_sm
+        direct = policy in DIRECT_POLICIES
+        if direct and n_items is None:
+            raise ValueError(f"the grid of policy {policy!r} is one CTA per item: pass n_items")
+        return self._grid(None if direct else resolve_device(device), direct, n_items)
 
-    def _grid(self, index: int, slot: PlanSlot, n_items: int) -> int:
-        return max(int(n_items), 1) if slot.loaded.direct else self.ctas_per_sm * self._device(index)[0].n_sm
+    def _grid(self, index: int | None, direct: bool, n_items: int | None) -> int:
+        return max(int(n_items), 1) if direct else self.ctas_per_sm * self._device(index)[0].n_sm
 
     def plan_tensors(self, n_items: int, item_class=None, loads_per_item=1.0, *, policy: str | None = None,
                      device=None):
