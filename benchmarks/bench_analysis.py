@@ -18,14 +18,14 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from common import cpu_environment, quantiles, write_json
+
 from torch_l2topo import Topology, list_examples, load_example
-from torch_l2topo.nuca import fit_nuca, repeat_sigma
-from torch_l2topo.analysis import analyze
-from torch_l2topo.labels import find_partitions
-from torch_l2topo.slices import slice_classes
-from torch_l2topo.structure import cluster_gpcs, find_twins, sm_symmetry
+from torch_l2topo.analysis.labels import find_partitions
+from torch_l2topo.analysis.nuca import fit_nuca, repeat_sigma
+from torch_l2topo.analysis.slices import slice_classes
+from torch_l2topo.analysis.structure import cluster_gpcs, find_twins, sm_symmetry
+from torch_l2topo.analysis.summary import analyze
 
 ROOT = Path(__file__).resolve().parents[1]
 WIDE_SOURCES = tuple(f"h200-{gpu}-{backend}-{mode}" for gpu in ("d557bc", "f78934") for backend in ("cuda", "triton")

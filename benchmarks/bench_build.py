@@ -22,9 +22,9 @@ def main(argv=None) -> dict:
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="l2topo-triton-")
     import torch
 
-    from torch_l2topo import extension
-    from torch_l2topo.probe_plans import ring_plan
-    from torch_l2topo.probes import run_chain, run_lines
+    from torch_l2topo.measure import extension
+    from torch_l2topo.measure.probes import run_chain, run_lines
+    from torch_l2topo.measure.rings import ring_plan
 
     dev = torch.device("cuda", 0)
     torch.zeros(1, device=dev)

@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from common import command_line, quantiles, write_result
 
 BACKENDS = ("triton", "cuda")
@@ -37,8 +36,8 @@ def main(argv=None) -> dict:
     import torch
 
     import torch_l2topo
-    from torch_l2topo import extension
-    from torch_l2topo.compare import compare_maps
+    from torch_l2topo.analysis.compare import compare_maps
+    from torch_l2topo.measure import extension
 
     dev = args.device
     torch.cuda.set_device(dev)
@@ -50,7 +49,7 @@ def main(argv=None) -> dict:
     figures["compile_s"]["cuda_ext_build_and_load"] = time.perf_counter() - t0
     gpc = None
     if args.gpc:
-        from torch_l2topo.gpc_probe import gpc_ground_truth
+        from torch_l2topo.measure.gpc_probe import gpc_ground_truth
 
         t0 = time.perf_counter()
         gpc = gpc_ground_truth(dev)

@@ -28,15 +28,15 @@ import itertools
 from pathlib import Path
 
 import numpy as np
-
 from common import cpu_environment, write_json
+
 from torch_l2topo import Topology, TopologyFormatError
-from torch_l2topo import fingerprint as fp
-from torch_l2topo import fingerprint_eval as fe
-from torch_l2topo import hashed as hx
+from torch_l2topo.analysis.labels import sm_labels
 from torch_l2topo.bundled import DATA_DIR
-from torch_l2topo.labels import sm_labels
-from torch_l2topo.localize import SMClassifier, evaluate
+from torch_l2topo.identity import evaluation as fe
+from torch_l2topo.identity import fingerprint as fp
+from torch_l2topo.identity import hashed as hx
+from torch_l2topo.identity.localize import SMClassifier, evaluate
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -127,7 +127,8 @@ def collection_figures(tuning_sessions) -> dict:
     out = {
         "manifest": _shown(MANIFEST), "tuning_sessions": sorted(tuning),
         "records": len(records), "with_signature": sum(r.signature is not None for r in records),
-        "sessions": sorted({r.session for r in records}), "machines": sorted({r.row["machine"] for r in records} - {""}),
+        "sessions": sorted({r.session for r in records}),
+        "machines": sorted({r.row["machine"] for r in records} - {""}),
         "devices_by_identifier": len(devices), "devices_with_serial": sum(d.startswith("serial:") for d in devices),
         "untrusted": {r.key: list(r.problems) for r in records if not r.trusted},
         "fit": fitted,

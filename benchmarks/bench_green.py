@@ -21,13 +21,12 @@ import contextlib
 import time
 
 import numpy as np
-
 from bench_placement import interleaved
 from common import calibrated_device, gpu_parser, write_result
 from placement_workloads import chase_plain_kernel, chase_workload
 
 import torch_l2topo
-import torch_l2topo.green_contexts
+import torch_l2topo.placement.green_contexts
 
 CHASE_MB = 16
 CHASE_LOADS = 2048
@@ -36,10 +35,11 @@ SM_COUNTS = (32, 64)       # SMs of the green context
 
 
 def describe_groups(groups, topo) -> list:
-    from torch_l2topo.labels import sm_labels
+    from torch_l2topo.analysis.labels import sm_labels
 
     part = sm_labels(topo).partition
-    return [{"index": g.index, "sms": list(g.sms), "in_partition": [int((part[list(g.sms)] == p).sum()) for p in (0, 1)],
+    return [{"index": g.index, "sms": list(g.sms),
+             "in_partition": [int((part[list(g.sms)] == p).sum()) for p in (0, 1)],
              "mean_chain_cycles": float(topo.chain_cycles[list(g.sms)].mean())} for g in groups]
 
 
@@ -143,12 +143,13 @@ def bench_overhead(dev, topo) -> dict:
 
 def main(argv=None) -> dict:
     args = gpu_parser(__doc__, reps=30).parse_args(argv)
-    from torch_l2topo.green_contexts import sm_groups
+    from torch_l2topo.placement.green_contexts import sm_groups
 
     dev, topo, calibration = calibrated_device(args.device, "green")  # cached: on_sms() ranks with it
     t0 = time.perf_counter()
     groups = sm_groups(dev)
-    figures = {"calibration": calibration, "groups": describe_groups(groups, topo), "groups_s": time.perf_counter() - t0}
+    figures = {"calibration": calibration, "groups": describe_groups(groups, topo),
+               "groups_s": time.perf_counter() - t0}
     print(f"{len(groups)} groups in {figures['groups_s']:.2f} s:", [(g['sms'][:4], g['in_partition'])
                                                                      for g in figures["groups"]], flush=True)
     for part, fn in (("chase", bench_chase), ("embedding_bag", bench_embedding_bag)):

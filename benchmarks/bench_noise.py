@@ -20,7 +20,6 @@ import tempfile
 import time
 
 import numpy as np
-
 from common import quantiles, write_result
 
 BACKENDS = ("triton", "cuda")
@@ -56,8 +55,8 @@ def main(argv=None) -> dict:
     import torch
 
     import torch_l2topo
-    from torch_l2topo.compare import compare_maps
-    from torch_l2topo.probes import wave_size
+    from torch_l2topo.analysis.compare import compare_maps
+    from torch_l2topo.measure.probes import wave_size
 
     dev = args.device
     torch.cuda.set_device(dev)
@@ -100,9 +99,11 @@ def main(argv=None) -> dict:
         np.savez_compressed(args.raw, **raw)
     for name, f in figures["results"].items():
         bc = f["between_calibrations"]
-        print(f"{name:18s} between calibrations max {bc['max_abs_diff']:.3f} (after offset {bc['max_after_offset']:.3f})"
+        print(f"{name:18s} between calibrations max {bc['max_abs_diff']:.3f}"
+              f" (after offset {bc['max_after_offset']:.3f})"
               f"  wave-common max {bc['wave_mean_abs_max']:.3f}  within-wave sd {bc['within_wave_sd_mean']:.3f}"
-              f"  cold p50 {f['cold_s']['p50'] * 1e3:.0f} ms  vs serialized max {f['vs_serialized']['max_after_offset']:.3f}")
+              f"  cold p50 {f['cold_s']['p50'] * 1e3:.0f} ms"
+              f"  vs serialized max {f['vs_serialized']['max_after_offset']:.3f}")
     return figures
 
 

@@ -14,7 +14,6 @@ import argparse
 import time
 
 import numpy as np
-
 from common import quantiles, write_result
 
 SIZES_MB = (4, 32, 128)
@@ -31,9 +30,9 @@ def main(argv=None) -> dict:
 
     import torch
 
-    from torch_l2topo import partition_map as pm
-    from torch_l2topo.calibration import calibrate, measuring
-    from torch_l2topo.probes import warm_clocks
+    from torch_l2topo.measure.calibration import calibrate, measuring
+    from torch_l2topo.measure.probes import warm_clocks
+    from torch_l2topo.placement import partition_map as pm
 
     device = torch.device("cuda", args.device)
     torch.cuda.set_device(device)

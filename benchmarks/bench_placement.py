@@ -22,11 +22,17 @@ from __future__ import annotations
 import time
 
 import numpy as np
-
 from common import calibrated_device, gpu_parser, quantiles, write_result
-from torch_l2topo.sm_aware import DEFAULT_CANDIDATES
-from placement_workloads import (chase_kernel, chase_plain_kernel, chase_workload, gather_kernel, gather_plain_kernel,
-                                 gather_workload)
+from placement_workloads import (
+    chase_kernel,
+    chase_plain_kernel,
+    chase_workload,
+    gather_kernel,
+    gather_plain_kernel,
+    gather_workload,
+)
+
+from torch_l2topo.placement.sm_aware import DEFAULT_CANDIDATES
 
 CHASE_FOOTPRINTS_MB = (4, 8, 16, 24, 32, 40, 256)
 CHASE_ITEMS_PER_SM = 64
@@ -143,8 +149,8 @@ def with_ratios(results: dict, predicted: dict | None = None, limit_cycles: floa
 def bench_chase(dev, topo, reps) -> dict:
     import torch
 
-    from torch_l2topo.plans import SpeedModel, Workload, limit, make_plan, predict
-    from torch_l2topo.sm_aware import sm_aware
+    from torch_l2topo.placement.plans import SpeedModel, Workload, limit, make_plan, predict
+    from torch_l2topo.placement.sm_aware import sm_aware
 
     speeds = SpeedModel.from_topology(topo)
     n_items = CHASE_ITEMS_PER_SM * topo.n_sm
@@ -180,7 +186,7 @@ def bench_chase(dev, topo, reps) -> dict:
 def bench_gather(dev, topo, reps) -> dict:
     import torch
 
-    from torch_l2topo.sm_aware import sm_aware
+    from torch_l2topo.placement.sm_aware import sm_aware
 
     w = gather_workload(dev, GATHER_TABLE_MB << 20, GATHER_BAGS)
     out = torch.empty_like(w.reference)
@@ -212,8 +218,8 @@ def bench_overhead(dev, topo) -> dict:
     """Host time per launch (eager) and device time per launch (graph) of a one-item-per-SM no-op workload."""
     import torch
 
-    from torch_l2topo.launch import launch_triton
-    from torch_l2topo.sm_aware import sm_aware
+    from torch_l2topo.measure.launch import launch_triton
+    from torch_l2topo.placement.sm_aware import sm_aware
 
     n = topo.n_sm
     starts = torch.zeros(n, dtype=torch.int64, device=dev)  # chase 0 loads: the item loop itself is the work

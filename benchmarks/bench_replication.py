@@ -20,13 +20,12 @@ partition" is near by measurement, not by assumption.
 """
 from __future__ import annotations
 
-
 import numpy as np
 import triton
 import triton.language as tl
-
 from bench_placement import timed
 from common import calibrated_device, gpu_parser, write_result
+
 from torch_l2topo.triton_kernels.protocol import chase, sm_id
 
 ROW_BYTES = 256      # one partition block
@@ -77,8 +76,8 @@ class Tables:
     def __init__(self, dev, topo, table_bytes: int, n_walks: int, seed: int = 0):
         import torch
 
-        from torch_l2topo.labels import sm_labels
-        from torch_l2topo.partition_map import partition_map
+        from torch_l2topo.analysis.labels import sm_labels
+        from torch_l2topo.placement.partition_map import partition_map
 
         self.dev, self.n_rows = dev, table_bytes // ROW_BYTES
         n = self.n_rows

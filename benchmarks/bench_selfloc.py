@@ -7,7 +7,8 @@ evaluate (CPU): refits the classifier from the recorded calibration and scores e
 against %smid, per level, writing the JSON of figures.
 
     python benchmarks/bench_selfloc.py record --device 0 --out /tmp/selfloc_gpu0.npz
-    python benchmarks/bench_selfloc.py evaluate benchmarks/results/selfloc/*.npz --out benchmarks/results/selfloc_h200.json
+    python benchmarks/bench_selfloc.py evaluate benchmarks/results/selfloc/*.npz \
+        --out benchmarks/results/selfloc_h200.json
 """
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ import argparse
 import time
 
 import numpy as np
-
 from common import command_line
 
 KS = (8, 16)
@@ -27,9 +27,9 @@ ROUND_GAP_S = 1.0
 def record(device: int, out: str) -> None:
     import torch
 
-    from torch_l2topo.calibration import calibrate
     from torch_l2topo.device import device_info
-    from torch_l2topo.selfloc import Localizer
+    from torch_l2topo.identity.selfloc import Localizer
+    from torch_l2topo.measure.calibration import calibrate
 
     info = device_info(device)
     topo = calibrate(device, gpc=torch.cuda.get_device_capability(device) >= (9, 0))
@@ -58,8 +58,9 @@ def record(device: int, out: str) -> None:
 def evaluate(paths: list[str], out: str) -> dict:
     from common import cpu_environment, write_json
 
-    from torch_l2topo.labels import sm_labels
-    from torch_l2topo.localize import SMClassifier, evaluate as score
+    from torch_l2topo.analysis.labels import sm_labels
+    from torch_l2topo.identity.localize import SMClassifier
+    from torch_l2topo.identity.localize import evaluate as score
 
     figures: dict = {}
     for path in paths:

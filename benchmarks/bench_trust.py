@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from common import write_result
 
 MATMUL = """

@@ -30,7 +30,8 @@ import time
 from pathlib import Path
 
 from common import command_line
-from torch_l2topo.fingerprint_eval import read_manifest, write_manifest
+
+from torch_l2topo.identity.evaluation import read_manifest, write_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
 COLLECTION = ROOT / "benchmarks" / "results" / "fingerprints"
@@ -79,7 +80,7 @@ def collect(out: Path, machine: str, rounds: int, mode: str) -> list[dict]:
 def compare_within_session(topos) -> None:
     """Print how far apart the GPUs of this session are (first calibration each), with their serial hashes:
     two device indices with one map and one serial would be one board seen twice."""
-    from torch_l2topo.fingerprint import decide, distance, signature
+    from torch_l2topo.identity.fingerprint import decide, distance, signature
 
     first = {}
     for index, topo in topos:
@@ -93,8 +94,8 @@ def compare_within_session(topos) -> None:
 
 def identify_against_collection(topos) -> None:
     """Print what the committed collection says about each GPU just calibrated (first calibration per GPU)."""
-    from torch_l2topo.fingerprint_eval import device_of, load_collection
-    from torch_l2topo.registry import Registry
+    from torch_l2topo.identity.evaluation import device_of, load_collection
+    from torch_l2topo.identity.registry import Registry
 
     if not MANIFEST.exists():
         return

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
-
 from common import command_line
 
 
@@ -28,9 +27,9 @@ def main(argv=None) -> None:
     import torch
 
     import torch_l2topo
-    from torch_l2topo import partition_map as pm
-    from torch_l2topo.calibration import measuring
-    from torch_l2topo.labels import sm_labels
+    from torch_l2topo.analysis.labels import sm_labels
+    from torch_l2topo.measure.calibration import measuring
+    from torch_l2topo.placement import partition_map as pm
 
     dev = torch.device("cuda", args.device)
     torch.cuda.set_device(dev)

@@ -17,7 +17,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import environment, write_json
 
-from torch_l2topo.geometry_probes import (
+from torch_l2topo.geometry.suite import (
     contention_for_profiler,
     run_suite,
     summary_lines,

@@ -20,10 +20,10 @@ def kernels(device, topo):
     import torch
 
     from torch_l2topo.device import device_info
-    from torch_l2topo.oracles import measure_oracles
-    from torch_l2topo.probe_plans import ring_plan
-    from torch_l2topo.probes import line_buffer, run_chain, run_lines
-    from torch_l2topo.selfloc import measure_signatures
+    from torch_l2topo.identity.selfloc import measure_signatures
+    from torch_l2topo.measure.oracles import measure_oracles
+    from torch_l2topo.measure.probes import line_buffer, run_chain, run_lines
+    from torch_l2topo.measure.rings import ring_plan
 
     n_sm = device_info(device.index).sm_count
     out = []
@@ -36,7 +36,7 @@ def kernels(device, topo):
             line_buffer(64, device), list(range(0, 64, 8)), 2 * n_sm, b)))
     out.append(("latency_oracle[triton]", lambda: measure_oracles(device, programs=2)))
     if torch.cuda.get_device_capability(device) >= (9, 0):
-        from torch_l2topo.gpc_probe import gpc_ground_truth
+        from torch_l2topo.measure.gpc_probe import gpc_ground_truth
 
         out.append(("cluster_probe[cuda]", lambda: gpc_ground_truth(device.index, rounds=1)))
 
@@ -59,9 +59,9 @@ def optional_kernels(device, topo):
     import numpy as np
     import torch
 
-    from torch_l2topo.launch import launch
-    from torch_l2topo.partition_map import partition_map, reprobe
-    from torch_l2topo.sm_aware import Placement
+    from torch_l2topo.measure.launch import launch
+    from torch_l2topo.placement.partition_map import partition_map, reprobe
+    from torch_l2topo.placement.sm_aware import Placement
 
     data = torch.zeros(1 << 18, device=device)
     out = [("partition_probe[triton]", lambda: partition_map(data, topology=topo, timeout_s=TIMEOUT_S)),

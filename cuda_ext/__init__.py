@@ -1,6 +1,6 @@
 """CUDA sources of the kernels (installed as torch_l2topo.cuda_ext): headers, kernels and torch bindings.
 
-torch_l2topo/extension.py builds them on first use; nothing here imports the rest of the package. The
+torch_l2topo/measure/extension.py builds them on first use; nothing here imports the rest of the package. The
 public device-side headers for users' kernels are protocol.cuh (claim an SM, timers, bounded waits),
 l2_signature.cuh (self-localization) and placement.cuh (SM-aware work plans).
 """

@@ -1,6 +1,6 @@
 // Cluster co-residence probe: the CTAs of one thread-block cluster always run in one GPC (sm_90+), so the
 // SM ids that ever share a cluster belong to one GPC. Each CTA records its %smid and holds its SM briefly,
-// so the clusters of one launch spread over all GPCs. The host unions the SM ids (torch_l2topo/gpc_probe.py).
+// so the clusters of one launch spread over all GPCs. The host unions the SM ids (torch_l2topo/measure/gpc_probe.py).
 #include "cluster_probe.h"
 #include "protocol.cuh"
 

@@ -1,5 +1,5 @@
 // CUDA backend of the per-SM L2 probes: the chain probe and the line probe.
-// Semantics match triton_kernels/l2_probes.py; torch_l2topo/probes.py launches either.
+// Semantics match triton_kernels/l2_probes.py; torch_l2topo/measure/probes.py launches either.
 // One warp per CTA, lane 0 does all the work: the probes are single dependent load chains.
 #include "l2_probes.h"
 #include "protocol.cuh"

@@ -1,7 +1,7 @@
 // Self-localization signature for CUDA kernels: include this header in your kernel and call l2_signature
 // from one thread. For each of k chosen lines of a buffer this process calibrated (each line holds its own
 // address), a few warm loads, then n_timed dependent loads timed with clock64. The cycle counts, matched
-// against the calibration by torch_l2topo/selfloc.py, say which SM (TPC, GPC, partition) the kernel is on.
+// against the calibration by torch_l2topo/identity/selfloc.py, say which SM (TPC, GPC, partition) the kernel is on.
 // Mirrors triton_kernels/whereami.py.
 #pragma once
 #include <cstdint>

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 import torch_l2topo
-from torch_l2topo.plans import SpeedModel, Workload, limit, make_plan, predict
+from torch_l2topo.placement.plans import SpeedModel, Workload, limit, make_plan, predict
 
 
 def main() -> dict:
@@ -29,7 +29,7 @@ def main() -> dict:
         print(f"  {policy:17s} predicted {predicted[policy] / 1e6:.3f} M cycles "
               f"({100 * (predicted[policy] / predicted['uniform'] - 1):+.1f}% vs uniform)")
     if gpu:
-        from torch_l2topo.sm_aware import sm_aware
+        from torch_l2topo.placement.sm_aware import sm_aware
         from torch_l2topo.triton_kernels.placement_demo import checksum_kernel
 
         kernel = sm_aware(checksum_kernel, policy="auto", num_warps=4)

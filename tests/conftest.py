@@ -49,6 +49,6 @@ def topos() -> dict:
 @pytest.fixture(scope="session")
 def sigs(topos) -> dict:
     """The device signature of every recorded calibration."""
-    from torch_l2topo.fingerprint import signature
+    from torch_l2topo.identity.fingerprint import signature
 
     return {k: signature(t) for k, t in topos.items()}

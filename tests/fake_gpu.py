@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 
 import torch_l2topo
-from torch_l2topo import calibration as cal
 from torch_l2topo.device import DeviceInfo
 from torch_l2topo.errors import ProbeError
-from torch_l2topo.repeats import Repeats
+from torch_l2topo.measure import calibration as cal
+from torch_l2topo.measure.repeats import Repeats
 
 EVICTED_EXTRA_CYCLES = 340.0
 

@@ -9,7 +9,7 @@ constants use TEST_GPUS only, so a constant that merely fits the data it was tun
 from pathlib import Path
 
 from torch_l2topo import Topology
-from torch_l2topo.fingerprint import DeviceSignature
+from torch_l2topo.identity.fingerprint import DeviceSignature
 
 CALIBRATIONS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "calibrations"
 TUNING_GPUS = ("d557bc", "f78934")
@@ -25,7 +25,7 @@ TUNING_SESSIONS = ("2026-11-30T05:37", "2026-11-30T21:34")
 
 def load_collection() -> list:
     """fingerprint_eval.Records of every row of the collection manifest."""
-    from torch_l2topo.fingerprint_eval import load_collection as load
+    from torch_l2topo.identity.evaluation import load_collection as load
 
     return load(COLLECTION_MANIFEST, ROOT)
 

@@ -3,13 +3,12 @@ import dataclasses
 import logging
 import multiprocessing as mp
 
+import fake_gpu
 import pytest
 
 import torch_l2topo
-from torch_l2topo import cache
+from torch_l2topo.measure import cache
 from torch_l2topo.version import __version__
-
-import fake_gpu
 
 
 @pytest.fixture

@@ -52,8 +52,8 @@ def test_errors_are_one_line_and_exit_2(argv, message, capsys):
 
 
 def test_a_failed_extension_build_is_one_line_not_a_traceback(capsys, monkeypatch):
-    from torch_l2topo import calibration
     from torch_l2topo.errors import BackendUnavailable
+    from torch_l2topo.measure import calibration
 
     def fail(*args, **kwargs):
         raise BackendUnavailable("building the CUDA extension x failed (nvcc fatal); compiler output in /tmp/log")
@@ -61,7 +61,8 @@ def test_a_failed_extension_build_is_one_line_not_a_traceback(capsys, monkeypatc
     monkeypatch.setattr(calibration, "calibrate", fail)
     assert main(["calibrate", "--backend", "cuda"]) == 2
     err = capsys.readouterr().err
-    assert err == "torch_l2topo: error: building the CUDA extension x failed (nvcc fatal); compiler output in /tmp/log\n"
+    assert err == ("torch_l2topo: error: building the CUDA extension x failed (nvcc fatal); "
+                   "compiler output in /tmp/log\n")
 
 
 def test_a_directory_given_as_calibration_is_a_clear_error(tmp_path, capsys):

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from torch_l2topo.compare import compare_maps
+from torch_l2topo.analysis.compare import compare_maps
 
 
 def test_a_constant_offset_is_separated_from_per_entry_differences():

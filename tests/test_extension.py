@@ -3,8 +3,8 @@ import types
 
 import pytest
 
-from torch_l2topo import extension
 from torch_l2topo.errors import BackendUnavailable, L2TopoError
+from torch_l2topo.measure import extension
 
 
 @pytest.fixture

@@ -6,11 +6,11 @@ import itertools
 
 import numpy as np
 import pytest
+from recorded import TEST_GPUS, TUNING_GPUS, gpu_of, with_changes
 
-from recorded import with_changes, TEST_GPUS, TUNING_GPUS, gpu_of
 from torch_l2topo import Topology, load_example
-from torch_l2topo import fingerprint as fp
-from torch_l2topo.labels import sm_labels
+from torch_l2topo.analysis.labels import sm_labels
+from torch_l2topo.identity import fingerprint as fp
 
 
 def _flat_topology(n_sm=8, n_lines=16, noise=0.0, seed=0) -> Topology:
@@ -163,14 +163,15 @@ def test_collection_is_labelled_and_carries_no_raw_identifier(collection):
 
 def _split(collection):
     from recorded import TUNING_SESSIONS
-    from torch_l2topo import fingerprint_eval as fe
+
+    from torch_l2topo.identity import evaluation as fe
 
     inside = lambda a, b: a.session in TUNING_SESSIONS and b.session in TUNING_SESSIONS  # noqa: E731
     return fe.pairs(collection, inside), fe.pairs(collection, lambda a, b: not inside(a, b))
 
 
 def test_decision_band_is_the_fit_on_the_tuning_sessions(collection):
-    from torch_l2topo import fingerprint_eval as fe
+    from torch_l2topo.identity import evaluation as fe
 
     tuning, _ = _split(collection)
     fitted = fe.fit(tuning)
@@ -195,7 +196,7 @@ def test_held_out_pairs_same_device_never_refused_and_serial_collisions_are_repo
     boards of distinct serials within 0.03 cycles RMS of each other and of machine B's GPU 0 (a63c7a...),
     closer than two calibrations of one GPU. The evaluation must count them as serial collisions (not as
     uuid-only pairs that might be one GPU), and none may be called the same device by its serial."""
-    from torch_l2topo import fingerprint_eval as fe
+    from torch_l2topo.identity import evaluation as fe
 
     _, test = _split(collection)
     report = fe.evaluate(test, fp.DEFAULT_THRESHOLD, fp.AMBIGUITY_FACTOR)
@@ -209,7 +210,7 @@ def test_held_out_pairs_same_device_never_refused_and_serial_collisions_are_repo
 
 
 def test_untrusted_calibrations_are_screened_out(collection):
-    from torch_l2topo import fingerprint_eval as fe
+    from torch_l2topo.identity import evaluation as fe
 
     untrusted = [r for r in collection if not r.trusted]
     assert {r.row["member"] for r in untrusted} == {"matmul"}  # the recorded runs under another process's matmuls
@@ -221,7 +222,7 @@ def test_untrusted_calibrations_are_screened_out(collection):
 def test_raw_repeats_enter_the_chain_map_comparison_only(collection):
     """bench_noise's two GPUs of one session (uuid hashes 5dcc71..., 62ec90...) have chain maps as close as
     two calibrations of one GPU: recorded as found, for the serial to settle (README, fingerprints)."""
-    from torch_l2topo import fingerprint_eval as fe
+    from torch_l2topo.identity import evaluation as fe
 
     reps = {r.key: r for r in collection if r.signature is None and r.trusted}
     assert len(reps) >= 16
@@ -231,7 +232,7 @@ def test_raw_repeats_enter_the_chain_map_comparison_only(collection):
 
 
 def test_clopper_pearson():
-    from torch_l2topo.fingerprint_eval import clopper_pearson
+    from torch_l2topo.identity.evaluation import clopper_pearson
 
     lo, hi = clopper_pearson(0, 92)
     assert lo == 0 and hi == pytest.approx(1 - 0.025 ** (1 / 92))

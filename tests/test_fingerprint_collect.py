@@ -2,10 +2,10 @@
 import sys
 
 import pytest
-
 from recorded import ROOT, load_collection
+
 from torch_l2topo import Topology, load_example
-from torch_l2topo.fingerprint_eval import read_manifest
+from torch_l2topo.identity.evaluation import read_manifest
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import collect_fingerprints as cf  # noqa: E402
@@ -55,7 +55,7 @@ def test_collect_then_merge_twice(two_gpus, tmp_path, monkeypatch, capsys):
     assert cf.merge(out) == 0  # merging again adds nothing
     merged = read_manifest(collection / "manifest.csv")
     assert len(merged) == 4 and all(r["file"].startswith("benchmarks/results/fingerprints/") for r in merged)
-    from torch_l2topo.fingerprint_eval import load_collection as load
+    from torch_l2topo.identity.evaluation import load_collection as load
 
     assert {r.uuid_hash for r in load(collection / "manifest.csv", tmp_path / "repo")} == {"0123456789ab",
                                                                                             "1e5731f1cbe2"}

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.gpu
 _CHILD = """
 import json, sys
 import torch_l2topo
-from torch_l2topo.registry import Registry
+from torch_l2topo.identity.registry import Registry
 topo = torch_l2topo.calibrate(0, force=True, backend=sys.argv[2])  # the enrolled one's backend, a new process
 print(json.dumps(dict(Registry(sys.argv[1]).identify(topo).to_dict(), backend=topo.meta["backend"])))
 """
@@ -21,8 +21,8 @@ print(json.dumps(dict(Registry(sys.argv[1]).identify(topo).to_dict(), backend=to
 def test_identify_a_freshly_enrolled_gpu_from_a_new_process(tmp_path, cache_dir):
     import torch_l2topo
     from torch_l2topo.device import board_serial_hash, device_info
-    from torch_l2topo.fingerprint import DEFAULT_THRESHOLD
-    from torch_l2topo.registry import Registry
+    from torch_l2topo.identity.fingerprint import DEFAULT_THRESHOLD
+    from torch_l2topo.identity.registry import Registry
 
     topo = torch_l2topo.calibrate(0, force=True)
     assert topo.meta["uuid_hash"] == device_info(0).uuid_hash

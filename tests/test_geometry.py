@@ -1,11 +1,11 @@
-"""The geometry detectors (torch_l2topo/geometry.py) on curves with planted answers, on flat and noisy curves
+"""The geometry detectors (torch_l2topo/geometry/detectors.py) on curves with planted answers, on flat and noisy curves
 (reported as not found), and on the curves recorded on H200s (benchmarks/results/geometry/*.npz)."""
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from torch_l2topo import geometry as G
+from torch_l2topo.geometry import detectors as G
 
 RECORDED = sorted((Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "geometry").glob("*.npz"))
 MB = 1 << 20
@@ -171,7 +171,7 @@ def test_bit_flips_skip_undecided_and_check_shapes():
 
 
 def test_lfsr_orders_are_permutations():
-    from torch_l2topo.geometry_probes import LFSR_TAPS, lfsr_order
+    from torch_l2topo.geometry.suite import LFSR_TAPS, lfsr_order
 
     for k in LFSR_TAPS:
         o = lfsr_order(1 << k)

@@ -64,9 +64,10 @@ def _column_ptx(swizzle: bool) -> str:
         if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
             pytest.fail("triton is missing on CI")
         pytest.skip("triton not available here")
-    from torch_l2topo.triton_kernels import geometry as k
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+
+    from torch_l2topo.triton_kernels import geometry as k
 
     sig = dict(src_ptr="*fp32", out_ptr="*fp32", n_rows=I32, pitch_structs=I32, reps=I32, COLS="constexpr",
                SWIZZLE="constexpr", BLOCK_R="constexpr")

@@ -1,4 +1,4 @@
-"""The geometry figures (torch_l2topo/geometry_figures.py) drawn from the recorded H200 geometry JSON, through the
+"""The geometry figures (torch_l2topo/geometry/figures.py) drawn from the recorded H200 geometry JSON, through the
 library and through `python -m torch_l2topo geometry --from FILE --figures DIR`; without matplotlib the CLI says
 so and draws nothing."""
 import sys
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from torch_l2topo.cli import main
-from torch_l2topo.geometry_figures import draw_geometry_figures, load_geometry
+from torch_l2topo.geometry.figures import draw_geometry_figures, load_geometry
 
 RECORDED = sorted((Path(__file__).resolve().parents[1] / "benchmarks" / "results").glob("geometry_h200_*.json"))
 PNG = b"\x89PNG\r\n\x1a\n"

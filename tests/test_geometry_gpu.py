@@ -9,7 +9,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def quick():
-    from torch_l2topo.geometry_probes import run_suite
+    from torch_l2topo.geometry.suite import run_suite
 
     return run_suite(quick=True)
 

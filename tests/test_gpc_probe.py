@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from torch_l2topo.gpc_probe import union_clusters
+from torch_l2topo.measure.gpc_probe import union_clusters
 
 
 def planted_records(gpc_of_sm, sizes=(2, 4, 8), launches=30, seed=0):

@@ -49,8 +49,8 @@ def _placed(backend, dev, policy, topo=None, **options):
     tests read. topo None: the lazy calibrate() path."""
     import torch
 
-    from torch_l2topo.launch import launch
-    from torch_l2topo.sm_aware import Placement, sm_aware
+    from torch_l2topo.measure.launch import launch
+    from torch_l2topo.placement.sm_aware import Placement, sm_aware
     from torch_l2topo.triton_kernels.placement_demo import checksum_kernel
 
     n_sm = torch.cuda.get_device_properties(dev).multi_processor_count
@@ -91,8 +91,8 @@ def _check(out, count, n, launches):
 def test_every_item_is_processed_exactly_once(gpu, backend, policy, n):
     import torch
 
-    from torch_l2topo.plans import POLICIES
-    from torch_l2topo.sm_aware import workload_key
+    from torch_l2topo.placement.plans import POLICIES
+    from torch_l2topo.placement.sm_aware import workload_key
 
     assert policy in (*POLICIES, "auto")
     dev, topo = gpu
@@ -236,10 +236,10 @@ def test_capture_without_a_plan_is_a_clear_error(gpu):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_corrupted_plan_sets_the_error_flag_and_processes_nothing(gpu, backend):
 
-    from torch_l2topo.launch import launch
-    from torch_l2topo.launcher import PlanSlot
     from torch_l2topo.layout import PLAN_MAGIC, STATE_CURSORS, STATE_ERROR, STATE_FINISHED, STATE_TAIL
-    from torch_l2topo.plans import SpeedModel, Workload, make_plan
+    from torch_l2topo.measure.launch import launch
+    from torch_l2topo.placement.plans import SpeedModel, Workload, make_plan
+    from torch_l2topo.placement.slots import PlanSlot
 
     dev, topo = gpu
     n = 1000

@@ -20,7 +20,7 @@ def gpu():
     import torch
 
     from torch_l2topo.device import device_info
-    from torch_l2topo.probes import warm_clocks
+    from torch_l2topo.measure.probes import warm_clocks
 
     dev = torch.device("cuda", 0)
     warm_clocks(dev, 50)
@@ -30,8 +30,8 @@ def gpu():
 @pytest.fixture(scope="module")
 def oracles(gpu):
     """L1-hit and DRAM latencies of this GPU, cycles per load, measured once for the module."""
-    from torch_l2topo.oracles import measure_oracles
-    from torch_l2topo.probes import warm_clocks
+    from torch_l2topo.measure.oracles import measure_oracles
+    from torch_l2topo.measure.probes import warm_clocks
 
     warm_clocks(gpu[0], 20)
     o = measure_oracles(gpu[0])
@@ -47,8 +47,8 @@ def _assert_l2_resident(cycles, oracles):
 
 
 def _chain(gpu, backend, mode="waves", repeats=1, warm=True):
-    from torch_l2topo.probe_plans import ring_plan
-    from torch_l2topo.probes import run_chain, warm_clocks
+    from torch_l2topo.measure.probes import run_chain, warm_clocks
+    from torch_l2topo.measure.rings import ring_plan
 
     dev, n_sm = gpu
     if warm:
@@ -57,7 +57,7 @@ def _chain(gpu, backend, mode="waves", repeats=1, warm=True):
 
 
 def _lines(gpu, backend, mode="waves"):
-    from torch_l2topo.probes import run_lines
+    from torch_l2topo.measure.probes import run_lines
 
     dev, n_sm = gpu
     return run_lines(dev, n_sm, N_LINES, 2, 8, backend, mode, timeout_s=2.0)[0]
@@ -126,8 +126,8 @@ def test_watchdog_fires_when_some_sms_are_taken(gpu, backend):
 def test_host_deadline_when_every_sm_is_taken(gpu, monkeypatch):
     import torch
 
-    from torch_l2topo import probes
     from torch_l2topo.errors import ProbeTimeout
+    from torch_l2topo.measure import probes
     from torch_l2topo.triton_kernels.occupy import occupy_sms
 
     dev, n_sm = gpu
@@ -161,7 +161,7 @@ def test_calibrate_then_cached(gpu, cache_dir):
 def test_gpc_ground_truth_from_clusters(gpu):
     import torch
 
-    from torch_l2topo.gpc_probe import gpc_ground_truth
+    from torch_l2topo.measure.gpc_probe import gpc_ground_truth
 
     if torch.cuda.get_device_capability(0) < (9, 0):
         pytest.skip("thread-block clusters need sm_90")
@@ -178,7 +178,7 @@ def test_gpc_ground_truth_from_clusters(gpu):
 def test_whereami_signatures_locate_the_partition(gpu, backend, cache_dir):
     import torch
 
-    from torch_l2topo.selfloc import Localizer
+    from torch_l2topo.identity.selfloc import Localizer
 
     dev, n_sm = gpu
     loc = Localizer(0, k=8, backend=backend)  # its labels come from calibrate(): one cached file
@@ -194,9 +194,9 @@ def test_whereami_signatures_locate_the_partition(gpu, backend, cache_dir):
 
 def test_identify_the_running_gpu_against_its_own_calibration(gpu, tmp_path):
     import torch_l2topo
-    from torch_l2topo import fingerprint as fp
     from torch_l2topo.device import device_info
-    from torch_l2topo.registry import Registry
+    from torch_l2topo.identity import fingerprint as fp
+    from torch_l2topo.identity.registry import Registry
 
     mine = device_info(0).uuid_hash
     other = next(n for n in torch_l2topo.list_examples() if torch_l2topo.load_example(n).meta["uuid_hash"] != mine)

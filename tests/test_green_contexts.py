@@ -1,4 +1,4 @@
-"""CPU tests of green-context SM selection (torch_l2topo.green_contexts): which groups choose_groups() takes,
+"""CPU tests of green-context SM selection (torch_l2topo.placement.green_contexts): which groups choose_groups() takes,
 on synthetic groups with known answers and on the SM groups an H200 census recorded
 (benchmarks/results/green_h200.json) with the bundled H200 calibrations; bad arguments; and the fallback
 where green contexts cannot be used (warn once, run normally)."""
@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from torch_l2topo import green_contexts as gc
+from torch_l2topo.analysis.labels import sm_labels
 from torch_l2topo.bundled import list_examples, load_topology
-from torch_l2topo.green_contexts import SmGroup, choose_groups
-from torch_l2topo.labels import sm_labels
+from torch_l2topo.placement import green_contexts as gc
+from torch_l2topo.placement.green_contexts import SmGroup, choose_groups
 
 RECORDED = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "green_h200.json"
 

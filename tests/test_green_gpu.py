@@ -1,4 +1,4 @@
-"""GPU tests of green contexts (torch_l2topo.green_contexts): the driver's SM groups partition the device, a
+"""GPU tests of green contexts (torch_l2topo.placement.green_contexts): the driver's SM groups partition the device, a
 context built from chosen groups runs work on exactly their SMs (a census of many programs, against the
 union of the groups' own censuses and the driver's SM counts), ops inside on_sms() compute what they compute
 outside and are ordered with the caller's stream, and a CUDA graph captured on the green stream replays
@@ -14,7 +14,7 @@ def groups(tmp_path_factory):
     import torch
 
     pytest.importorskip("cuda.bindings.driver")
-    from torch_l2topo.green_contexts import sm_groups
+    from torch_l2topo.placement.green_contexts import sm_groups
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TORCH_L2TOPO_CACHE", str(tmp_path_factory.mktemp("cache")))
@@ -33,7 +33,7 @@ def test_groups_partition_the_device(groups):
 
 
 def test_a_context_of_chosen_groups_runs_on_exactly_their_sms(groups):
-    from torch_l2topo.green_contexts import census, group_stream
+    from torch_l2topo.placement.green_contexts import census, group_stream
 
     dev, gs = groups
     chosen = [gs[0], gs[len(gs) // 2], gs[-1]]
@@ -65,7 +65,7 @@ def test_graph_captured_on_the_green_stream_replays_on_its_sms(groups):
     import torch
 
     import torch_l2topo
-    from torch_l2topo.launch import launch
+    from torch_l2topo.measure.launch import launch
 
     dev, _ = groups
     out = torch.full((2048,), -1, dtype=torch.int64, device=dev)

@@ -5,10 +5,9 @@ import json
 
 import numpy as np
 import pytest
+from recorded import TEST_GPUS, gpu_of, with_changes
 
-from recorded import with_changes, TEST_GPUS, gpu_of
-from torch_l2topo import hashed as hx
-
+from torch_l2topo.identity import hashed as hx
 
 SALTS = ("team-secret-1", b"\x00\x01another-salt", "third salt value")
 

@@ -1,9 +1,21 @@
-"""The import graph: data flows one way, kernels -> probes -> Topology -> analysis -> uses -> CLI.
+"""The import graph: data flows one way, kernels -> measure -> Topology -> analysis -> uses -> CLI.
 
-Every package module sits in a layer and imports only from its own or lower layers (function-level imports
-included); the analysis layer, which must run on a CPU from a saved Topology, imports nothing that launches
-kernels; the kernel folders import only the layout module from the package; nobody imports another module's
-private names; module-level imports have no cycles. A new module must be given a layer here.
+The package has one folder per role, and each folder may import only the folders its rule below names
+(function-level imports included), so "what may this file import?" is answered by where it sits:
+
+    root (errors, layout, version, files, labelings, device, topology, bundled)   the shared vocabulary: root only
+    measure/     kernels launched to measure the L2: root
+    analysis/    explains a saved map on the CPU: root (never measure/: it must run without a GPU)
+    placement/   plans, @sm_aware, partition maps, green contexts: root, measure, analysis
+    identity/    fingerprints, registry, self-localization: root, measure, analysis
+    geometry/    the L2 geometry suite: root, measure, analysis, placement (partition maps)
+    report/      the Markdown report and figures: root, analysis, geometry
+    profiler/    the torch.profiler hook: root, measure, analysis, placement
+    ops/         latency-bound ops for model code: root, measure, analysis, placement
+    entry points (__init__, __main__, cli)   anything
+
+The kernel folders import only the layout module from the package; nobody imports another module's private
+names; module-level imports have no cycles. A new folder or root module must be given its rule here.
 """
 import ast
 from pathlib import Path
@@ -13,21 +25,20 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "torch_l2topo"
 
-LAYERS = [
-    ("foundation", {"errors", "layout", "version", "files", "labelings"}),
-    ("data", {"device", "topology", "cache", "bundled", "probe_plans"}),
-    ("launch", {"launch", "extension"}),
-    ("probes", {"probes", "oracles", "gpc_probe"}),
-    ("calibration", {"calibration", "trust", "repeats"}),
-    ("analysis", {"nuca", "labels", "structure", "slices", "compare", "analysis", "geometry"}),
-    ("uses", {"localize", "selfloc", "fingerprint", "fingerprint_eval", "registry", "hashed", "plans", "launcher",
-              "sm_aware", "partition_map", "green_contexts"}),
-    ("suites", {"geometry_probes"}),  # a use of the uses: calibration, partition maps, slice classes
-    ("presentation", {"report", "figures", "geometry_figures", "cli", "__init__", "__main__"}),
-]
-LAYER = {m: i for i, (_, mods) in enumerate(LAYERS) for m in mods}
-GPU_SIDE = {"launch", "extension", "probes", "oracles", "gpc_probe", "calibration"}
-KERNEL_FOLDERS = {"triton_kernels": "triton_kernels", "cuda_ext": "cuda_ext"}
+FOUNDATION = {"errors", "layout", "version", "files", "labelings", "device", "topology", "bundled"}
+ENTRY = {"__init__", "__main__", "cli"}
+MAY_IMPORT = {
+    "root": {"root"},
+    "measure": {"root"},
+    "analysis": {"root"},
+    "placement": {"root", "measure", "analysis"},
+    "identity": {"root", "measure", "analysis"},
+    "geometry": {"root", "measure", "analysis", "placement"},
+    "report": {"root", "analysis", "geometry"},
+    "profiler": {"root", "measure", "analysis", "placement"},
+    "ops": {"root", "measure", "analysis", "placement"},
+}
+KERNEL_FOLDERS = {"triton_kernels", "cuda_ext"}
 
 
 def _imports(path: Path, package: str) -> list[tuple[str, list[str], bool]]:
@@ -48,33 +59,62 @@ def _imports(path: Path, package: str) -> list[tuple[str, list[str], bool]]:
     return out
 
 
+def _module_name(path: Path) -> str:
+    """Dotted name below the package: "cli", "measure.probes", "placement" (a folder's __init__)."""
+    parts = path.relative_to(PKG).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" and len(parts) > 1 else parts)
+
+
+def _room(module: str) -> str:
+    """The folder rule a module obeys: its folder, "root" for the shared vocabulary, "entry" for the entry
+    points."""
+    if "." in module or (PKG / module).is_dir():
+        return module.split(".")[0]
+    return "entry" if module in ENTRY else "root"
+
+
+def _target(mod: str, name: str | None) -> str | None:
+    """The package module an import reaches (None: outside the package or a kernel folder)."""
+    if not mod.startswith("torch_l2topo"):
+        return None
+    rest = mod.split(".")[1:]
+    if name is not None and ((PKG.joinpath(*rest, f"{name}.py")).exists() or (PKG.joinpath(*rest, name)).is_dir()):
+        rest = [*rest, name]
+    if not rest or rest[0] in KERNEL_FOLDERS:
+        return None
+    return ".".join(rest)
+
+
 def _package_edges():
+    """(importer, imported module, at module level?, names) for every import inside the package."""
     edges = []
-    for path in sorted(PKG.glob("*.py")):
-        for mod, names, top in _imports(path, "torch_l2topo"):
-            if mod == "torch_l2topo" and names:  # `from . import layout`
-                edges += [(path.stem, n, top, []) for n in names if (PKG / f"{n}.py").exists()]
-            elif mod.startswith("torch_l2topo."):
-                target = mod.split(".")[1]
-                if target not in KERNEL_FOLDERS:
-                    edges.append((path.stem, target, top, names))
+    for path in sorted(PKG.rglob("*.py")):
+        importer = _module_name(path)
+        package = ".".join(["torch_l2topo", *path.relative_to(PKG).parts[:-1]])
+        for mod, names, top in _imports(path, package):
+            targets = {_target(mod, n) for n in names} if names else {_target(mod, None)}
+            edges += [(importer, t, top, names) for t in targets if t is not None and t != importer]
     return edges
 
 
-def test_every_module_has_a_layer():
-    missing = sorted(p.stem for p in PKG.glob("*.py") if p.stem not in LAYER)
-    assert not missing, f"give these modules a layer in tests/test_import_graph.py: {missing}"
+def test_every_folder_and_root_module_has_a_rule():
+    rooms = {_room(_module_name(p)) for p in PKG.rglob("*.py")}
+    assert rooms - {"entry"} <= set(MAY_IMPORT), f"give these folders a rule: {sorted(rooms - set(MAY_IMPORT))}"
+    stray = sorted(p.stem for p in PKG.glob("*.py") if p.stem not in FOUNDATION | ENTRY)
+    assert not stray, f"root modules must be shared vocabulary or entry points; move these into a folder: {stray}"
 
 
-def test_imports_go_down_the_layers():
-    up = [(a, b) for a, b, _, _ in _package_edges() if LAYER[b] > LAYER[a]]
-    assert not up, f"imports against the data flow: {up}"
+def test_imports_follow_the_folder_rules():
+    bad = [(a, b) for a, b, _, _ in _package_edges()
+           if _room(a) != "entry" and _room(b) != _room(a) and _room(b) not in MAY_IMPORT[_room(a)]]
+    assert not bad, f"imports against the data flow: {bad}"
 
 
-def test_analysis_never_touches_the_gpu_side():
-    analysis = LAYERS[5][1]
-    bad = [(a, b) for a, b, _, _ in _package_edges() if a in analysis and b in GPU_SIDE]
-    assert not bad, bad
+def test_the_rule_check_sees_a_violation():
+    # analysis/ must never reach measure/: an edge that does is exactly what the check reports.
+    a, b = "analysis.nuca", "measure.probes"
+    assert _room(a) == "analysis" and _room(b) == "measure" and _room(b) not in MAY_IMPORT[_room(a)]
+    assert _room("cli") == "entry" and _room("topology") == "root" and _room("placement") == "placement"
 
 
 def test_no_private_names_cross_modules():

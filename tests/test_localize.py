@@ -5,10 +5,10 @@ SEPARATION_IN_NOISE was tuned on the recorded calibrations of recorded.TUNING_GP
 here use recorded.TEST_GPUS only."""
 import numpy as np
 import pytest
-
 from recorded import TEST_GPUS
-from torch_l2topo.labels import sm_labels
-from torch_l2topo.localize import SMClassifier, evaluate
+
+from torch_l2topo.analysis.labels import sm_labels
+from torch_l2topo.identity.localize import SMClassifier, evaluate
 
 # Same process and line buffer as the training calibration (line homes follow physical addresses).
 HELD_OUT = ("cuda-serialized", "cuda-concurrent", "triton-waves", "triton-serialized", "triton-concurrent")

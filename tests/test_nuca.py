@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import torch_l2topo
-from torch_l2topo.nuca import NOISE_TOLERANCE, as_model, fit_nuca, matrix_and_noise, repeat_sigma
+from torch_l2topo.analysis.nuca import NOISE_TOLERANCE, as_model, fit_nuca, matrix_and_noise, repeat_sigma
 
 NOISE = 0.2  # per-entry sd of the planted maps: about the H200's repeat noise (0.18 cycles)
 

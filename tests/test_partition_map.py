@@ -1,4 +1,4 @@
-"""Partition maps of tensors (torch_l2topo/partition_map.py): the decision on synthetic data, on the bundled
+"""Partition maps of tensors (torch_l2topo/placement/partition_map.py): the decision on synthetic data, on the bundled
 H200 calibration and on the map probe's recordings of four H200s (one tunes, one is held out, two recorded
 with the min-of-singles kernel), against a plain numpy reference of it kept here, the SM pairs and the probe
 plan with its per-size data kept with the setup, the per-allocation cache on CPU tensors, and the map itself
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from torch_l2topo import load_example, sm_labels
-from torch_l2topo import partition_map as pm
+from torch_l2topo.placement import partition_map as pm
 
 
 @pytest.fixture(scope="module")
@@ -200,7 +200,8 @@ def _reference(cycles, timers, near, far, noise_cycles=pm.NOISE_CYCLES, z=pm.UND
                 before = upper
         cut, spread = (lo + hi) / 2, (hi - lo) / 2
         n_upper = int(np.sum(x > cut))
-        modes = not fitted or (spread >= pm.MIN_SEPARATION and min(n_upper, len(x) - n_upper) >= pm.MIN_BALANCE * len(x))
+        balanced = min(n_upper, len(x) - n_upper) >= pm.MIN_BALANCE * len(x)
+        modes = not fitted or (spread >= pm.MIN_SEPARATION and balanced)
         fits.append((group, x, cut, spread, fitted, modes))
     fitted = [f for f in fits if f[4]]
     if fitted:
@@ -505,7 +506,7 @@ def test_partition_map_flow_on_a_stand_in_gpu(h200, monkeypatch):
     tensor behaves like the calibration's block j % 256, as each pair's SMs saw it, plus a per-load overhead."""
     import contextlib
 
-    import torch_l2topo.calibration as cal
+    import torch_l2topo.measure.calibration as cal
 
     topo, labels = h200
     first, truth = _first_lines(topo, labels)
@@ -606,7 +607,7 @@ def test_partition_map_of_32mb_agrees_with_the_serialized_reprobe():
 def test_partition_map_timings_are_l2_hits():
     """The fastest of N_TIMED loads (a clock read after each adds ~25 cycles): an L2 hit, between an L1 hit
     (tens of cycles) and DRAM (600+)."""
-    from torch_l2topo.calibration import measuring
+    from torch_l2topo.measure.calibration import measuring
 
     t = torch.randn(MB32 // 4, device="cuda")
     setup = pm._setup(t.device.index, None, "triton")
@@ -622,7 +623,7 @@ def test_first_probe_of_a_fresh_tensor_is_as_good_as_the_second():
     """What the min-of-singles kernel is for: with 4-load means, ~1% of a fresh tensor's first-probe timings
     were 30+ cycles slower than in a second probe (the recordings, benchmarks/results/partition/), and its
     map agreed with the re-probe on only ~98.6%. Each probe's map must now agree on >= 99.9%."""
-    from torch_l2topo.calibration import measuring
+    from torch_l2topo.measure.calibration import measuring
 
     t = torch.randn(MB32 // 4, device="cuda")
     setup = pm._setup(t.device.index, None, "triton")
@@ -642,7 +643,7 @@ def test_first_probe_of_a_fresh_tensor_is_as_good_as_the_second():
 def test_classification_on_the_gpu_is_the_hosts():
     """partition_map's path: the probe's timings stay on the GPU and are classified there, on the plan data kept
     with the setup; the same timings classified on the host give the same homes and margins."""
-    from torch_l2topo.calibration import measuring
+    from torch_l2topo.measure.calibration import measuring
 
     t = torch.randn(MB32 // 4, device="cuda")
     setup = pm._setup(t.device.index, None, "triton")

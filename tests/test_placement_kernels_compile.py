@@ -192,7 +192,7 @@ def _interpreter_main():
     import triton.language as tl
 
     from torch_l2topo import layout
-    from torch_l2topo.plans import SpeedModel, Workload, make_plan
+    from torch_l2topo.placement.plans import SpeedModel, Workload, make_plan
     from torch_l2topo.triton_kernels import placement, placement_demo
 
     @triton.jit

@@ -8,8 +8,17 @@ import pytest
 
 import torch_l2topo
 from torch_l2topo.layout import PLAN_HEADER, PLAN_MAGIC, PLAN_MODE, PLAN_MODE_DIRECT, PLAN_MODE_SHARES, plan_words
-from torch_l2topo.plans import (DEFAULT_TAIL_FRACTION, POLICIES, Plan, SpeedModel, Workload, gain_fraction, limit,
-                                make_plan, predict)
+from torch_l2topo.placement.plans import (
+    DEFAULT_TAIL_FRACTION,
+    POLICIES,
+    Plan,
+    SpeedModel,
+    Workload,
+    gain_fraction,
+    limit,
+    make_plan,
+    predict,
+)
 
 
 def two_partition_model(n_sm, near=280.0, far=312.0, spread=0.04, seed=0):

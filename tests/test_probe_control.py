@@ -4,7 +4,7 @@ import pytest
 
 from torch_l2topo import ProbeError
 from torch_l2topo import layout as L
-from torch_l2topo.probes import MODES, check_control, host_deadline, wave_size
+from torch_l2topo.measure.probes import MODES, check_control, host_deadline, wave_size
 
 
 def control(n_sm, claimed, error=0, detail=0):

@@ -4,9 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from torch_l2topo import ProbeError, probes
+from torch_l2topo import ProbeError
 from torch_l2topo import layout as L
-from torch_l2topo.probe_plans import ring_plan
+from torch_l2topo.measure import probes
+from torch_l2topo.measure.rings import ring_plan
 
 N_SM = 8
 CYCLES_PER_LOAD, NS_PER_LOAD = 280, 140

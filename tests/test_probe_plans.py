@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from torch_l2topo.probe_plans import cycle_length, line_offsets, ring_plan
 from torch_l2topo.layout import LINE_BYTES, LINE_WORDS
+from torch_l2topo.measure.rings import cycle_length, line_offsets, ring_plan
 
 
 @pytest.mark.parametrize("n_lines,n_sm", [(16384, 132), (4096, 108), (2, 1), (100, 200)])

@@ -5,12 +5,12 @@ import math
 
 import numpy as np
 import pytest
+from recorded import gpu_of, with_changes
 
-from recorded import with_changes, gpu_of
 from torch_l2topo import L2TopoError, Topology
 from torch_l2topo.errors import RegistryError
-from torch_l2topo.fingerprint import AMBIGUITY_FACTOR, DEFAULT_THRESHOLD
-from torch_l2topo.registry import Registry
+from torch_l2topo.identity.fingerprint import AMBIGUITY_FACTOR, DEFAULT_THRESHOLD
+from torch_l2topo.identity.registry import Registry
 
 
 def _with_meta(topo: Topology, **meta) -> Topology:
@@ -111,7 +111,8 @@ def test_distance_inside_the_band_is_ambiguous(tmp_path, sigs):
 def test_untrusted_query_never_gets_no_match(tmp_path, topos):
     reg = Registry(tmp_path)
     reg.add("gpu-b", topos["h200-f78934-cuda-waves"])
-    disturbed = _with_meta(topos["h200-d557bc-cuda-waves"], trust={"trusted": False, "problems": ["the repeats disagree"]})
+    disturbed = _with_meta(topos["h200-d557bc-cuda-waves"],
+                           trust={"trusted": False, "problems": ["the repeats disagree"]})
     found = reg.identify(disturbed)
     assert found.verdict == "ambiguous" and "failed its self-checks" in found.explain()
 

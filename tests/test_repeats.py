@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from torch_l2topo.repeats import MIN_WAVE_FOR_ALIGNMENT, align_levels, combine
+from torch_l2topo.measure.repeats import MIN_WAVE_FOR_ALIGNMENT, align_levels, combine
 
 RECORDED = sorted((Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "noise").glob("*.npz"))
 

@@ -5,13 +5,13 @@ import sys
 
 import numpy as np
 import pytest
+from test_structure import NOISE, planted
 
 import torch_l2topo
 from torch_l2topo import Topology
-from torch_l2topo.analysis import analyze
+from torch_l2topo.analysis.summary import analyze
 from torch_l2topo.cli import build_parser
-from torch_l2topo.report import write_report
-from test_structure import NOISE, planted
+from torch_l2topo.report.markdown import write_report
 
 
 def planted_topology(with_truth=True) -> Topology:
@@ -56,8 +56,8 @@ def test_report_without_matplotlib_is_text_only_and_says_so(tmp_path, monkeypatc
 
 
 def test_analysis_modules_do_not_import_matplotlib():
-    code = ("import sys, torch_l2topo.report, torch_l2topo.analysis, torch_l2topo.labels, torch_l2topo.structure, "
-            "torch_l2topo.slices, torch_l2topo.nuca; "
+    code = ("import sys, torch_l2topo.report.markdown, torch_l2topo.analysis.summary, torch_l2topo.analysis.labels, "
+            "torch_l2topo.analysis.structure, torch_l2topo.analysis.slices, torch_l2topo.analysis.nuca; "
             "sys.exit('matplotlib' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
 

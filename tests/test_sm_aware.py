@@ -6,13 +6,21 @@ import pytest
 
 from torch_l2topo import PlacementError, load_example
 from torch_l2topo.device import DeviceInfo
-from torch_l2topo.launcher import MAX_SLOTS, PlanSlot, check_topology, plan_capacity
-from torch_l2topo.sm_aware import (DEFAULT_CANDIDATES, HIGH_PARALLELISM, Placement, WorkloadKey, candidate_policies,
-                                   choose_policy, trial_schedule, workload_key)
+from torch_l2topo.placement.slots import MAX_SLOTS, PlanSlot, check_topology, plan_capacity
+from torch_l2topo.placement.sm_aware import (
+    DEFAULT_CANDIDATES,
+    HIGH_PARALLELISM,
+    Placement,
+    WorkloadKey,
+    candidate_policies,
+    choose_policy,
+    trial_schedule,
+    workload_key,
+)
 
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
-from torch_l2topo.sm_aware import check_kernel, sm_aware  # noqa: E402  (after the Triton check)
+from torch_l2topo.placement.sm_aware import check_kernel, sm_aware  # noqa: E402  (after the Triton check)
 from torch_l2topo.triton_kernels.placement import plan_finish, plan_next, plan_start  # noqa: E402
 
 
@@ -261,7 +269,7 @@ def test_a_calibration_of_another_gpu_is_refused(device):
 def test_fast_key_names_a_workload_by_identity_and_never_by_a_recycled_id():
     import torch
 
-    from torch_l2topo.sm_aware import _fast_key
+    from torch_l2topo.placement.sm_aware import _fast_key
 
     classes = np.zeros(10, np.int8)
     key, objects, refs = _fast_key(torch.device("cuda", 0), 10, classes, 1.0)

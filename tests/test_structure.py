@@ -3,11 +3,11 @@ import numpy as np
 import pytest
 
 import torch_l2topo
-from torch_l2topo.nuca import fit_nuca
-from torch_l2topo.slices import home_granularity, slice_classes, slice_stability
+from torch_l2topo.analysis.labels import compare_partitions, find_partitions
+from torch_l2topo.analysis.nuca import fit_nuca
+from torch_l2topo.analysis.slices import home_granularity, slice_classes, slice_stability
+from torch_l2topo.analysis.structure import cluster_gpcs, compare_gpcs, find_twins, sm_symmetry
 from torch_l2topo.labelings import adjusted_rand_index, best_match_agreement, first_seen_labels
-from torch_l2topo.labels import compare_partitions, find_partitions
-from torch_l2topo.structure import cluster_gpcs, compare_gpcs, find_twins, sm_symmetry
 
 NOISE = 0.2  # per-entry sd of the planted maps: about the H200's repeat noise (0.18 cycles)
 

@@ -2,14 +2,14 @@
 measurements are disturbed on purpose (nothing disturbed is ever cached), and the recorded H200 runs."""
 from pathlib import Path
 
+import fake_gpu
 import numpy as np
 import pytest
 
-import fake_gpu
 import torch_l2topo
-from torch_l2topo import trust
-from torch_l2topo.repeats import Repeats
 from torch_l2topo.errors import CalibrationDisturbed
+from torch_l2topo.measure import trust
+from torch_l2topo.measure.repeats import Repeats
 
 TOPO = torch_l2topo.load_example("h200")
 

@@ -3,26 +3,62 @@
 Public verbs: calibrate() measures (or loads from the cache) a Topology; Topology.load() reads a saved
 one; load_example() returns a bundled real H200 calibration; sm_labels() labels its SMs and lines;
 fit_nuca() and analyze() explain it; write_report() writes it up; Localizer tells a kernel where it runs;
-signature() and Registry fingerprint a device; on_sms() runs unmodified ops on the SMs a calibration ranks
-best (green contexts).
+signature() and Registry fingerprint a device; sm_aware places a kernel's work items on SMs by the map;
+partition_map() says which L2 partition each block of a tensor is homed in; on_sms() runs unmodified ops
+on the SMs a calibration ranks best (green contexts).
+
+The package has one folder per role (tests/test_import_graph.py states what each may import): measure/
+(kernels launched to measure), analysis/ (CPU only), placement/, identity/, geometry/, report/. The verbs
+that need torch at import time (sm_aware, partition_map) load on first use, so `import torch_l2topo` needs
+neither torch's CUDA side nor Triton.
 """
-from .analysis import analyze
+from .analysis.labels import sm_labels
+from .analysis.nuca import fit_nuca
+from .analysis.summary import analyze
 from .bundled import list_examples, load_example
-from .calibration import calibrate
-from .errors import (BackendUnavailable, CalibrationDisturbed, DeviceError, L2TopoError, PlacementError, ProbeError,
-                     ProbeTimeout, RegistryError, TopologyFormatError)
-from .fingerprint import signature
-from .green_contexts import on_sms
-from .labels import sm_labels
-from .nuca import fit_nuca
-from .probes import ProbeConfig
-from .registry import Registry
-from .report import write_report
-from .selfloc import Localizer
+from .errors import (
+    BackendUnavailable,
+    CalibrationDisturbed,
+    DeviceError,
+    L2TopoError,
+    PlacementError,
+    ProbeError,
+    ProbeTimeout,
+    RegistryError,
+    TopologyFormatError,
+)
+from .identity.fingerprint import signature
+from .identity.registry import Registry
+from .identity.selfloc import Localizer
+from .measure.calibration import calibrate
+from .measure.probes import ProbeConfig
+from .placement.green_contexts import on_sms
+from .report.markdown import write_report
 from .topology import Topology
 from .version import __version__
 
+# name -> (module, attribute), imported on first access (PEP 562)
+_LAZY = {
+    "sm_aware": ("torch_l2topo.placement.sm_aware", "sm_aware"),
+    "partition_map": ("torch_l2topo.placement.partition_map", "partition_map"),
+}
+
 __all__ = ["calibrate", "Topology", "ProbeConfig", "load_example", "list_examples", "sm_labels", "fit_nuca",
-           "analyze", "write_report", "Localizer", "signature", "Registry", "on_sms", "L2TopoError", "DeviceError",
-           "BackendUnavailable", "ProbeError", "ProbeTimeout", "CalibrationDisturbed", "TopologyFormatError",
-           "RegistryError", "PlacementError", "__version__"]
+           "analyze", "write_report", "Localizer", "signature", "Registry", "sm_aware", "partition_map", "on_sms",
+           "L2TopoError", "DeviceError", "BackendUnavailable", "ProbeError", "ProbeTimeout", "CalibrationDisturbed",
+           "TopologyFormatError", "RegistryError", "PlacementError", "__version__"]
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        module, attribute = _LAZY[name]
+        value = getattr(importlib.import_module(module), attribute)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'torch_l2topo' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

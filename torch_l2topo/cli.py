@@ -6,10 +6,10 @@ import argparse
 import sys
 
 from .bundled import DEFAULT_EXAMPLE, list_examples, load_example, load_topology
-from .cache import cache_dir
 from .errors import L2TopoError
-from .launch import BACKEND_CHOICES
-from .probes import DEFAULT_MODE, MODES
+from .measure.cache import cache_dir
+from .measure.launch import BACKEND_CHOICES
+from .measure.probes import DEFAULT_MODE, MODES
 
 
 def _emit(topo, as_json: bool) -> None:
@@ -17,7 +17,7 @@ def _emit(topo, as_json: bool) -> None:
 
 
 def cmd_calibrate(args) -> int:
-    from .calibration import calibrate
+    from .measure.calibration import calibrate
 
     topo = calibrate(args.device, backend=args.backend, mode=args.mode, force=args.force, gpc=args.gpc,
                      check=not args.no_check)
@@ -36,13 +36,13 @@ def _calibration_of(args):
     """A saved calibration (path or bundled name) when given, else this machine's GPU (calibrate())."""
     if args.file:
         return load_topology(args.file)
-    from .calibration import calibrate
+    from .measure.calibration import calibrate
 
     return calibrate(args.device)
 
 
 def cmd_enroll(args) -> int:
-    from .registry import Registry
+    from .identity.registry import Registry
 
     reg = Registry(args.registry)
     topo = _calibration_of(args)
@@ -58,7 +58,7 @@ def cmd_enroll(args) -> int:
 def cmd_identify(args) -> int:
     import json
 
-    from .registry import Registry
+    from .identity.registry import Registry
 
     found = Registry(args.registry).identify(_calibration_of(args))
     print(json.dumps(found.to_dict(), indent=1) if args.json else found.explain())
@@ -66,12 +66,12 @@ def cmd_identify(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from .report import write_report
+    from .report.markdown import write_report
 
     topo = load_topology(args.file or args.example)
     geometry = None
     if args.geometry:
-        from .geometry_figures import load_geometry
+        from .geometry.figures import load_geometry
 
         geometry = load_geometry(args.geometry)
     path = write_report(topo, args.out_dir, other=load_topology(args.compare) if args.compare else None,
@@ -84,14 +84,14 @@ def cmd_geometry(args) -> int:
     import json
 
     from .files import json_default
-    from .geometry_probes import summary_lines
+    from .geometry.suite import summary_lines
 
     if args.from_file:  # a recorded result: no GPU
-        from .geometry_figures import load_geometry
+        from .geometry.figures import load_geometry
 
         result = load_geometry(args.from_file)
     else:
-        from .geometry_probes import run_suite
+        from .geometry.suite import run_suite
 
         result = run_suite(quick=args.quick, device=args.device)
         if args.out:
@@ -99,7 +99,7 @@ def cmd_geometry(args) -> int:
                 json.dump({"command": " ".join(sys.argv), **result}, f, indent=1, default=json_default)
     print("\n".join(summary_lines(result)))
     if args.figures:
-        from .geometry_figures import draw_geometry_figures
+        from .geometry.figures import draw_geometry_figures
 
         try:
             files = draw_geometry_figures(result, args.figures)

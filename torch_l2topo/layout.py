@@ -8,9 +8,9 @@ Dependency direction: layout <- kernels (triton_kernels/, cuda_ext/) <- launch <
 Control block (int64): four counters, then one claim flag per SM slot.
 Placement plan (int32, read-only on the device): a header, per-SM offsets into a flat item list (CSR),
 the items, then the dynamic tail. A plan in direct mode hands program p item p and nothing else (policy
-"plain": one program per item, placed by the hardware, no claims). Placement state (int64, zero at rest): per-SM cursors, the tail cursor,
-the count of finished CTAs (the last CTA out zeroes the cursors, so launches need no host reset and can be
-captured in CUDA graphs), then per-SM statistics that accumulate across launches.
+"plain": one program per item, placed by the hardware, no claims). Placement state (int64, zero at rest):
+per-SM cursors, the tail cursor, the count of finished CTAs (the last CTA out zeroes the cursors, so launches
+need no host reset and can be captured in CUDA graphs), then per-SM statistics that accumulate across launches.
 """
 
 # ---- probe control block ------------------------------------------------------------------------------

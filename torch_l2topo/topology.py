@@ -28,7 +28,8 @@ class Topology:
     """A per-SM L2 latency map. Arrays are indexed by SM id (%smid) and, for lines, by probed line.
 
     chain_cycles/chain_ns: latency per dependent load over the random 2 MiB ring, per SM (median over
-    the repeats of the mean over the ring). line_cycles: cycles per load, SM x line (median over repeats). line_addresses: virtual address of each probed line.
+    the repeats of the mean over the ring). line_cycles: cycles per load, SM x line (median over repeats).
+    line_addresses: virtual address of each probed line.
     chain_noise: per SM, max - min of chain_cycles over the repeats. line_noise: per SM, median over lines
     of max - min over the repeats. sm_clock_ghz: clock64 cycles / globaltimer ns while probing.
     extras: further named arrays recorded with the calibration by later probes (e.g. cluster ground truth).

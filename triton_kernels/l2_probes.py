@@ -1,7 +1,7 @@
 """Triton backend of the per-SM L2 probes: the chain probe and the line probe.
 
-Semantics match cuda_ext/l2_probes.cu line for line; torch_l2topo/probes.py launches either (through
-torch_l2topo/launch.py). Built on the public device-side protocol (protocol.py): each program is one warp
+Semantics match cuda_ext/l2_probes.cu line for line; torch_l2topo/measure/probes.py launches either (through
+torch_l2topo/measure/launch.py). Built on the public device-side protocol (protocol.py): each program is one warp
 doing scalar work (launch with num_warps=1); it claims its SM, and exactly one program measures per SM.
 """
 import triton

@@ -2,7 +2,7 @@
 
 A probe's L2 map must lie well above an L1 hit and well below DRAM, measured in the same run: a map
 outside that window is a broken probe (a chase that misses L2, or clock reads that skip the loads).
-torch_l2topo/oracles.py is the host side. Run with num_warps=1.
+torch_l2topo/measure/oracles.py is the host side. Run with num_warps=1.
 """
 import triton
 import triton.language as tl

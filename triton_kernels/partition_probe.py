@@ -1,6 +1,6 @@
 """Partition probes of a tensor's storage: which L2 partition each block of bytes is homed in.
 
-The host side is torch_l2topo/partition_map.py. Both kernels time dependent loads of the first line of each
+The host side is torch_l2topo/placement/partition_map.py. Both kernels time dependent loads of the first line of each
 block. The data is arbitrary (not pointers), so a load's value cannot be the next address: the next address
 is the line's own address + (loaded value AND zero), where `zero` is a runtime argument the host passes as 0.
 The AND is inline asm (and.b64), so neither Triton nor ptxas can fold it: each load waits for the one

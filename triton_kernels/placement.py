@@ -17,8 +17,8 @@ every function under the same name; tests/test_kernel_sources.py checks that the
         direct mode: no cursor moved, and a plain launch pays for no atomics.
 
 Usage: launch ctas_per_sm x n_sm programs, or one program per item for a direct-mode plan
-(torch_l2topo.sm_aware does it, with the plan and state tensors of torch_l2topo.launcher as the last two
-arguments):
+(torch_l2topo.placement.sm_aware does it, with the plan and state tensors of torch_l2topo.placement.slots as
+the last two arguments):
 
     @triton.jit
     def my_kernel(x_ptr, out_ptr, plan_ptr, state_ptr):
@@ -153,8 +153,8 @@ def plan_next(plan_ptr, state_ptr, sm, phase):
             # volatile: the cursors move under other programs' atomics; a cached copy would hide that
             left = share - tl.load(cursor_low, mask=in_plan, other=0, volatile=True)
             # int32 key: counts above LEFT_CAP compare as equal (any victim with items left is correct)
-            key = tl.max(tl.where(in_plan & (left > 0), tl.minimum(left, LEFT_CAP) * MAX_SLOTS + (MAX_SLOTS - 1 - slots),
-                                  -1), axis=0)
+            packed = tl.minimum(left, LEFT_CAP) * MAX_SLOTS + (MAX_SLOTS - 1 - slots)
+            key = tl.max(tl.where(in_plan & (left > 0), packed, -1), axis=0)
             if key >= 0:
                 # most unclaimed items first: the victim is the SM furthest from finishing its share
                 item = _claim_share(plan_ptr, state_ptr, MAX_SLOTS - 1 - key % MAX_SLOTS, n_slots)

@@ -2,7 +2,7 @@
 
 `l2_signature` is a device function any Triton kernel can call (one warp's scalar work, like the probes):
 for each of K chosen lines of a buffer that this process calibrated, a few warm loads, then timed dependent
-loads. The K cycle counts, matched against the calibration by torch_l2topo/selfloc.py, say which SM (or
+loads. The K cycle counts, matched against the calibration by torch_l2topo/identity/selfloc.py, say which SM (or
 TPC, GPC, partition) the kernel runs on. `whereami_kernel` records %smid next to the signature, as ground
 truth for evaluating that classifier. `sm_census_kernel` only records %smid: which SMs a launch may use.
 """
@@ -52,7 +52,7 @@ def whereami_kernel(lines_ptr, idx_ptr, out_ptr, N_WARM: tl.constexpr, N_TIMED: 
 @triton.jit
 def sm_census_kernel(out_ptr, spin_ns):
     """out[pid] = %smid, after holding the SM for `spin_ns` ns: with many more programs than SMs, every SM the
-    launch may use gets some (torch_l2topo/green_contexts.py finds which SMs a green context holds)."""
+    launch may use gets some (torch_l2topo/placement/green_contexts.py finds which SMs a green context holds)."""
     t0 = global_ns()
     while global_ns() - t0 < spin_ns:
         pass

@@ -1,0 +1,78 @@
+"""Builds and loads the CUDA extension (the sources in cuda_ext/) with torch.utils.cpp_extension.
+
+The build is cached per torch version and GPU architecture (both are in the extension name, so a torch
+upgrade or another GPU never loads a stale binary). torch's own build lock is a plain file that a killed
+build leaves behind, after which every later load waits on it forever (fixed only in newer torch). We take
+an flock first, which the OS releases when its holder dies: whoever holds it is the only builder, so a torch
+lock file found while holding it is stale and is removed. A failed build raises BackendUnavailable in one
+line and keeps the compiler's output in the build directory.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..errors import BackendUnavailable
+from ..files import exclusive
+
+BUILD_LOCK_TIMEOUT_S = 600.0  # a cold build of the bindings takes about a minute on a busy machine
+ERROR_LOG = "l2topo-build-error.log"
+
+_loaded: dict[str, object] = {}
+_failed: dict[str, str] = {}  # a failed build is not retried in the same process: torch would load a stale .so
+
+
+def extension_name(cc: tuple[int, int]) -> str:
+    import torch
+
+    torch_version = "".join(ch if ch.isalnum() else "_" for ch in torch.__version__)
+    return f"l2topo_ext_torch{torch_version}_sm{cc[0]}{cc[1]}"
+
+
+def build_root() -> Path:
+    """torch's convention: $TORCH_EXTENSIONS_DIR, else ~/.cache/torch_extensions."""
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    return Path(root).expanduser() if root else Path.home() / ".cache" / "torch_extensions"
+
+
+def load(cc: tuple[int, int]):
+    """Build (once) and load the extension for compute capability `cc`; returns the torch.ops namespace."""
+    import torch
+
+    name = extension_name(cc)
+    if name in _loaded:
+        return _loaded[name]
+    if name in _failed:
+        raise BackendUnavailable(_failed[name])
+    if torch.version.cuda is None:
+        raise BackendUnavailable("this torch build has no CUDA support; the CUDA backend needs one "
+                                 "(backend='triton' needs none)")
+    from torch.utils import cpp_extension
+
+    from torch_l2topo import cuda_ext
+
+    build_dir = build_root() / name
+    build_dir.mkdir(parents=True, exist_ok=True)
+    with exclusive(build_dir / "l2topo.flock", BUILD_LOCK_TIMEOUT_S, "CUDA extension build"):
+        stale = build_dir / "lock"
+        if stale.exists():
+            stale.unlink()
+        previous = os.environ.get("TORCH_CUDA_ARCH_LIST")
+        os.environ["TORCH_CUDA_ARCH_LIST"] = f"{cc[0]}.{cc[1]}"  # this GPU only: faster, no PTX JIT at start
+        try:
+            cpp_extension.load(name=name, sources=[str(cuda_ext.SOURCE_DIR / s) for s in cuda_ext.SOURCES],
+                               extra_cflags=["-O2"], extra_cuda_cflags=["-O3"], build_directory=str(build_dir),
+                               is_python_module=False, verbose=False)
+        except Exception as exc:  # the compiler's output is long: keep it in a file, say one line
+            log = build_dir / ERROR_LOG
+            log.write_text(str(exc))
+            first = next((ln for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+            _failed[name] = f"building the CUDA extension {name} failed ({first[:200]}); compiler output in {log}"
+            raise BackendUnavailable(_failed[name]) from None
+        finally:
+            if previous is None:
+                os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
+            else:
+                os.environ["TORCH_CUDA_ARCH_LIST"] = previous
+    _loaded[name] = torch.ops.l2topo
+    return torch.ops.l2topo

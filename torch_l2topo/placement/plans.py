@@ -1,0 +1,507 @@
+"""Placement plans: which SM gets which work items, what that should cost, and the best it could cost.
+
+Owns the host-side model of SM-aware work placement; pure numpy/scipy, no GPU. A persistent kernel runs
+CTAs on every SM; each CTA reads %smid and then
+1. takes the items of its SM's static share in order, one at a time through that SM's cursor (shared by all
+   CTAs on the SM),
+2. takes items of the dynamic tail, one at a time through one global cursor, while any are left,
+3. steals: takes the next unclaimed item (at the victim's cursor) of the SM with the most unclaimed items,
+   so that no item is lost when an SM is missing, busy or slow,
+and stops when nothing is left. Policy "plain" is the exception: no shares, no claims, one program per item
+(program p takes item p) placed by the hardware's CTA scheduler, exactly a plain launch of a non-persistent
+kernel; it is the reference every placement must beat. make_plan() decides the shares and the tail (Plan,
+stored on the device in the int32 format of layout.py); predict() simulates that protocol under a SpeedModel;
+limit() is the lower bound over all fractional assignments; gain_fraction() says how much of the possible
+gain a measured run took. ("auto", choosing among plans by timing them, belongs to the launcher, not here.)
+
+Costs: cost[s, c] is the price of one load on SM s of data homed in L2 partition c (2: unknown or mixed
+home); an item of class c with L loads costs L * cost[s, c] on SM s. From a calibration the unit is cycles;
+from measured per-SM statistics it is ns per item of the measured workload. A plan has one slot per SM of
+its SpeedModel; the launcher checks that this matches the device's SM count before using a plan.
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, replace
+
+import numpy as np
+from scipy import sparse
+from scipy.optimize import linprog
+
+from ..analysis.labels import sm_labels
+from ..errors import check_choice
+from ..layout import (
+    PLAN_HEADER,
+    PLAN_MAGIC,
+    PLAN_MAGIC_VALUE,
+    PLAN_MODE,
+    PLAN_MODE_DIRECT,
+    PLAN_MODE_SHARES,
+    PLAN_N_SLOTS,
+    PLAN_N_STATIC,
+    PLAN_N_TAIL,
+    plan_words,
+)
+
+POLICIES = ("uniform", "dynamic", "weighted", "fastest", "partition_affine", "affine_weighted", "measured", "plain")
+DIRECT_POLICIES = ("plain",)  # plans in direct mode (layout.py): one program per item, no claims
+N_CLASSES = 3  # item classes: home partition 0, home partition 1, unknown or mixed home
+# The static shares carry the locality and affinity; the tail only has to absorb the model's error (a
+# workload's real per-SM speed differs from the calibration's by a few %, the H200 chain map spreads +-4%)
+# and the last items' granularity, and each tail claim is a global atomic. 1/32 of the items (~3%) covers
+# that while 97% stay where the plan put them; a larger error is still rebalanced by stealing.
+DEFAULT_TAIL_FRACTION = 1 / 32
+# Below this many SMs a heap drains the tail faster than the vectorized rounds (each round claims at most
+# one item per SM).
+_ROUNDS_MIN_SMS = 16
+
+
+def _frozen(a, dtype) -> np.ndarray:
+    a = np.array(a, dtype=dtype)
+    a.setflags(write=False)
+    return a
+
+
+@dataclass(frozen=True)
+class SpeedModel:
+    """Per-SM cost of one load by the data's home partition, and each SM's near partition.
+
+    cost: (n_sm, 3) > 0, columns: data homed in partition 0, in partition 1, unknown/mixed home.
+    partition: (n_sm,) the partition each SM is near to, 0/1, -1 undecided. source: where it came from.
+    """
+
+    cost: np.ndarray
+    partition: np.ndarray
+    source: str = "unknown"
+
+    def __post_init__(self):
+        cost = np.asarray(self.cost, dtype=np.float64)
+        if cost.ndim != 2 or cost.shape[0] < 1 or cost.shape[1] != N_CLASSES:
+            raise ValueError(f"cost must have shape (n_sm >= 1, {N_CLASSES}), got {cost.shape}")
+        if not (np.isfinite(cost).all() and (cost > 0).all()):
+            raise ValueError("cost must be finite and > 0 everywhere (NaN, inf or <= 0 found)")
+        part = np.asarray(self.partition)
+        if part.shape != (cost.shape[0],):
+            raise ValueError(f"partition must have shape ({cost.shape[0]},), got {part.shape}")
+        if not np.isin(part, (-1, 0, 1)).all():
+            raise ValueError("partition values must be 0, 1 or -1 (undecided)")
+        object.__setattr__(self, "cost", _frozen(cost, np.float64))
+        object.__setattr__(self, "partition", _frozen(part, np.int64))
+
+    @property
+    def n_sm(self) -> int:
+        return self.cost.shape[0]
+
+    @classmethod
+    def from_topology(cls, topo) -> SpeedModel:
+        """Near/far cycles per load from a calibration's partitions; the chain map for unknown homes and
+        for SMs whose side is undecided (all three columns then)."""
+        labels = sm_labels(topo)
+        chain = np.asarray(topo.chain_cycles, dtype=np.float64)
+        cost = np.repeat(chain[:, None], N_CLASSES, axis=1)
+        decided = (labels.partition >= 0) & np.isfinite(labels.near_cycles) & np.isfinite(labels.far_cycles)
+        part = np.where(decided, labels.partition, -1)
+        sms = np.flatnonzero(decided)
+        cost[sms, part[sms]] = labels.near_cycles[sms]
+        cost[sms, 1 - part[sms]] = labels.far_cycles[sms]
+        return cls(cost, part, f"calibration {topo.meta.get('uuid_hash', 'unknown')}")
+
+    @classmethod
+    def from_measured(cls, items, busy_ns, partition=None) -> SpeedModel:
+        """The workload's own speed: ns per item on each SM, from items done and ns busy per SM (the
+        launcher's accumulated statistics). The same cost in all three columns. SMs that did no items, or
+        show no busy time, get the median of the others."""
+        items = np.asarray(items, dtype=np.float64)
+        busy = np.asarray(busy_ns, dtype=np.float64)
+        if items.ndim != 1 or busy.shape != items.shape or items.size == 0:
+            raise ValueError(f"items and busy_ns must be 1-D of one length >= 1, got {items.shape} and {busy.shape}")
+        if not (np.isfinite(items).all() and np.isfinite(busy).all()) or (items < 0).any() or (busy < 0).any():
+            raise ValueError("items and busy_ns must be finite and >= 0")
+        if not items.any():
+            raise ValueError("no SM did any item: nothing was measured")
+        seen = (items > 0) & (busy > 0)
+        if not seen.any():
+            raise ValueError("no SM shows busy time: nothing was measured")
+        per_item = np.full(items.size, np.median(busy[seen] / items[seen]))
+        per_item[seen] = busy[seen] / items[seen]
+        part = np.full(items.size, -1) if partition is None else partition
+        return cls(np.repeat(per_item[:, None], N_CLASSES, axis=1), part, "measured")
+
+    @classmethod
+    def uniform(cls, n_sm: int) -> SpeedModel:
+        return cls(np.ones((n_sm, N_CLASSES)), np.full(n_sm, -1), "uniform")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """n_items work items. item_class: (n_items,) home partition of each item's data (0/1, 2: unknown or
+    mixed; None: all 2). loads_per_item: cost units per item, a scalar or (n_items,), > 0."""
+
+    n_items: int
+    item_class: np.ndarray | None = None
+    loads_per_item: float | np.ndarray = 1.0
+
+    def __post_init__(self):
+        if isinstance(self.n_items, bool) or not isinstance(self.n_items, (int, np.integer)) or self.n_items < 0:
+            raise ValueError(f"n_items must be an integer >= 0, got {self.n_items!r}")
+        object.__setattr__(self, "n_items", int(self.n_items))
+        if self.item_class is not None:
+            c = np.asarray(self.item_class)
+            if c.shape != (self.n_items,) or (c.size and c.dtype.kind not in "iu"):
+                raise ValueError(f"item_class must be integers of shape ({self.n_items},), got {c.dtype} {c.shape}")
+            if not np.isin(c, (0, 1, 2)).all():
+                raise ValueError("item_class values must be 0, 1 (home partition) or 2 (unknown/mixed)")
+            object.__setattr__(self, "item_class", _frozen(c, np.int64))
+        loads = np.asarray(self.loads_per_item, dtype=np.float64)
+        if loads.shape not in ((), (self.n_items,)):
+            raise ValueError(f"loads_per_item must be a scalar or of shape ({self.n_items},), got {loads.shape}")
+        if not (np.isfinite(loads).all() and (loads > 0).all()):
+            raise ValueError("loads_per_item must be finite and > 0")
+        object.__setattr__(self, "loads_per_item", float(loads) if loads.ndim == 0 else _frozen(loads, np.float64))
+
+    def classes(self) -> np.ndarray:
+        """(n_items,) class of every item."""
+        return np.full(self.n_items, 2, dtype=np.int64) if self.item_class is None else self.item_class
+
+    def loads(self) -> np.ndarray:
+        """(n_items,) loads of every item."""
+        return np.broadcast_to(np.asarray(self.loads_per_item, dtype=np.float64), (self.n_items,))
+
+    def class_counts(self) -> np.ndarray:
+        """(3,) items per class."""
+        return np.bincount(self.classes(), minlength=N_CLASSES)
+
+    def class_loads(self) -> np.ndarray:
+        """(3,) total loads per class."""
+        return np.bincount(self.classes(), weights=self.loads(), minlength=N_CLASSES)
+
+    def item_cost(self, speeds: SpeedModel, sm, items) -> np.ndarray:
+        """Cost of item(s) `items` on SM(s) `sm` (broadcast elementwise; never an n_sm x n_items table)."""
+        items = np.asarray(items, dtype=np.int64)
+        return self.loads()[items] * speeds.cost[sm, self.classes()[items]]
+
+    def mean_item_cost(self, speeds: SpeedModel) -> np.ndarray:
+        """(n_sm,) expected cost of one item on each SM over this workload's class mix."""
+        return speeds.cost @ self.class_loads() / max(self.n_items, 1)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """SM s's static share is items[offsets[s]:offsets[s+1]] in processing order; tail is handed out
+    dynamically in order. predicted_makespan: predict() under the SpeedModel the plan was built with.
+    A "plain" plan (direct mode) holds every item in the tail in id order: program p takes item p."""
+
+    policy: str
+    n_slots: int
+    offsets: np.ndarray
+    items: np.ndarray
+    tail: np.ndarray
+    predicted_makespan: float = float("nan")
+
+    def __post_init__(self):
+        for name in ("offsets", "items", "tail"):
+            object.__setattr__(self, name, _frozen(np.asarray(getattr(self, name)).reshape(-1), np.int64))
+        o = self.offsets
+        if self.n_slots < 1 or len(o) != self.n_slots + 1:
+            raise ValueError(f"a plan needs n_slots >= 1 and n_slots + 1 offsets, got {self.n_slots} and {len(o)}")
+        if o[0] != 0 or o[-1] != len(self.items) or (np.diff(o) < 0).any():
+            raise ValueError(f"offsets must rise monotonically from 0 to {len(self.items)} (the static item count)")
+        if self.direct and (len(self.items) or not np.array_equal(self.tail, np.arange(len(self.tail)))):
+            raise ValueError("a direct-mode plan has no static shares and its tail is 0..n-1 in order")
+
+    @property
+    def direct(self) -> bool:
+        """True for a plan the device runs in direct mode (program p takes item p): policy "plain"."""
+        return self.policy in DIRECT_POLICIES
+
+    def share(self, s: int) -> np.ndarray:
+        return self.items[self.offsets[s]:self.offsets[s + 1]]
+
+    def validate(self, n_items: int) -> None:
+        """Raise ValueError unless shares and tail hold every item 0..n_items-1 exactly once."""
+        ids = np.concatenate([self.items, self.tail])
+        bad = ids[(ids < 0) | (ids >= n_items)]
+        if bad.size:
+            raise ValueError(f"plan holds item ids outside 0..{n_items - 1}: {bad[:8].tolist()}")
+        seen = np.bincount(ids, minlength=n_items)
+        missing, dup = np.flatnonzero(seen == 0), np.flatnonzero(seen > 1)
+        if missing.size or dup.size:
+            raise ValueError(f"plan must hold each of {n_items} items once: {missing.size} missing "
+                             f"{missing[:8].tolist()}, {dup.size} duplicated {dup[:8].tolist()}")
+
+    def to_array(self) -> np.ndarray:
+        """The device format (layout.py): header, offsets, items, tail, int32."""
+        body = np.concatenate([self.offsets, self.items, self.tail])
+        if body.size and body.max() > np.iinfo(np.int32).max:
+            raise ValueError("item ids and offsets must fit int32 for the device plan")
+        out = np.empty(plan_words(self.n_slots, len(self.items), len(self.tail)), dtype=np.int32)
+        out[PLAN_N_SLOTS], out[PLAN_N_STATIC], out[PLAN_N_TAIL] = self.n_slots, len(self.items), len(self.tail)
+        out[PLAN_MAGIC] = PLAN_MAGIC_VALUE
+        out[PLAN_MODE] = PLAN_MODE_DIRECT if self.direct else PLAN_MODE_SHARES
+        out[PLAN_HEADER:] = body
+        return out
+
+    @classmethod
+    def from_array(cls, a, policy: str = "unknown") -> Plan:
+        a = np.asarray(a)
+        if a.ndim != 1 or a.dtype.kind not in "iu" or a.size < PLAN_HEADER:
+            raise ValueError(f"a plan array is 1-D integer of at least {PLAN_HEADER} words, got {a.dtype} {a.shape}")
+        if a[PLAN_MAGIC] != PLAN_MAGIC_VALUE:
+            raise ValueError(f"bad plan magic {int(a[PLAN_MAGIC]):#x}, expected {PLAN_MAGIC_VALUE:#x}")
+        if a[PLAN_MODE] not in (PLAN_MODE_SHARES, PLAN_MODE_DIRECT):
+            raise ValueError(f"bad plan mode {int(a[PLAN_MODE])}")
+        if a[PLAN_MODE] == PLAN_MODE_DIRECT:
+            policy = DIRECT_POLICIES[0]
+        n_slots, n_static, n_tail = (int(a[i]) for i in (PLAN_N_SLOTS, PLAN_N_STATIC, PLAN_N_TAIL))
+        if n_slots < 1 or n_static < 0 or n_tail < 0 or a.size != plan_words(n_slots, n_static, n_tail):
+            raise ValueError(f"plan header (slots {n_slots}, static {n_static}, tail {n_tail}) does not match "
+                             f"its length {a.size}")
+        items_at = PLAN_HEADER + n_slots + 1
+        return cls(policy, n_slots, a[PLAN_HEADER:items_at], a[items_at:items_at + n_static],
+                   a[items_at + n_static:])
+
+
+# ---- building plans ---------------------------------------------------------------------------------------
+def _largest_remainder(total: int, weights) -> np.ndarray:
+    """Integer counts proportional to weights (>= 0, not all 0) summing to total; ties go to lower indices."""
+    w = np.asarray(weights, dtype=np.float64)
+    quota = total * w / w.sum()
+    counts = np.floor(quota).astype(np.int64)
+    order = np.argsort(-(quota - counts), kind="stable")
+    order = order[w[order] > 0]
+    counts[order[:total - counts.sum()]] += 1
+    return counts
+
+
+def _solve_lp(speeds: SpeedModel, workload: Workload) -> tuple[float, np.ndarray]:
+    """min T s.t. sum_s x[s, c] = load of class c, sum_c cost[s, c] x[s, c] <= T, x >= 0.
+    Returns T and x (n_sm, 3) in loads. Solved on loads and costs scaled to ~1 for HiGHS' tolerances."""
+    loads = workload.class_loads()
+    classes = np.flatnonzero(loads > 0)
+    n_sm, k = speeds.n_sm, len(classes)
+    scale_l, scale_c = loads.sum(), speeds.cost.mean()
+    cost = speeds.cost[:, classes] / scale_c
+    var = np.arange(n_sm * k).reshape(n_sm, k)  # x[s, j] is variable var[s, j]; T is the last one
+    a_ub = sparse.hstack([sparse.csr_matrix((cost.ravel(), (np.repeat(np.arange(n_sm), k), var.ravel())),
+                                            shape=(n_sm, n_sm * k)), -np.ones((n_sm, 1))])
+    a_eq = sparse.hstack([sparse.csr_matrix((np.ones(n_sm * k), (np.tile(np.arange(k), n_sm), var.ravel())),
+                                            shape=(k, n_sm * k)), np.zeros((k, 1))])
+    c = np.zeros(n_sm * k + 1)
+    c[-1] = 1.0
+    res = linprog(c, A_ub=a_ub, b_ub=np.zeros(n_sm), A_eq=a_eq, b_eq=loads[classes] / scale_l,
+                  bounds=(0, None), method="highs")
+    if res.status != 0:
+        raise RuntimeError(f"the placement LP failed: {res.message}")
+    x = np.zeros((n_sm, N_CLASSES))
+    x[:, classes] = np.maximum(res.x[:-1].reshape(n_sm, k), 0) * scale_l
+    return float(res.x[-1] * scale_l * scale_c), x
+
+
+def _counts(policy: str, speeds: SpeedModel, workload: Workload, k) -> np.ndarray:
+    """(n_sm, 3) items of each class in each SM's share, before the tail is cut off."""
+    n_sm, per_class = speeds.n_sm, workload.class_counts()
+    out = np.zeros((n_sm, N_CLASSES), dtype=np.int64)
+    if policy in ("partition_affine", "affine_weighted"):
+        if policy == "affine_weighted":
+            weights = _solve_lp(speeds, workload)[1].T
+        else:
+            weights = [speeds.partition == 0, speeds.partition == 1, np.ones(n_sm)]
+        for c in np.flatnonzero(per_class):
+            w = weights[c] if np.any(weights[c]) else np.ones(n_sm)  # no SM near c: spread over all
+            out[:, c] = _largest_remainder(per_class[c], w)
+        return out
+    # The other policies ignore the classes: one group of all items, split by SM speed on this workload.
+    speed = 1.0 / workload.mean_item_cost(speeds)
+    if policy == "uniform":
+        speed = np.ones(n_sm)
+    elif policy == "fastest":
+        slow = np.argsort(-speed, kind="stable")[k:]
+        speed[slow] = 0.0
+    out[:, 0] = _largest_remainder(workload.n_items, speed)
+    return out
+
+
+def make_plan(policy: str, speeds: SpeedModel, workload: Workload, *, k: int | None = None,
+              tail_fraction: float = DEFAULT_TAIL_FRACTION) -> Plan:
+    """A plan of `policy` for `workload` on the SMs of `speeds`.
+
+    uniform: equal item counts, contiguous id blocks. dynamic: everything in the tail. weighted: counts
+    proportional to each SM's speed on this workload's class mix (largest remainder). fastest: weighted over
+    only the k fastest SMs; the others drain the tail and steal. partition_affine: items of class p to the SMs
+    near p (equal counts), class 2 over all SMs. affine_weighted: limit()'s LP rounded to whole items per
+    (SM, class): near first, spilling far only when a class is overloaded. measured: weighted, meant for a
+    SpeedModel.from_measured() (the workload's own per-SM speed rather than the calibration's). plain: every
+    item in the tail in id order, run in direct mode (one program per item, no claims); predicted like
+    dynamic, the hardware scheduler being a queue without a claim cost.
+    Every static policy then moves about tail_fraction of the items from the end of each share to the tail.
+    """
+    check_choice("policy", policy, POLICIES)
+    if not isinstance(speeds, SpeedModel) or not isinstance(workload, Workload):
+        raise TypeError("make_plan takes a SpeedModel and a Workload")
+    if policy == "fastest":
+        if k is None or isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= speeds.n_sm:
+            raise ValueError(f"policy 'fastest' needs k, the number of SMs, in 1..{speeds.n_sm}; got {k!r}")
+    elif k is not None:
+        raise ValueError(f"k applies only to policy 'fastest', not {policy!r}")
+    if not 0 <= tail_fraction < 1:
+        raise ValueError(f"tail_fraction must be in [0, 1), got {tail_fraction!r}")
+    n, n_sm = workload.n_items, speeds.n_sm
+    if policy in ("dynamic", "plain") or n == 0:
+        plan = Plan(policy, n_sm, np.zeros(n_sm + 1), np.zeros(0), np.arange(n))
+        return replace(plan, predicted_makespan=predict(plan, speeds, workload))
+
+    counts = _counts(policy, speeds, workload, k)
+    # Each group's ids, in id order, go to SMs in SM order: a share is a few contiguous runs of ids.
+    groups = [np.arange(n)] if policy in ("uniform", "weighted", "fastest", "measured") \
+        else [np.flatnonzero(workload.classes() == c) for c in range(N_CLASSES)]
+    owner = np.empty(n, dtype=np.int64)
+    for c, ids in enumerate(groups):
+        owner[ids] = np.repeat(np.arange(n_sm), counts[:, c])
+    items = np.argsort(owner, kind="stable")
+    share = np.bincount(owner, minlength=n_sm)
+    starts = np.concatenate([[0], np.cumsum(share)])
+    # Cut the tail from the end of every share in proportion to it, so the static parts still end together.
+    n_tail = int(round(tail_fraction * n))
+    cut = _largest_remainder(n_tail, share) if n_tail else np.zeros(n_sm, dtype=np.int64)
+    rank = np.arange(n) - starts[owner[items]]
+    to_tail = rank >= (share - cut)[owner[items]]
+    tail = items[to_tail]
+    # Longest items first, so the last dynamic claims are short (a no-op when all loads are equal).
+    tail = tail[np.argsort(-workload.loads()[tail], kind="stable")]
+    offsets = np.concatenate([[0], np.cumsum(share - cut)])
+    plan = Plan(policy, n_sm, offsets, items[~to_tail], tail)
+    return replace(plan, predicted_makespan=predict(plan, speeds, workload))
+
+
+# ---- predicting and bounding makespans ----------------------------------------------------------------------
+def _drain_tail(free: np.ndarray, cost: np.ndarray, loads: np.ndarray, cls: np.ndarray, claim: float) -> np.ndarray:
+    """List-schedule the tail items (loads, cls in order) on SMs with cost rows `cost`, free from `free`
+    (updated in place): the SM free earliest (ties: lowest row) claims the next. Returns items per SM."""
+    n_sm, n_tail = len(free), len(loads)
+    taken = np.zeros(n_sm, dtype=np.int64)
+    if n_sm < _ROUNDS_MIN_SMS:
+        heap = [(f, i) for i, f in enumerate(free.tolist())]
+        heapq.heapify(heap)
+        rows, load_l, cls_l = cost.tolist(), loads.tolist(), cls.tolist()
+        for j in range(n_tail):
+            t, i = heap[0]
+            heapq.heapreplace(heap, (t + (load_l[j] * rows[i][cls_l[j]] + claim), i))
+            taken[i] += 1
+        for t, i in heap:
+            free[i] = t
+        return taken
+    # Rounds: no SM can claim twice before free.min() + step, so every SM free before then claims exactly
+    # one item, in order of free time: one exact, vectorized step of the event simulation.
+    step = float((loads * cost.min(axis=0)[cls]).min()) + claim if n_tail else 0.0
+    j = 0
+    while j < n_tail:
+        first = free.argmin()
+        ready = free < free[first] + step
+        ready[first] = True
+        ready = np.flatnonzero(ready)
+        ready = ready[np.argsort(free[ready], kind="stable")][:n_tail - j]
+        free[ready] += loads[j:j + len(ready)] * cost[ready, cls[j:j + len(ready)]] + claim
+        taken[ready] += 1
+        j += len(ready)
+    return taken
+
+
+def predict(plan: Plan, speeds: SpeedModel, workload: Workload, *, available=None, claim_cycles: float = 0.0,
+            steal: bool = True, return_counts: bool = False):
+    """Makespan (cost units) of `plan` by event simulation of the device protocol (module docstring).
+
+    Every SM with available[s] (default: all) runs one CTA; the others never start and their shares are
+    stolen. claim_cycles is added to each dynamic claim (tail or steal): the atomic's round trip. Own shares
+    are summed in bulk until the first SM finds the tail empty; from then on every claim is an event.
+    steal=False models a launcher without stealing, like the static-share chase experiments that measured
+    the weighting and affinity cuts (inf if an SM that never runs holds a share). return_counts: also return
+    (n_slots,) items done per SM.
+    """
+    if plan.n_slots != speeds.n_sm:
+        raise ValueError(f"plan has {plan.n_slots} SM slots but the SpeedModel {speeds.n_sm} SMs")
+    plan.validate(workload.n_items)
+    n_sm = speeds.n_sm
+    avail = np.ones(n_sm, dtype=bool) if available is None else np.asarray(available, dtype=bool)
+    if avail.shape != (n_sm,):
+        raise ValueError(f"available must have shape ({n_sm},), got {avail.shape}")
+    if not (np.isfinite(claim_cycles) and claim_cycles >= 0):
+        raise ValueError(f"claim_cycles must be finite and >= 0, got {claim_cycles!r}")
+    done = np.zeros(n_sm, dtype=np.int64)
+    if workload.n_items == 0:
+        return (0.0, done) if return_counts else 0.0
+    if not avail.any():
+        raise ValueError("no SM is available: the items would never be done")
+    cls, loads, cost = workload.classes(), workload.loads(), speeds.cost
+    sms = np.flatnonzero(avail)
+    lo, hi = plan.offsets[:-1], plan.offsets[1:]
+    owner = np.repeat(np.arange(n_sm), hi - lo)
+    own_cost = loads[plan.items] * cost[owner, cls[plan.items]]
+    ends = [np.cumsum(own_cost[lo[s]:hi[s]]) for s in range(n_sm)]
+    free = np.array([ends[s][-1] if len(ends[s]) else 0.0 for s in sms])
+
+    done[sms] += _drain_tail(free, cost[sms], loads[plan.tail], cls[plan.tail], float(claim_cycles))
+
+    # The first SM to find the tail empty starts stealing at (t0, s0); owners have claimed every own item
+    # that starts before that event (ties by SM id, as the event order has it).
+    t0, s0 = min(zip(free.tolist(), sms.tolist()))
+    events, queues = [], []
+    for s in range(n_sm):
+        claimed = 0
+        if avail[s]:
+            starts = np.concatenate([[0.0], ends[s]])[:-1]
+            claimed = int(np.searchsorted(starts, t0, side="right" if s < s0 else "left"))
+            at = starts[claimed] if claimed < len(starts) else free[np.searchsorted(sms, s)]
+            events.append((float(at), s))
+        rest = plan.items[lo[s] + claimed:hi[s]]
+        queues.append((loads[rest].tolist(), cls[rest].tolist()))
+        done[s] += claimed
+    makespan = _claim_rest(events, queues, cost.tolist(), float(claim_cycles), steal, done)
+    return (makespan, done) if return_counts else makespan
+
+
+def _claim_rest(events: list, queues: list, cost: list, claim: float, steal: bool, done: np.ndarray) -> float:
+    """Event simulation from the first steal on. events: (time, sm) when each running SM next claims;
+    queues[s]: (loads, classes) of SM s's unclaimed own items in order. Updates done; returns the makespan
+    (inf when items stay unclaimed, which only happens without stealing)."""
+    heapq.heapify(events)
+    pos, left, took = [0] * len(queues), [len(q[0]) for q in queues], [0] * len(queues)
+    # Victims by most unclaimed items (ties: lowest SM). Entries only overestimate (left only falls), so
+    # a top entry that is current is the true maximum; stale ones are refreshed as they surface.
+    victims = [(-n, v) for v, n in enumerate(left)]
+    heapq.heapify(victims)
+    pop, push, refresh = heapq.heappop, heapq.heappush, heapq.heapreplace
+    makespan = 0.0
+    while events:
+        t, s = pop(events)
+        v = s
+        if not left[s] and steal:
+            n, v = victims[0]
+            while -n != left[v]:
+                refresh(victims, (-left[v], v))
+                n, v = victims[0]
+        if not left[v]:
+            makespan = max(makespan, t)
+            continue
+        k = pos[v]
+        pos[v] = k + 1
+        left[v] -= 1
+        took[s] += 1
+        loads, classes = queues[v]
+        push(events, (t + (loads[k] * cost[s][classes[k]] + (claim if v != s else 0.0)), s))
+    done += took
+    return float("inf") if any(left) else makespan
+
+
+def limit(speeds: SpeedModel, workload: Workload) -> float:
+    """Lower bound on the makespan over all fractional assignments of each class's loads to SMs (an LP;
+    for one class it is total / sum_s 1/cost[s])."""
+    if workload.n_items == 0:
+        return 0.0
+    return _solve_lp(speeds, workload)[0]
+
+
+def gain_fraction(measured, uniform, limit_value) -> float:
+    """Fraction of the possible gain (uniform - limit) that a measured makespan took; NaN when there is none.
+    Any unit, as long as all three share it."""
+    possible = float(uniform) - float(limit_value)
+    return float("nan") if possible == 0 else (float(uniform) - float(measured)) / possible
