@@ -76,7 +76,7 @@ def bench_chase(dev, topo, reps) -> dict:
         ends = torch.zeros(n_walks, dtype=torch.int64, device=dev)
 
         def launch():
-            chase_plain_kernel[(n_walks,)](starts, ends, CHASE_LOADS, n_walks, num_warps=1)
+            chase_plain_kernel[(n_walks,)](starts, ends, CHASE_LOADS, num_warps=1)
 
         for label, n_sm, near in CHASE_VARIANTS:  # each variant's result, checked once
             ends.zero_()

@@ -1,19 +1,26 @@
-"""Makespan of SM-aware placement on the local GPU, every policy side by side: the placement issue's figures.
+"""SM-aware placement against the hand-written plain kernel of the same work, side by side: the placement issue's
+figures.
 
-1. Latency-bound chase (placement_workloads.Chase), one CTA of one warp per SM, footprints 4-40 MB and a
-   256 MB DRAM-bound control: every plan policy, "auto", the plain persistent loop (static equal shares,
-   no stealing: what "uniform" means without the placement helpers), and the limit (plans.limit, scaled
-   from cycles to ms by uniform's measured/predicted ratio).
-   "auto" chooses among the persistent policies only: the workload is one chase per SM by definition, and
-   policy "plain" (one program per item) would run every chase at once, a different workload.
-2. Embedding-bag-like gather at 1, 4, 16 and 64 warps per SM: the policies that matter there, "plain" (one
-   program per bag through the helpers' direct mode) and "auto" with every default candidate; and the
-   plain kernel without the helpers, the reference "auto" must not lose to.
-3. @sm_aware launch overhead over a plain Triton launch of the same kernel: eager, and inside a CUDA graph.
-Every result is checked against its reference once per policy (chase ends, bag sums) and every launch's
-items are counted on the device (the placement statistics): each item exactly once. Makespan = one
-kernel's CUDA-event time, median over --reps rounds (p20/p80 kept); in each round every policy of a block
-runs once (interleaved), so that the GPU's drift between states touches all of them alike.
+For each workload and each number of items per SM (1, 2, 4, ... 64), in interleaved rounds (every entry once per
+round, so that drift touches all alike), each timed as a CUDA graph of `reps_per_graph` launches (GPU time, not
+the host's launch cost):
+- the hand plain kernel: the same loop written without the placement helpers, one program per item, placed by
+  the hardware: what a user would run instead, and the reference of every ratio (`vs_plain_kernel`);
+- "auto" (@sm_aware's default): its ratio, what it chose, and the trial launches it spent;
+- every (policy, CTAs per SM) pair an exhaustive search can try: "plain" (the helpers in direct mode),
+  "partition_queues", and each persistent policy at 1, 2, 4, ... CTAs per SM up to what the kernel holds and the
+  items fill; the best of them;
+- the limit: plans.limit of the calibration's near/far costs over plans.predict of the plain plan, times the plain
+  kernel's time (a model estimate of what placement by partition could reach, labelled so).
+`vs_uniform` is the ratio to persistent "uniform" at the CTAs per SM "auto" would give a persistent policy.
+
+Workloads (benchmarks/placement_workloads.py; each result checked once per entry against an independent
+reference): the latency-bound chase (one warp, 20480 / n dependent loads per item at n items per SM, at least
+320: ~3 ms of loads per SM; 16 MB of lines, items alternating between the two partitions' rings); the
+embedding-bag-like gather (bags of 32 rows of 64 floats homed in one partition, alternating); the capped chase
+(a CUDA kernel whose 100 KB of shared memory per CTA caps an SM at 2 CTAs, as attention kernels are). Then the
+@sm_aware launch overhead over a plain Triton launch (host time eager, device time in a graph) and the time of a
+partition map of a tensor size not seen before.
 
     python benchmarks/bench_placement.py --device 0 --out benchmarks/results/placement_h200.json
 """
@@ -32,213 +39,267 @@ from placement_workloads import (
     gather_workload,
 )
 
-from torch_l2topo.placement.sm_aware import DEFAULT_CANDIDATES
-
-CHASE_FOOTPRINTS_MB = (4, 8, 16, 24, 32, 40, 256)
-CHASE_ITEMS_PER_SM = 64
-CHASE_LOADS = 320            # ~3 ms makespan: 64 items x 320 loads x ~290 cycles / 1.98 GHz per SM
+ITEMS_PER_SM = (1, 2, 4, 8, 16, 32, 64)
+CHASE_TABLE_MB = 16
+CHASE_LOADS_PER_SM = 20480   # ~3 ms of dependent loads per SM at ~290 cycles and 1.98 GHz
+CHASE_MIN_LOADS = 320
 GATHER_TABLE_MB = 16
-GATHER_BAGS = 65536
-GATHER_OCCUPANCY = {1: (1, 1), 4: (4, 1), 16: (16, 1), 64: (32, 2)}  # warps/SM: (CTAs per SM, warps per CTA)
-POLICIES = ("uniform", "dynamic", "weighted", "partition_affine", "affine_weighted", "measured", "auto")
-GATHER_POLICIES = ("uniform", "dynamic", "partition_affine", "affine_weighted", "plain", "auto")
-CHASE_CANDIDATES = tuple(p for p in DEFAULT_CANDIDATES if p != "plain")
+CAPPED_SMEM = 100 << 10      # 2 CTAs of the capped chase per H200 SM (228 KB of shared memory)
+CAPPED_ITEMS_PER_SM = (1, 2, 4, 8, 16)
+PERSISTENT = ("affine_weighted", "partition_affine", "weighted", "uniform", "dynamic")
+CTAS = (1, 2, 4, 8, 16, 32)
 
 
-def timed(launch, reps: int, warmup: int = 3) -> dict:
-    """CUDA-event times (ms) of `reps` launches after `warmup`."""
-    return interleaved({"one": launch}, reps, warmup)["one"]
-
-
-def interleaved(launches: dict, reps: int, warmup: int = 3) -> dict:
-    """{name: quantiles of CUDA-event ms}: `reps` rounds after `warmup`, each launching every entry once. Side
-    by side in rounds, so that drift (the H200's L2 latency steps between states lasting milliseconds to
-    seconds; clocks) touches every entry alike: timed one after the other in blocks, the same 0.07 ms gather
-    read 0.068 ms in one block and 0.118 ms in another."""
+def graph_of(launch, launches: int):
+    """A CUDA graph replaying `launch` `launches` times (captured after one eager call built its plan)."""
     import torch
 
-    events = {name: [] for name in launches}
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        for _ in range(launches):
+            launch()
+    torch.cuda.current_stream().wait_stream(stream)
+    return graph
+
+
+def timed(launch, reps: int) -> dict:
+    """Quantiles of CUDA-event ms of `reps` launches of one entry."""
+    return interleaved({"one": launch}, reps)["one"]
+
+
+def interleaved(runs: dict, reps: int, per_run: int = 1, warmup: int = 2) -> dict:
+    """{name: quantiles of ms per launch}: `reps` rounds, each replaying every entry's graph once (per_run
+    launches), after `warmup` rounds. Side by side in rounds: timed one after the other in blocks, the same
+    0.07 ms gather read 0.068 ms in one block and 0.118 ms in another (the H200's latency states)."""
+    import torch
+
+    events = {name: [] for name in runs}
     for r in range(warmup + reps):
-        for name, launch in launches.items():
+        for name, replay in runs.items():
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            launch()
+            replay()
             end.record()
             if r >= warmup:
                 events[name].append((start, end))
     torch.cuda.synchronize()
-    return {name: quantiles([s.elapsed_time(e) for s, e in ev]) for name, ev in events.items()}
+    return {name: quantiles([s.elapsed_time(e) / per_run for s, e in ev]) for name, ev in events.items()}
 
 
-def settle(kernel, launch):
-    """Launch until an "auto" kernel has decided, or a "measured" one has rebuilt its plan a few times."""
+def pairs(max_ctas: int, items_per_sm: int, has_classes: bool) -> list:
+    """The exhaustive search: plain, partition_queues, and each persistent policy at every power-of-two CTAs per
+    SM (and the auto value) up to what the kernel holds and the items fill."""
+    from torch_l2topo.placement.choice import Candidate, persistent_ctas
+
+    top = persistent_ctas(max_ctas, items_per_sm, 1)
+    ctas = sorted({c for c in CTAS if c <= top} | {top})
+    policies = PERSISTENT if has_classes else tuple(p for p in PERSISTENT if "affin" not in p)
+    return [Candidate("plain")] + ([Candidate("partition_queues")] if has_classes else []) \
+        + [Candidate(p, c) for p in policies for c in ctas]
+
+
+def settle(kernel, launch) -> None:
+    """Launch until "auto" has decided (synchronizing so the trial events complete)."""
     import torch
 
-    if kernel.policy == "measured":
-        for _ in range(3 * kernel.refresh + 1):
-            launch()
-    while kernel.policy == "auto" and not kernel.decisions:
-        launch()
-        torch.cuda.synchronize()  # lets the trial launches' events complete
-
-
-def run_policies(make_kernel, args, n_items, classes, loads, policies, reps, check, extra=None) -> dict:
-    """Time every policy's kernel side by side (interleaved rounds), with `extra` launches ({name: launch},
-    e.g. a plain kernel without the helpers); check each result once and that the launches of every plan did
-    each item exactly once (the device's statistics)."""
-    import torch
-
-    kernels, launches, first_s = {}, {}, {}
-    for policy in policies:
-        kernel = kernels[policy] = make_kernel(policy)
-
-        def launch(kernel=kernel):
-            kernel(*args, n_items=n_items, item_class=classes, loads_per_item=loads)
-
-        settle(kernel, launch)
-        before = time.perf_counter()
+    while not kernel.decisions:
         launch()
         torch.cuda.synchronize()
-        first_s[policy] = time.perf_counter() - before
-        check(policy)
-        launches[policy] = launch
-    for name, launch in (extra or {}).items():
-        launch()
+
+
+def run_point(make, launch_plain, n_items, classes, loads, check, reps, per_run, topo, extra_info) -> dict:
+    """Every entry of one workload point, side by side. make(candidate or "auto") -> (placement, launch)."""
+    import torch
+
+    from torch_l2topo.placement.choice import Candidate, persistent_ctas
+    from torch_l2topo.placement.plans import SpeedModel, Workload, limit, make_plan, predict
+
+    max_ctas = extra_info["max_ctas_per_sm"]
+    auto, auto_launch = make("auto")
+    settle(auto, auto_launch)
+    decision = next(iter(auto.decisions.values()))
+    entries = {"plain_kernel": launch_plain, "auto": auto_launch}
+    for cand in pairs(max_ctas, -(-n_items // topo.n_sm), classes is not None):
+        _, entries[cand.label] = make(cand)
+    graphs = {}
+    for name, launch in entries.items():
+        launch()  # builds the plan (and compiles) outside capture
         torch.cuda.synchronize()
         check(name)
-        launches[name] = launch
-    out = interleaved(launches, reps)
-    for policy, kernel in kernels.items():
-        result = out[policy]
-        used = kernel.decisions[next(iter(kernel.decisions))]["policy"] if policy == "auto" else policy
-        # every launch of this plan counted on the device: n_items each, or an item was lost or done twice
-        # (direct mode counts nothing: there the reference check is the proof)
-        slot = kernel.slot(n_items, classes, loads, policy=used)
-        done = int(slot.stats()["items"].sum())
-        if not slot.loaded.direct and (done % n_items or done < reps * n_items):
-            raise AssertionError(f"{policy}: the device counted {done} items, not a whole number of launches of "
-                                 f"{n_items}")
-        result["policy_used"] = used
-        if policy == "auto":
-            result["decision"] = {k: v for k, v in kernel.decisions[next(iter(kernel.decisions))].items()
-                                  if k != "timings"}
-        result["first_launch_s"] = first_s[policy]
-    for name, result in out.items():
-        print(f"  {name:17s} {result['p50']:8.3f} ms  (p20 {result['p20']:.3f}, p80 {result['p80']:.3f})"
-              + (f"  -> {result['policy_used']}" if name == "auto" else ""), flush=True)
-    return out
+        graphs[name] = graph_of(launch, per_run).replay
+    times = interleaved(graphs, reps, per_run)
+    plain = times["plain_kernel"]["p50"]
+    c_star = persistent_ctas(max_ctas, n_items, topo.n_sm)
+    uniform = times.get(Candidate("uniform", c_star).label, {}).get("p50")
+    for t in times.values():
+        t["vs_plain_kernel"] = t["p50"] / plain
+        if uniform:
+            t["vs_uniform"] = t["p50"] / uniform
+    searched = {k: v for k, v in times.items() if k not in ("plain_kernel", "auto")}
+    best = min(searched, key=lambda k: searched[k]["p50"])
+    speeds = SpeedModel.from_topology(topo)
+    work = Workload(n_items, classes, loads)
+    model = limit(speeds, work) / predict(make_plan("plain", speeds, work), speeds, work) if classes is not None \
+        else None
+    row = {"items": n_items, "items_per_sm": n_items / topo.n_sm, **extra_info,
+           "plain_kernel_ms": plain, "auto_vs_plain_kernel": times["auto"]["vs_plain_kernel"],
+           "auto_chose": decision.chosen.label, "auto_trial_launches": decision.launches,
+           "auto_decision": decision.as_dict(), "auto_explain": decision.explain(),
+           "best_fixed": best, "best_fixed_vs_plain_kernel": searched[best]["vs_plain_kernel"],
+           "limit_vs_plain_kernel_model_estimate": model, "entries": times}
+    print(f"  {n_items / topo.n_sm:5.0f} items/SM: plain kernel {plain:8.4f} ms  auto {row['auto_vs_plain_kernel']:.3f}"
+          f" ({row['auto_chose']}, {decision.launches} trials)  best {best} {row['best_fixed_vs_plain_kernel']:.3f}"
+          + (f"  limit~{model:.3f}" if model else ""), flush=True)
+    return row
 
 
-def with_ratios(results: dict, predicted: dict | None = None, limit_cycles: float | None = None) -> dict:
-    uniform = results["uniform"]["p50"]
-    for r in results.values():
-        r["makespan_ms"] = r["p50"]
-        r["vs_uniform"] = r["p50"] / uniform
-        if "plain_loop" in results:
-            r["vs_plain_loop"] = r["p50"] / results["plain_loop"]["p50"]
-    out = {"policies": results}
-    if predicted:
-        out["predicted_cycles"] = predicted
-        out["predicted_vs_uniform"] = {p: v / predicted["uniform"] for p, v in predicted.items()}
-    if limit_cycles is not None:
-        out["limit_ms"] = uniform * limit_cycles / predicted["uniform"]
-        out["limit_vs_uniform"] = limit_cycles / predicted["uniform"]
-    return out
-
-
-def bench_chase(dev, topo, reps) -> dict:
-    import torch
-
-    from torch_l2topo.placement.plans import SpeedModel, Workload, limit, make_plan, predict
+def triton_maker(fn, args, n_items, classes, loads, topo, num_warps, kwargs=None):
+    """make(candidate or "auto") for a Triton kernel on the helpers."""
     from torch_l2topo.placement.sm_aware import sm_aware
 
-    speeds = SpeedModel.from_topology(topo)
-    n_items = CHASE_ITEMS_PER_SM * topo.n_sm
-    figures = {}
-    for mb in CHASE_FOOTPRINTS_MB:
-        w = chase_workload(dev, mb << 20, n_items, CHASE_LOADS)
-        ends = torch.zeros(n_items, dtype=torch.int64, device=dev)
-        print(f"chase {mb} MB: rings of {w.ring_lines} lines, partition map {w.map_s * 1e3:.1f} ms", flush=True)
+    def make(cand):
+        if cand == "auto":
+            kernel = sm_aware(fn, num_warps=num_warps, topology=topo)
+        else:
+            kernel = sm_aware(fn, policy=cand.policy, ctas_per_sm=cand.ctas_per_sm, num_warps=num_warps,
+                              topology=topo)
+        return kernel, lambda: kernel(*args, n_items=n_items, item_class=classes, loads_per_item=loads,
+                                      **(kwargs or {}))
 
-        def check(policy):
-            got = ends.cpu().numpy()
-            bad = np.flatnonzero(got != w.expected)
+    return make
+
+
+def max_ctas_of(fn, args, topo, num_warps) -> int:
+    """CTAs per SM the kernel compiled in shares mode holds (what "auto" reads too)."""
+    from torch_l2topo.placement.sm_aware import sm_aware
+
+    return sm_aware(fn, num_warps=num_warps, topology=topo).occupancy(*args)
+
+
+def bench_chase(dev, topo, reps) -> list:
+    import torch
+
+    rows = []
+    for m in ITEMS_PER_SM:
+        n = m * topo.n_sm
+        loads = max(CHASE_LOADS_PER_SM // m, CHASE_MIN_LOADS)
+        w = chase_workload(dev, CHASE_TABLE_MB << 20, n, loads)
+        ends = torch.zeros(n, dtype=torch.int64, device=dev)
+
+        def check(name, w=w, ends=ends):
+            bad = np.flatnonzero(ends.cpu().numpy() != w.expected)
             if bad.size:
-                raise AssertionError(f"chase {mb} MB, {policy}: {bad.size} items ended elsewhere (first {bad[:5]})")
+                raise AssertionError(f"chase {m}/SM, {name}: {bad.size} items ended elsewhere (first {bad[:5]})")
             ends.zero_()
 
-        def make(policy):
-            return sm_aware(chase_kernel, policy=policy, num_warps=1, topology=topo, candidates=CHASE_CANDIDATES)
-
-        # the plain persistent loop on the same grid (one single-warp program per SM): static equal shares
-        plain_loop = {"plain_loop": lambda: chase_plain_kernel[(topo.n_sm,)](w.starts, ends, CHASE_LOADS, n_items,
-                                                                             num_warps=1)}
-        results = run_policies(make, (w.starts, ends, CHASE_LOADS), n_items, w.classes, CHASE_LOADS, POLICIES, reps,
-                               check, extra=plain_loop)
-        wl = Workload(n_items, item_class=w.classes, loads_per_item=CHASE_LOADS)
-        predicted = {p: predict(make_plan(p, speeds, wl), speeds, wl)
-                     for p in ("uniform", "dynamic", "weighted", "partition_affine", "affine_weighted")}
-        figures[f"{mb}MB"] = dict(with_ratios(results, predicted, limit(speeds, wl)), ring_lines=w.ring_lines,
-                                  partition_map_s=w.map_s, items=n_items, loads_per_item=CHASE_LOADS)
-    return figures
+        args = (w.starts, ends, loads)
+        make = triton_maker(chase_kernel, args, n, w.classes, loads, topo, 1)
+        def plain(w=w, ends=ends, n=n, loads=loads):
+            return chase_plain_kernel[(n,)](w.starts, ends, loads, num_warps=1)
+        info = {"loads_per_item": loads, "max_ctas_per_sm": max_ctas_of(chase_kernel, args, topo, 1),
+                "partition_map_ms": w.map_s * 1e3}
+        rows.append(run_point(make, plain, n, w.classes, loads, check, reps, 1, topo, info))
+    return rows
 
 
-def bench_gather(dev, topo, reps) -> dict:
+def bench_gather(dev, topo, reps) -> list:
     import torch
 
-    from torch_l2topo.placement.sm_aware import sm_aware
+    rows = []
+    for m in ITEMS_PER_SM:
+        n = m * topo.n_sm
+        w = gather_workload(dev, GATHER_TABLE_MB << 20, n)
+        out = torch.empty_like(w.reference)
 
-    w = gather_workload(dev, GATHER_TABLE_MB << 20, GATHER_BAGS)
-    out = torch.empty_like(w.reference)
-    figures = {}
+        def check(name, w=w, out=out):
+            torch.testing.assert_close(out, w.reference, rtol=1e-5, atol=1e-4, msg=lambda s: f"gather {name}: {s}")
+            out.zero_()
 
-    def check(policy):
-        torch.testing.assert_close(out, w.reference, rtol=1e-5, atol=1e-4, msg=lambda m: f"gather {policy}: {m}")
-        out.zero_()
+        args = (w.table, w.idx, out, w.bag, w.dim)
+        make = triton_maker(gather_kernel, args, n, w.classes, 1.0, topo, 1)
+        def plain(w=w, out=out, n=n):
+            return gather_plain_kernel[(n,)](w.table, w.idx, out, w.bag, w.dim, num_warps=1)
+        info = {"bag_rows": w.bag, "max_ctas_per_sm": max_ctas_of(gather_kernel, args, topo, 1)}
+        rows.append(run_point(make, plain, n, w.classes, 1.0, check, reps, 20, topo, info))
+    return rows
 
-    for warps, (ctas, num_warps) in GATHER_OCCUPANCY.items():
-        print(f"gather, {warps} warps/SM", flush=True)
 
-        def make(policy):
-            return sm_aware(gather_kernel, policy=policy, ctas_per_sm=ctas, num_warps=num_warps, topology=topo)
+def bench_capped(dev, topo, reps) -> list:
+    """The capped chase (CUDA, 100 KB of shared memory per CTA): the CTAs per SM come from the CUDA occupancy
+    API for each mode's kernel."""
+    import torch
 
-        # side by side with each block: the kernel without the helpers, one program per bag, placed by the
-        # hardware (the plain launch "auto" must not lose to)
-        plain_kernel = {"plain_kernel": lambda: gather_plain_kernel[(GATHER_BAGS,)](w.table, w.idx, out, w.bag, w.dim,
-                                                                                     num_warps=1)}
-        results = run_policies(make, (w.table, w.idx, out, w.bag, w.dim), GATHER_BAGS, w.classes, 1.0,
-                               GATHER_POLICIES, reps, check, extra=plain_kernel)
-        for r in results.values():
-            r["vs_plain_kernel"] = r["p50"] / results["plain_kernel"]["p50"]
-        figures[f"{warps}_warps_per_sm"] = with_ratios(results)
-    return figures
+    from torch_l2topo.layout import PLACE_SHARES
+    from torch_l2topo.measure.launch import cuda_ops, launch
+    from torch_l2topo.placement.sm_aware import Placement
+
+    ops = cuda_ops(dev)
+    max_ctas = int(ops.capped_occupancy(PLACE_SHARES, CAPPED_SMEM))
+    rows = []
+    for m in CAPPED_ITEMS_PER_SM:
+        n = m * topo.n_sm
+        loads = max(CHASE_LOADS_PER_SM // m, CHASE_MIN_LOADS)
+        w = chase_workload(dev, CHASE_TABLE_MB << 20, n, loads)
+        ends = torch.zeros(n, dtype=torch.int64, device=dev)
+        no_plan, no_state = torch.zeros(1, dtype=torch.int32, device=dev), torch.zeros(1, dtype=torch.int64, device=dev)
+
+        def check(name, w=w, ends=ends):
+            bad = np.flatnonzero(ends.cpu().numpy() != w.expected)
+            if bad.size:
+                raise AssertionError(f"capped {m}/SM, {name}: {bad.size} items ended elsewhere")
+            ends.zero_()
+
+        def make(cand, w=w, ends=ends, n=n, loads=loads):
+            placement = Placement(topology=topo, max_ctas_per_sm=max_ctas) if cand == "auto" else \
+                Placement(policy=cand.policy, ctas_per_sm=cand.ctas_per_sm, topology=topo, max_ctas_per_sm=max_ctas)
+
+            def run():
+                placement(lambda grid, plan, state, place: launch("capped_chase", "cuda", grid, w.starts, ends, loads,
+                                                                  plan, state, place, CAPPED_SMEM),
+                          n_items=n, item_class=w.classes, loads_per_item=loads, device=dev)
+
+            return placement, run
+
+        def plain(w=w, ends=ends, n=n, loads=loads):  # the same kernel without the helpers (mode -1)
+            launch("capped_chase", "cuda", n, w.starts, ends, loads, no_plan, no_state, -1, CAPPED_SMEM)
+
+        info = {"loads_per_item": loads, "max_ctas_per_sm": max_ctas, "shared_bytes_per_cta": CAPPED_SMEM,
+                "plain_kernel_ctas_per_sm": int(ops.capped_occupancy(-1, CAPPED_SMEM))}
+        rows.append(run_point(make, plain, n, w.classes, loads, check, reps, 1, topo, info))
+    return rows
 
 
 def bench_overhead(dev, topo) -> dict:
-    """Host time per launch (eager) and device time per launch (graph) of a one-item-per-SM no-op workload."""
+    """Host time per launch (eager) and device time per launch (graph) of an empty workload (chases of 0 loads,
+    one item per SM) through @sm_aware against the same kernel launched directly."""
     import torch
 
     from torch_l2topo.measure.launch import launch_triton
     from torch_l2topo.placement.sm_aware import sm_aware
 
     n = topo.n_sm
-    starts = torch.zeros(n, dtype=torch.int64, device=dev)  # chase 0 loads: the item loop itself is the work
+    starts = torch.zeros(n, dtype=torch.int64, device=dev)
     ends = torch.zeros(n, dtype=torch.int64, device=dev)
     out = {}
-    for policy in ("dynamic", "auto"):
+    for policy in ("plain", "auto"):
         kernel = sm_aware(chase_kernel, policy=policy, num_warps=1, topology=topo)
 
         def wrapped():
             kernel(starts, ends, 0, n_items=n)
 
-        settle(kernel, wrapped)
-        plan, state = kernel.plan_tensors(n)
+        if policy == "auto":
+            settle(kernel, wrapped)
+        chosen = policy if policy != "auto" else next(iter(kernel.decisions.values())).policy
+        plan, state = kernel.plan_tensors(n, policy=chosen)
+        place, grid = kernel.place(chosen), kernel.grid(dev, policy=chosen, n_items=n)
 
-        def plain():
-            launch_triton(chase_kernel, n, (starts, ends, 0, plan, state), 1)
+        def direct():
+            launch_triton(chase_kernel, grid, (starts, ends, 0, plan, state), 1, {"PLACE": place})
 
-        row = {}
-        for name, fn in (("plain_triton", plain), ("sm_aware", wrapped)):
+        row = {"chosen": chosen}
+        for name, fn in (("plain_triton", direct), ("sm_aware", wrapped)):
             for _ in range(50):
                 fn()
             torch.cuda.synchronize()
@@ -247,16 +308,8 @@ def bench_overhead(dev, topo) -> dict:
                 fn()
             row[f"{name}_host_us"] = (time.perf_counter() - t0) / 2000 * 1e6
             torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            stream = torch.cuda.Stream()
-            with torch.cuda.stream(stream):
-                with torch.cuda.graph(graph, stream=stream):
-                    for _ in range(100):
-                        fn()
-            graph.replay()
-            torch.cuda.synchronize()
-            t = timed(graph.replay, 20)
-            row[f"{name}_graph_us_per_launch"] = t["p50"] * 1e3 / 100
+            replay = graph_of(fn, 100).replay
+            row[f"{name}_graph_us_per_launch"] = interleaved({"g": replay}, 20, 100)["g"]["p50"] * 1e3
         row["eager_overhead_us"] = row["sm_aware_host_us"] - row["plain_triton_host_us"]
         row["graph_overhead_us"] = row["sm_aware_graph_us_per_launch"] - row["plain_triton_graph_us_per_launch"]
         out[policy] = row
@@ -264,17 +317,53 @@ def bench_overhead(dev, topo) -> dict:
     return out
 
 
+def bench_partition_map_sizes(dev) -> dict:
+    """partition_map of tensors of sizes not seen before in this process (cold plan), then again (warm)."""
+    import torch
+
+    from torch_l2topo.placement.partition_map import partition_map
+
+    out = {}
+    for mb in (32, 40, 256):
+        times = []
+        for _ in range(2):
+            t = torch.zeros((mb << 20) // 4, dtype=torch.float32, device=dev)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            partition_map(t)
+            times.append((time.perf_counter() - t0) * 1e3)
+            del t
+        out[f"{mb}MB"] = {"first_size_ms": times[0], "seen_size_ms": times[1]}
+        print(f"partition map {mb} MB: new size {times[0]:.1f} ms, seen size {times[1]:.1f} ms", flush=True)
+    return out
+
+
+PARTS = {"chase": bench_chase, "gather": bench_gather, "capped": bench_capped}
+
+
 def main(argv=None) -> dict:
-    p = gpu_parser(__doc__, reps=15)
-    p.add_argument("--only", choices=("chase", "gather", "overhead"), action="append")
+    p = gpu_parser(__doc__, reps=10)
+    p.add_argument("--only", choices=(*PARTS, "overhead", "partition_map"), action="append")
+    p.add_argument("--items-per-sm", type=int, nargs="*", help="a subset of the items per SM (default: all)")
     args = p.parse_args(argv)
+    global ITEMS_PER_SM, CAPPED_ITEMS_PER_SM
+    if args.items_per_sm:
+        ITEMS_PER_SM = tuple(args.items_per_sm)
+        CAPPED_ITEMS_PER_SM = tuple(m for m in args.items_per_sm if m <= max(CAPPED_ITEMS_PER_SM))
     dev, topo, calibration = calibrated_device(args.device, "placement")
-    parts = args.only or ("chase", "gather", "overhead")
-    figures = {"calibration": calibration}
-    for part, fn in (("chase", bench_chase), ("gather", bench_gather), ("overhead", bench_overhead)):
-        if part in parts:
-            figures[part] = fn(dev, topo, args.reps) if part != "overhead" else fn(dev, topo)
-            write_result(args.out, figures, args.device)  # keep what is done if a later part fails
+    parts = args.only or (*PARTS, "overhead", "partition_map")
+    figures = {"calibration": calibration, "reps": args.reps}
+    for part in parts:
+        print(f"== {part}", flush=True)
+        t0 = time.perf_counter()
+        if part in PARTS:
+            figures[part] = PARTS[part](dev, topo, args.reps)
+        elif part == "overhead":
+            figures[part] = bench_overhead(dev, topo)
+        else:
+            figures[part] = bench_partition_map_sizes(dev)
+        print(f"   {part}: {time.perf_counter() - t0:.1f} s", flush=True)
+        write_result(args.out, figures, args.device)  # keep what is done if a later part fails
     return figures
 
 

@@ -1,6 +1,7 @@
-"""The workloads of benchmarks/bench_placement.py: a latency-bound chase and an embedding-bag-like gather,
-each as a persistent kernel on the placement helpers and as a plain kernel (chase: a persistent loop with
-static equal shares, one program per SM; gather: one program per bag, placed by the hardware), with
+"""The workloads of benchmarks/bench_placement.py: a latency-bound chase, the same chase in a kernel whose
+resources cap it at one or two CTAs per SM (1024 threads, a register tile held across the chase, as
+attention-like kernels hold theirs), and an embedding-bag-like gather; each as a kernel on the placement helpers
+and as the hand-written plain kernel a user would write instead (one program per item, no helpers), with
 their data laid out by the buffer's partition map and an independent reference to check every result.
 
 Chase: item i chases `loads` dependent lines (one thread, ld.global.cg) through a random ring of the lines
@@ -22,28 +23,66 @@ from torch_l2topo.triton_kernels.protocol import chase
 
 
 @triton.jit
-def chase_kernel(starts_ptr, ends_ptr, n_loads, plan_ptr, state_ptr):
-    sm, t0 = plan_start(plan_ptr, state_ptr)
-    item, phase = plan_next(plan_ptr, state_ptr, sm, 0)
-    n_done = 0
-    while item >= 0:
-        p = tl.load(starts_ptr + item)
-        for _ in range(n_loads):
-            p = chase(p)
-        tl.store(ends_ptr + item, p)
-        n_done += 1
-        item, phase = plan_next(plan_ptr, state_ptr, sm, phase)
-    plan_finish(plan_ptr, state_ptr, sm, t0, n_done)
+def _chase_item(starts_ptr, ends_ptr, n_loads, item):
+    p = tl.load(starts_ptr + item)
+    for _ in range(n_loads):
+        p = chase(p)
+    tl.store(ends_ptr + item, p)
 
 
 @triton.jit
-def chase_plain_kernel(starts_ptr, ends_ptr, n_loads, n_items):
-    """The plain persistent loop: program p takes items p, p + grid, ... (static equal shares, no stealing)."""
-    for item in range(tl.program_id(0), n_items, tl.num_programs(0)):
-        p = tl.load(starts_ptr + item)
-        for _ in range(n_loads):
-            p = chase(p)
-        tl.store(ends_ptr + item, p)
+def chase_kernel(starts_ptr, ends_ptr, n_loads, plan_ptr, state_ptr, PLACE: tl.constexpr):
+    sm, t0 = plan_start(plan_ptr, state_ptr, PLACE)
+    item, phase = plan_next(plan_ptr, state_ptr, sm, 0, PLACE)
+    n_done = 0
+    while item >= 0:
+        _chase_item(starts_ptr, ends_ptr, n_loads, item)
+        n_done += 1
+        item, phase = plan_next(plan_ptr, state_ptr, sm, phase, PLACE)
+    plan_finish(plan_ptr, state_ptr, sm, t0, n_done, PLACE)
+
+
+@triton.jit
+def chase_plain_kernel(starts_ptr, ends_ptr, n_loads):
+    """The hand-written plain kernel: program p chases item p."""
+    _chase_item(starts_ptr, ends_ptr, n_loads, tl.program_id(0).to(tl.int64))
+
+
+# The capped kernel: 512 threads per program (16 warps) and a TILE-float register tile per thread that the
+# chase's start depends on and whose result is stored after it, so it stays live across the chase: ~80
+# registers per thread (counted by ptxas for sm_90), 40K of an SM's 64K registers, so an SM holds one program.
+CAPPED_WARPS = 16
+CAPPED_THREADS = tl.constexpr(32 * CAPPED_WARPS)
+TILE = 64
+
+
+@triton.jit
+def _capped_item(starts_ptr, ends_ptr, tile_ptr, n_loads, item, TILE: tl.constexpr):
+    rows = tl.arange(0, CAPPED_THREADS)[:, None] * TILE + tl.arange(0, TILE)[None, :]
+    acc = tl.load(tile_ptr + rows)
+    p = tl.load(starts_ptr + item) + (tl.max(tl.max(acc, axis=1), axis=0) * 0).to(tl.int64)
+    for _ in range(n_loads):
+        p = chase(p)
+    tl.store(ends_ptr + item, p)
+    tl.store(tile_ptr + rows, acc + (p & 1).to(tl.float32))  # +0 or +1: the tile is read back, not checked
+
+
+@triton.jit
+def capped_kernel(starts_ptr, ends_ptr, tile_ptr, n_loads, plan_ptr, state_ptr, TILE: tl.constexpr,
+                  PLACE: tl.constexpr):
+    sm, t0 = plan_start(plan_ptr, state_ptr, PLACE)
+    item, phase = plan_next(plan_ptr, state_ptr, sm, 0, PLACE)
+    n_done = 0
+    while item >= 0:
+        _capped_item(starts_ptr, ends_ptr, tile_ptr, n_loads, item, TILE)
+        n_done += 1
+        item, phase = plan_next(plan_ptr, state_ptr, sm, phase, PLACE)
+    plan_finish(plan_ptr, state_ptr, sm, t0, n_done, PLACE)
+
+
+@triton.jit
+def capped_plain_kernel(starts_ptr, ends_ptr, tile_ptr, n_loads, TILE: tl.constexpr):
+    _capped_item(starts_ptr, ends_ptr, tile_ptr, n_loads, tl.program_id(0).to(tl.int64), TILE)
 
 
 @triton.jit
@@ -54,15 +93,16 @@ def _bag_sum(table_ptr, idx_ptr, out_ptr, item, BAG: tl.constexpr, DIM: tl.const
 
 
 @triton.jit
-def gather_kernel(table_ptr, idx_ptr, out_ptr, BAG: tl.constexpr, DIM: tl.constexpr, plan_ptr, state_ptr):
-    sm, t0 = plan_start(plan_ptr, state_ptr)
-    item, phase = plan_next(plan_ptr, state_ptr, sm, 0)
+def gather_kernel(table_ptr, idx_ptr, out_ptr, BAG: tl.constexpr, DIM: tl.constexpr, plan_ptr, state_ptr,
+                  PLACE: tl.constexpr):
+    sm, t0 = plan_start(plan_ptr, state_ptr, PLACE)
+    item, phase = plan_next(plan_ptr, state_ptr, sm, 0, PLACE)
     n_done = 0
     while item >= 0:
         _bag_sum(table_ptr, idx_ptr, out_ptr, item, BAG, DIM)
         n_done += 1
-        item, phase = plan_next(plan_ptr, state_ptr, sm, phase)
-    plan_finish(plan_ptr, state_ptr, sm, t0, n_done)
+        item, phase = plan_next(plan_ptr, state_ptr, sm, phase, PLACE)
+    plan_finish(plan_ptr, state_ptr, sm, t0, n_done, PLACE)
 
 
 @triton.jit

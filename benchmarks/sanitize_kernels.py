@@ -72,13 +72,13 @@ def optional_kernels(device, topo):
         n = 1000
         total = torch.zeros(16, dtype=torch.int64, device=device)
         count = torch.zeros(n, dtype=torch.int32, device=device)
-        Placement(policy=policy, topology=topo)(lambda grid, plan, state: launch(
-            "placement_demo", backend, grid, total, count, 16, plan, state), n_items=n, device=device)
+        Placement(policy=policy, topology=topo)(lambda grid, plan, state, place: launch(
+            "placement_demo", backend, grid, total, count, 16, plan, state, place), n_items=n, device=device)
         torch.cuda.synchronize(device)
         assert np.all(count.cpu().numpy() == 1)
 
     for backend in ("triton", "cuda"):
-        for policy in ("dynamic", "weighted"):
+        for policy in ("dynamic", "weighted", "partition_queues", "plain"):
             out.append((f"placement_demo[{backend},{policy}]", lambda b=backend, p=policy: placement(b, p)))
     return out
 

@@ -79,7 +79,7 @@ void whereami(at::Tensor lines, at::Tensor idx, at::Tensor out, int64_t n_warm, 
 }
 
 void placement_demo(at::Tensor out, at::Tensor count, int64_t n_out, at::Tensor plan, at::Tensor state,
-                    int64_t grid) {
+                    int64_t place, int64_t grid) {
   const c10::cuda::CUDAGuard guard(out.device());
   check_int64_cuda(out, "out");
   check_int64_cuda(state, "state");
@@ -88,9 +88,32 @@ void placement_demo(at::Tensor out, at::Tensor count, int64_t n_out, at::Tensor 
   TORCH_CHECK(n_out >= 1 && out.numel() >= n_out, "out must hold n_out >= 1 slots, got n_out=", n_out);
   TORCH_CHECK(plan.numel() > PLAN_HEADER && state.numel() > STATE_CURSORS, "plan/state shorter than their headers");
   TORCH_CHECK(grid >= 1, "grid must be >= 1, got ", grid);
+  TORCH_CHECK(place == PLACE_DIRECT || place == PLACE_SHARES || place == PLACE_QUEUES, "unknown placement mode ",
+              place);
   C10_CUDA_CHECK(launch_placement_demo(out.data_ptr<int64_t>(), count.data_ptr<int32_t>(), n_out,
-                                       plan.data_ptr<int32_t>(), state.data_ptr<int64_t>(), grid,
+                                       plan.data_ptr<int32_t>(), state.data_ptr<int64_t>(), place, grid,
                                        c10::cuda::getCurrentCUDAStream()));
+}
+
+void capped_chase(at::Tensor starts, at::Tensor ends, int64_t n_loads, at::Tensor plan, at::Tensor state,
+                  int64_t place, int64_t smem_bytes, int64_t grid) {
+  const c10::cuda::CUDAGuard guard(ends.device());
+  check_int64_cuda(starts, "starts");
+  check_int64_cuda(ends, "ends");
+  check_int64_cuda(state, "state");
+  TORCH_CHECK(plan.is_cuda() && plan.scalar_type() == at::kInt && plan.is_contiguous(), "plan must be CUDA int32");
+  TORCH_CHECK(grid >= 1 && smem_bytes >= 8, "need grid >= 1 and smem_bytes >= 8");
+  TORCH_CHECK(place == CAPPED_PLAIN ? starts.numel() >= grid : plan.numel() >= PLAN_HEADER,
+              "starts shorter than the grid, or plan shorter than its header");
+  C10_CUDA_CHECK(launch_capped_chase(starts.data_ptr<int64_t>(), ends.data_ptr<int64_t>(), n_loads,
+                                     plan.data_ptr<int32_t>(), state.data_ptr<int64_t>(), place, smem_bytes, grid,
+                                     c10::cuda::getCurrentCUDAStream()));
+}
+
+int64_t capped_occupancy(int64_t place, int64_t smem_bytes) {
+  const int64_t blocks = capped_chase_occupancy(place, smem_bytes);
+  TORCH_CHECK(blocks >= 0, "the CUDA occupancy API failed for mode ", place, " with ", smem_bytes, " B shared");
+  return blocks;
 }
 
 }  // namespace
@@ -102,7 +125,11 @@ TORCH_LIBRARY(l2topo, m) {
         "int n_warm, int n_timed, int n_sm, int wave, int timeout_ns, int grid) -> ()");
   m.def("cluster_probe(Tensor(a!) out, int cluster, int smem_bytes, int hold_ns, int grid) -> ()");
   m.def("whereami(Tensor lines, Tensor idx, Tensor(a!) out, int n_warm, int n_timed, int grid) -> ()");
-  m.def("placement_demo(Tensor(a!) out, Tensor(b!) count, int n_out, Tensor plan, Tensor(c!) state, int grid) -> ()");
+  m.def("placement_demo(Tensor(a!) out, Tensor(b!) count, int n_out, Tensor plan, Tensor(c!) state, int place, "
+        "int grid) -> ()");
+  m.def("capped_chase(Tensor starts, Tensor(a!) ends, int n_loads, Tensor plan, Tensor(b!) state, int place, "
+        "int smem_bytes, int grid) -> ()");
+  m.def("capped_occupancy(int place, int smem_bytes) -> int");
 }
 
 TORCH_LIBRARY_IMPL(l2topo, CUDA, m) {
@@ -111,6 +138,11 @@ TORCH_LIBRARY_IMPL(l2topo, CUDA, m) {
   m.impl("cluster_probe", &cluster_probe);
   m.impl("whereami", &whereami);
   m.impl("placement_demo", &placement_demo);
+  m.impl("capped_chase", &capped_chase);
+}
+
+TORCH_LIBRARY_IMPL(l2topo, CompositeExplicitAutograd, m) {
+  m.impl("capped_occupancy", &capped_occupancy);  // no tensor argument: not dispatched by device
 }
 
 }  // namespace l2topo

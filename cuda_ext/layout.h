@@ -21,17 +21,25 @@ constexpr int LINE_BYTES = 128;
 constexpr int LINE_WORDS = LINE_BYTES / 8;
 constexpr int OUT_WORDS = 4;
 
+// ---- placement modes (a kernel's PLACE template parameter) ----
+constexpr int PLACE_DIRECT = 0;
+constexpr int PLACE_SHARES = 1;
+constexpr int PLACE_QUEUES = 2;
+constexpr int PLACE_MODE_MASK = 3;
+
 // ---- placement plan (int32) ----
 constexpr int PLAN_N_SLOTS = 0;
 constexpr int PLAN_N_STATIC = 1;
 constexpr int PLAN_N_TAIL = 2;
 constexpr int PLAN_MAGIC = 3;
 constexpr int PLAN_MODE = 4;
-constexpr int PLAN_HEADER = 5;
+constexpr int PLAN_N_QUEUES = 5;
+constexpr int PLAN_GROUP_QUEUES = 6;
+constexpr int PLAN_CHUNK = 7;
+constexpr int PLAN_HEADER = 8;
 constexpr int PLAN_MAGIC_VALUE = 0x4C32504C;
-constexpr int PLAN_MODE_SHARES = 0;
-constexpr int PLAN_MODE_DIRECT = 1;
 constexpr int PLAN_MAX_SLOTS = 256;
+constexpr int PLAN_MAX_QUEUES = 64;
 
 // ---- placement state (int64) ----
 constexpr int STATE_TAIL = 0;

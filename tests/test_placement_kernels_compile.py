@@ -1,7 +1,9 @@
-"""The placement helpers without a GPU: the Triton checksum kernel compiles for sm_90 at 1 and 4 warps with its
-atomics executed once per program, the CUDA demo compiles without spills, the bounds the host and both
-backends share agree, and the protocol's logic (shares, tail, stealing, the last CTA's reset, statistics, the
-bad-magic error) holds in Triton's interpreter.
+"""The placement helpers without a GPU: in direct mode a kernel built on them compiles to a plain kernel (no
+atomics, no plan loads, no timers: the instructions of the same kernel written without them); in the other
+modes the Triton checksum kernel compiles for sm_90 at 1 and 4 warps with its atomics executed once per
+program; the CUDA demo compiles without spills in every mode; the bounds the host and both backends share
+agree; and the protocol's logic (shares, tail, stealing, queues, the last CTA's reset, statistics, the
+bad-magic and wrong-mode errors) holds in Triton's interpreter.
 
 On CI (CI=true) a missing nvcc or Triton is a failure, not a skip (as in test_kernel_sources.py).
 """
@@ -10,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -26,7 +29,7 @@ def _need(available: bool, what: str):
         pytest.skip(f"{what} not available here")
 
 
-def _checksum_ptx(num_warps: int) -> str:
+def _ptx(fn, sig: dict, constexprs: dict, num_warps: int) -> str:
     try:
         import triton
     except ImportError:
@@ -34,11 +37,95 @@ def _checksum_ptx(num_warps: int) -> str:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    return triton.compile(ASTSource(fn, sig, constexprs), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": num_warps}).asm["ptx"]
+
+
+def _checksum_ptx(num_warps: int, place: int = 1) -> str:
     from torch_l2topo.triton_kernels.placement_demo import checksum_kernel
 
-    sig = dict(out_ptr="*i64", count_ptr="*i32", n_out="i32", plan_ptr="*i32", state_ptr="*i64")
-    return triton.compile(ASTSource(checksum_kernel, sig, {}), target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": num_warps}).asm["ptx"]
+    sig = dict(out_ptr="*i64", count_ptr="*i32", n_out="i32", plan_ptr="*i32", state_ptr="*i64", PLACE="constexpr")
+    return _ptx(checksum_kernel, sig, {"PLACE": place}, num_warps)
+
+
+def _instructions(ptx: str) -> list:
+    """The PTX instruction opcodes in order (no registers, labels, comments or debug info)."""
+    return [m.group(1) for m in re.finditer(r"^\s*(?:@!?%p\d+\s+)?([a-z][\w.:]*)\s", ptx, re.M)
+            if not m.group(1).startswith((".loc", ".file", ".reg", ".param"))]
+
+
+# The same chase kernel with the helpers (direct mode) and without them: in direct mode the helpers must leave
+# nothing behind but the kernel itself (issue: the direct mode once ran ~1,900 PTX lines and 49 registers
+# where the plain kernel ran ~220 and 10, and cost 1-58% over it).
+_CHASE_SRC = """
+import triton
+import triton.language as tl
+from torch_l2topo.triton_kernels.placement import plan_finish, plan_next, plan_start
+from torch_l2topo.triton_kernels.protocol import chase
+
+
+@triton.jit
+def with_helpers(starts_ptr, ends_ptr, n_loads, plan_ptr, state_ptr, PLACE: tl.constexpr):
+    sm, t0 = plan_start(plan_ptr, state_ptr, PLACE)
+    item, phase = plan_next(plan_ptr, state_ptr, sm, 0, PLACE)
+    n_done = 0
+    while item >= 0:
+        p = tl.load(starts_ptr + item)
+        for _ in range(n_loads):
+            p = chase(p)
+        tl.store(ends_ptr + item, p)
+        n_done += 1
+        item, phase = plan_next(plan_ptr, state_ptr, sm, phase, PLACE)
+    plan_finish(plan_ptr, state_ptr, sm, t0, n_done, PLACE)
+
+
+@triton.jit
+def without_helpers(starts_ptr, ends_ptr, n_loads):
+    item = tl.program_id(0).to(tl.int64)
+    p = tl.load(starts_ptr + item)
+    for _ in range(n_loads):
+        p = chase(p)
+    tl.store(ends_ptr + item, p)
+"""
+
+
+def _chase_kernels(tmp_path):
+    import importlib.util
+
+    path = tmp_path / "chase_kernels.py"  # @triton.jit needs the source in a file
+    path.write_text(_CHASE_SRC)
+    spec = importlib.util.spec_from_file_location("chase_kernels", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("num_warps", [1, 4])
+def test_direct_mode_compiles_to_the_plain_kernel(tmp_path, num_warps):
+    pytest.importorskip("triton")
+    from torch_l2topo.layout import PLACE_DIRECT
+
+    mod = _chase_kernels(tmp_path)
+    helped = _ptx(mod.with_helpers, dict(starts_ptr="*i64", ends_ptr="*i64", n_loads="i32", plan_ptr="*i32",
+                                         state_ptr="*i64", PLACE="constexpr"), {"PLACE": PLACE_DIRECT}, num_warps)
+    plain = _ptx(mod.without_helpers, dict(starts_ptr="*i64", ends_ptr="*i64", n_loads="i32"), {}, num_warps)
+    for needle in ("atom.", "red.", "%smid", "%globaltimer", "bar.sync"):
+        assert needle not in helped, needle
+    # the plan and state pointers are never read: no load from params 3 and 4
+    assert not re.search(r"ld\.param\.\w+\s+%\w+,\s*\[with_helpers_param_[34]\]", helped)
+    # the instructions of the kernel written without the helpers, up to order and a duplicated epilogue: LLVM
+    # unswitches the item loop (it runs once) and emits the final store on both sides of `n_loads < 1`
+    ours, theirs = Counter(_instructions(helped)), Counter(_instructions(plain))
+    assert not theirs - ours and set(ours) - set(theirs) <= {"bra.uni"}, (ours - theirs, theirs - ours)
+    assert sum((ours - theirs).values()) <= 6, ours - theirs
+
+
+def test_the_other_modes_are_not_compiled_in():
+    shares, queues = _checksum_ptx(1, 1), _checksum_ptx(1, 2)
+    # shares mode: no queue scan (the queues' packing shifts by 56); queues mode: no FINISHED reset (acq_rel)
+    assert "acq_rel" in shares and "acq_rel" not in queues
+    assert not re.search(r"shr\.\w+\s+%\w+,\s*%\w+,\s*56;", shares)
+    assert re.search(r"shl\.b64\s+%\w+,\s*%\w+,\s*56;", queues)
 
 
 def _definitions(ptx: str) -> dict:
@@ -65,17 +152,18 @@ def _from_thread_id(reg: str, defs: dict, seen: set) -> bool:
     return False
 
 
-@pytest.mark.parametrize("num_warps", [1, 4])
-def test_triton_checksum_kernel_compiles_with_scalar_atomics(num_warps):
-    ptx = _checksum_ptx(num_warps)
+@pytest.mark.parametrize("num_warps, place", [(1, 1), (4, 1), (4, 2)])
+def test_triton_checksum_kernel_compiles_with_scalar_atomics(num_warps, place):
+    ptx = _checksum_ptx(num_warps, place)
     for needle in ("atom.global", ".add.", "%smid", "%globaltimer"):
         assert needle in ptx, needle
-    assert "atom.global.gpu.acq_rel.add" in ptx  # the FINISHED count orders every claim before the reset
+    if place == 1:
+        assert "atom.global.gpu.acq_rel.add" in ptx  # the FINISHED count orders every claim before the reset
     defs = _definitions(ptx)
     atomics = [line for line in ptx.splitlines() if ATOMIC.match(line)]
-    # claims (share, tail, steal, in both inlined copies of plan_next), error flag, statistics, FINISHED, and
-    # the kernel's own two adds
-    assert len(atomics) >= 8, atomics
+    # shares: claims (share, tail, steal, in both inlined copies of plan_next), error flag, statistics,
+    # FINISHED; queues: claims, error flag; and the kernel's own two adds
+    assert len(atomics) >= (8 if place == 1 else 4), atomics
     for line in atomics:
         # Executed once per program: predicated on a test `tid-derived value == 0`.
         pred = re.match(r"\s*@(%p\d+)\s", line)
@@ -104,13 +192,16 @@ def _nvcc():
     return nvcc
 
 
-def test_cuda_placement_demo_compiles_for_sm90_without_spills(tmp_path):
+def test_cuda_placement_demo_compiles_for_sm90_without_spills_in_every_mode(tmp_path):
     out = subprocess.run([_nvcc(), "-arch=sm_90", "-O3", "-Xptxas", "-v", "-I", str(ROOT / "cuda_ext"), "-c",
                           str(ROOT / "cuda_ext" / "placement_demo.cu"), "-o", str(tmp_path / "k.o")],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert "placement_demo_kernel" in out.stderr and " spill stores" in out.stderr
+    assert out.stderr.count("Compiling entry function '_ZN6l2topo21placement_demo_kernelILi") == 3, out.stderr
     assert not re.search(r"[1-9]\d* bytes spill (stores|loads)", out.stderr), out.stderr
+    # direct mode (template argument 0) has no barrier: no claim to broadcast
+    direct = out.stderr.split("placement_demo_kernelILi0E")[1].split("Compiling entry")[0]
+    assert "used 0 barriers" in direct or "barriers" not in direct, direct
 
 
 def test_cuda_placement_demo_ptx_reads_cursors_from_l2_and_orders_the_reset(tmp_path):
@@ -143,17 +234,21 @@ def test_the_usage_pattern_compiles_in_a_users_cuda_kernel(tmp_path):
     src = tmp_path / "user.cu"
     src.write_text('''#include "protocol.cuh"
 #include "placement.cuh"
+template <int PLACE>
 __global__ void user(const float* x, float* out, const int32_t* plan, int64_t* state) {
-  const l2topo::PlanCta cta = l2topo::plan_start(plan, state);
-  l2topo::PlanItem next = l2topo::plan_next(plan, state, cta.sm, l2topo::PHASE_SHARE);
+  const l2topo::PlanCta cta = l2topo::plan_start<PLACE>(plan, state);
+  l2topo::PlanItem next = l2topo::plan_next<PLACE>(plan, state, cta.sm, 0);
   int64_t n_done = 0;
   while (next.item >= 0) {
     out[next.item * blockDim.x * blockDim.y + threadIdx.y * blockDim.x + threadIdx.x] = 2 * x[next.item];
     ++n_done;
-    next = l2topo::plan_next(plan, state, cta.sm, next.phase);
+    next = l2topo::plan_next<PLACE>(plan, state, cta.sm, next.phase);
   }
-  l2topo::plan_finish(plan, state, cta.sm, cta.t0, n_done);
+  l2topo::plan_finish<PLACE>(plan, state, cta.sm, cta.t0, n_done);
 }
+template __global__ void user<l2topo::PLACE_DIRECT>(const float*, float*, const int32_t*, int64_t*);
+template __global__ void user<l2topo::PLACE_SHARES>(const float*, float*, const int32_t*, int64_t*);
+template __global__ void user<l2topo::PLACE_QUEUES>(const float*, float*, const int32_t*, int64_t*);
 ''')
     out = subprocess.run([_nvcc(), "-arch=sm_90", "-I", str(ROOT / "cuda_ext"), "-c", str(src), "-o",
                           str(tmp_path / "user.o")], capture_output=True, text=True, timeout=300)
@@ -182,17 +277,21 @@ INTERP_CASES = [  # policy, n_items, grid, launches
     ("uniform", 37, 2, 1),                # slots 2, 3 have no program: their shares are stolen
     ("dynamic", 1, 3, 1),
     ("uniform", 0, INTERP_SMS, 1),
+    ("partition_queues", 37, 37, 2),      # one program per item, classes spread over both sides' queues
+    ("partition_queues", 37, 3, 1),       # fewer programs than items: they keep claiming until all is done
+    ("plain", 37, 37, 2),
 ]
 
 
 def _interpreter_main():
     global tl  # @triton.jit functions see module globals only
+    import numpy as np
     import torch
     import triton
     import triton.language as tl
 
     from torch_l2topo import layout
-    from torch_l2topo.placement.plans import SpeedModel, Workload, make_plan
+    from torch_l2topo.placement.plans import POLICY_TABLE, SpeedModel, Workload, make_plan
     from torch_l2topo.triton_kernels import placement, placement_demo
 
     @triton.jit
@@ -205,30 +304,47 @@ def _interpreter_main():
 
     placement.sm_id, placement.global_ns = stand_in_sm_id, stand_in_ns
     n_out = 5
-    for policy, n, grid, launches in INTERP_CASES + [("corrupt", 37, INTERP_SMS, 1)]:
-        plan = make_plan("weighted" if policy == "corrupt" else policy, SpeedModel.uniform(INTERP_SMS), Workload(n))
+    # two sides: SMs 0, 2 near partition 0, SMs 1, 3 near partition 1 (near 1, far 2, unknown home 1.5)
+    side = np.arange(INTERP_SMS) % 2
+    cost = np.full((INTERP_SMS, 3), 1.5)
+    cost[np.arange(INTERP_SMS), side], cost[np.arange(INTERP_SMS), 1 - side] = 1.0, 2.0
+    speeds = SpeedModel(cost, side, "interpreter")
+    for policy, n, grid, launches in INTERP_CASES + [("corrupt", 37, INTERP_SMS, 1), ("wrong mode", 37, 4, 1)]:
+        built = {"corrupt": "weighted", "wrong mode": "partition_queues"}.get(policy, policy)
+        plan = make_plan(built, speeds, Workload(n, np.arange(n) % 3))
         words = torch.from_numpy(plan.to_array().copy())
+        place = POLICY_TABLE[built].mode if policy != "wrong mode" else layout.PLACE_SHARES
         if policy == "corrupt":
             words[layout.PLAN_MAGIC] = 0
         state = torch.zeros(layout.state_words(INTERP_SMS), dtype=torch.int64)
         out, count = torch.zeros(n_out, dtype=torch.int64), torch.zeros(max(n, 1), dtype=torch.int32)
         for _ in range(launches):
-            placement_demo.checksum_kernel[(grid,)](out, count, n_out, words, state)
+            if plan.mode == layout.PLACE_QUEUES:  # what PlanSlot.prepare does before every launch
+                state[layout.STATE_CURSORS:layout.STATE_CURSORS + plan.n_queues] = 0
+            placement_demo.checksum_kernel[(grid,)](out, count, n_out, words, state, place)
         s = state.numpy()
         stats = s[layout.stat_offset(0, INTERP_SMS):].reshape(layout.N_STATS, INTERP_SMS)
         on_slots = sum(1 for pid in range(grid) if pid % KNOWN_SMS < INTERP_SMS)
         fixed = s[:layout.STATE_CURSORS + INTERP_SMS]
-        if policy == "corrupt":
+        if policy in ("corrupt", "wrong mode"):
             assert count.sum() == 0 and out.sum() == 0, policy
             assert s[layout.STATE_ERROR] == 1 and stats.sum() == 0, s
             assert s[layout.STATE_TAIL] == 0 and s[layout.STATE_FINISHED] == 0, s
             continue
         assert (count.numpy()[:n] == launches).all(), (policy, count)
         assert (out.numpy() == launches * placement_demo.checksum_reference(n, n_out)).all(), policy
-        assert not fixed.any(), (policy, fixed)  # the last program out left tail, count and cursors at zero
-        assert stats[layout.STAT_CTAS].sum() == launches * on_slots, (policy, stats)
-        assert stats[layout.STAT_ITEMS].sum() <= launches * n, (policy, stats)  # items on unknown SMs: not counted
-        assert (stats[layout.STAT_BUSY_NS] == 0).all(), stats  # the stand-in clock stands still
+        if plan.mode == layout.PLACE_SHARES:
+            assert not fixed.any(), (policy, fixed)  # the last program out left tail, count and cursors at zero
+            assert stats[layout.STAT_CTAS].sum() == launches * on_slots, (policy, stats)
+            assert stats[layout.STAT_ITEMS].sum() <= launches * n, (policy, stats)  # unknown SMs: not counted
+            assert (stats[layout.STAT_BUSY_NS] == 0).all(), stats  # the stand-in clock stands still
+        else:
+            assert not stats.any() and not s[layout.STATE_ERROR], (policy, s)  # no statistics, no error
+        if policy == "partition_queues" and grid == n:
+            # sequential programs each claim from their SM's home queue first: program p (on SM p % 5; SM 4
+            # is unknown and starts at queue 0) gets an item of its own side until that side runs out
+            cursors = s[layout.STATE_CURSORS:layout.STATE_CURSORS + plan.n_queues]
+            assert (cursors >= np.diff(plan.offsets)).all(), cursors  # every queue drained
     print("interpreter protocol ok")
 
 

@@ -7,10 +7,21 @@ import numpy as np
 import pytest
 
 import torch_l2topo
-from torch_l2topo.layout import PLAN_HEADER, PLAN_MAGIC, PLAN_MODE, PLAN_MODE_DIRECT, PLAN_MODE_SHARES, plan_words
+from torch_l2topo.layout import (
+    PLACE_DIRECT,
+    PLACE_QUEUES,
+    PLACE_SHARES,
+    PLAN_HEADER,
+    PLAN_MAGIC,
+    PLAN_MAX_QUEUES,
+    PLAN_MODE,
+    PLAN_N_QUEUES,
+)
 from torch_l2topo.placement.plans import (
     DEFAULT_TAIL_FRACTION,
     POLICIES,
+    POLICY_TABLE,
+    QUEUE_SMS,
     Plan,
     SpeedModel,
     Workload,
@@ -19,6 +30,8 @@ from torch_l2topo.placement.plans import (
     make_plan,
     predict,
 )
+
+SHARES_POLICIES = tuple(p for p in POLICIES if POLICY_TABLE[p].mode == PLACE_SHARES)
 
 
 def two_partition_model(n_sm, near=280.0, far=312.0, spread=0.04, seed=0):
@@ -85,15 +98,19 @@ def test_every_policy_covers_every_item_once(n_sm, mix):
             plan.validate(n)
             assert plan.n_slots == n_sm and np.isfinite(plan.predicted_makespan)
             back = Plan.from_array(plan.to_array(), policy)
+            assert back.mode == plan.mode == POLICY_TABLE[policy].mode and back.n_items == n
             for name in ("offsets", "items", "tail"):
                 np.testing.assert_array_equal(getattr(back, name), getattr(plan, name))
+            if plan.mode == PLACE_QUEUES:
+                np.testing.assert_array_equal(back.home_queue, plan.home_queue)
 
 
 def test_device_array_layout_and_rejections():
     plan = make_plan("uniform", two_partition_model(4), Workload(10), tail_fraction=0.2)
     a = plan.to_array()
-    assert a.dtype == np.int32 and len(a) == plan_words(4, len(plan.items), len(plan.tail))
+    assert a.dtype == np.int32 and len(a) == PLAN_HEADER + 4 + 1 + len(plan.items) + len(plan.tail)
     assert a[:3].tolist() == [4, 8, 2] and a[PLAN_HEADER:PLAN_HEADER + 5].tolist() == plan.offsets.tolist()
+    assert a[PLAN_MODE] == PLACE_SHARES
     bad = a.copy()
     bad[PLAN_MAGIC] = 0
     with pytest.raises(ValueError, match="magic"):
@@ -110,22 +127,81 @@ def test_device_array_layout_and_rejections():
         Plan("uniform", 1, [0, 1], [2**31], []).to_array()
 
 
-def test_a_plain_plan_runs_in_direct_mode():
+def test_a_plain_plan_runs_in_direct_mode_and_holds_no_items():
     speeds = two_partition_model(4)
-    plan = make_plan("plain", speeds, Workload(10))
-    assert plan.direct and len(plan.items) == 0 and plan.tail.tolist() == list(range(10))
+    plan = make_plan("plain", speeds, Workload(10**6))
+    assert plan.direct and len(plan.items) == len(plan.tail) == 0 and plan.n_items == 10**6
     a = plan.to_array()
-    assert a[PLAN_MODE] == PLAN_MODE_DIRECT
+    assert a[PLAN_MODE] == PLACE_DIRECT and len(a) == PLAN_HEADER  # a header: the device reads nothing else
     back = Plan.from_array(a)
-    assert back.policy == "plain" and back.direct and back.tail.tolist() == list(range(10))
-    assert make_plan("dynamic", speeds, Workload(10)).to_array()[PLAN_MODE] == PLAN_MODE_SHARES
-    with pytest.raises(ValueError, match="direct-mode"):
-        Plan("plain", 2, [0, 1, 1], [3], [0, 1, 2])
-    with pytest.raises(ValueError, match="direct-mode"):
-        Plan("plain", 2, [0, 0, 0], [], [1, 0])
+    assert back.direct and back.n_items == 10**6
+    back.validate(10**6)
+    with pytest.raises(ValueError, match="direct plan is for"):
+        back.validate(10)
+    with pytest.raises(ValueError, match="direct-mode plan holds no items"):
+        Plan("plain", 2, [0], [3], [], mode=PLACE_DIRECT)
     a[PLAN_MODE] = 7
     with pytest.raises(ValueError, match="mode"):
         Plan.from_array(a)
+
+
+def test_queue_plans_keep_each_partition_in_its_own_queues():
+    speeds = two_partition_model(132)
+    n = 132 * 16
+    classes = np.random.default_rng(1).integers(0, 3, n)
+    plan = make_plan("partition_queues", speeds, Workload(n, classes), chunk=4)
+    assert plan.mode == PLACE_QUEUES and plan.chunk == 4 and not len(plan.tail)
+    width = plan.group_queues
+    assert width == round(66 / QUEUE_SMS) and plan.n_queues == 2 * width  # ~one queue per 8 SMs of a side
+    for q in range(plan.n_queues):
+        assert set(classes[plan.share(q)]) <= {q // width, 2}  # a queue of side g: its items and unknown ones
+    # every SM is homed in a queue of its own side, and the SMs of a side spread evenly over its queues
+    assert (plan.home_queue // width == speeds.partition).all()
+    assert np.ptp(np.bincount(plan.home_queue)) <= 1
+    # a program's order: its queue, its side's other queues, then the other side's (as the device does)
+    order = plan.queue_order(width + 2)
+    assert order[0] == width + 2 and set(order[:width]) == set(range(width, 2 * width)) \
+        and set(order[width:]) == set(range(width)) and sorted(order) == list(range(2 * width))
+    assert plan.to_array()[PLAN_N_QUEUES] == plan.n_queues
+
+
+def test_queue_plans_of_one_side_or_unknown_homes_still_cover_everything():
+    one_side = SpeedModel(np.full((5, 3), 300.0), np.zeros(5, int), "synthetic")
+    plan = make_plan("partition_queues", one_side, Workload(50, np.arange(50) % 3))
+    plan.validate(50)
+    assert plan.n_queues == plan.group_queues == 1  # one group: every SM, every item
+    undecided = SpeedModel.uniform(3)
+    make_plan("partition_queues", undecided, Workload(7)).validate(7)
+
+
+def test_queue_predictions_match_hand_computed_schedules():
+    # Two SMs (0 near side 0, 1 near side 1), near 1, far 3 per load; items 0-3 on side 0, item 4 on side 1,
+    # one queue per side. By hand, the earliest free SM first (ties: lower id): t=0: SM0 takes 0 (ends 1), SM1
+    # takes 4 (ends 1); t=1: SM0 takes 1 (ends 2), SM1's queue is empty, it takes 2 from side 0 (far: ends 4);
+    # t=2: SM0 takes 3 (ends 3); then nothing is left. Makespan 4; SM0 did 3 items, SM1 2.
+    speeds = SpeedModel(np.array([[1.0, 3.0, 2.0], [3.0, 1.0, 2.0]]), np.array([0, 1]), "hand")
+    work = Workload(5, np.array([0, 0, 0, 0, 1]))
+    plan = make_plan("partition_queues", speeds, work)
+    assert plan.n_queues == 2 and plan.share(0).tolist() == [0, 1, 2, 3] and plan.share(1).tolist() == [4]
+    makespan, done = predict(plan, speeds, work, return_counts=True)
+    assert makespan == 4.0 and done.tolist() == [3, 2]
+    # chunks of 2: SM0 takes [0, 1] (ends 2), SM1 [4] (1); t=1: SM1 takes [2, 3] far (7); makespan 7
+    makespan, done = predict(make_plan("partition_queues", speeds, work, chunk=2), speeds, work, return_counts=True)
+    assert makespan == 7.0 and done.tolist() == [2, 3]
+
+
+def test_queue_plan_rejections():
+    speeds = two_partition_model(4)
+    with pytest.raises(ValueError, match="chunk"):
+        make_plan("partition_queues", speeds, Workload(10), chunk=0)
+    with pytest.raises(ValueError, match="home_queue"):
+        Plan("partition_queues", 4, [0, 5, 10], np.arange(10), [], mode=PLACE_QUEUES, home_queue=[0, 1, 2, 0])
+    with pytest.raises(ValueError, match="groups of"):
+        Plan("partition_queues", 4, [0, 5, 10], np.arange(10), [], mode=PLACE_QUEUES, home_queue=[0, 1, 0, 1],
+             group_queues=3)
+    with pytest.raises(ValueError, match=f"1..{PLAN_MAX_QUEUES} queues"):
+        n = PLAN_MAX_QUEUES + 1
+        Plan("partition_queues", 4, np.arange(n + 1), np.arange(n), [], mode=PLACE_QUEUES, home_queue=[0] * 4)
 
 
 def test_validate_names_missing_and_duplicated_items():
@@ -225,12 +301,14 @@ def test_predict_matches_a_naive_simulation_of_the_protocol(n_sm, claim):
     workload = Workload(400, rng.integers(0, 3, 400), rng.uniform(1, 5, 400))
     available = rng.random(n_sm) < 0.7
     available[0] = True
-    for policy in POLICIES:
+    for policy in SHARES_POLICIES + ("plain",):
         for tail_fraction in (0.0, 0.2):
             plan = plan_of(policy, speeds, workload, tail_fraction=tail_fraction)
+            # plain: the hardware's queue is a dynamic plan without a claim cost
+            ref = plan_of("dynamic", speeds, workload) if plan.direct else plan
             for mask in (None, available):
                 got, counts = predict(plan, speeds, workload, available=mask, claim_cycles=claim, return_counts=True)
-                want, want_counts = reference_makespan(plan, speeds, workload, mask, claim)
+                want, want_counts = reference_makespan(ref, speeds, workload, mask, 0.0 if plan.direct else claim)
                 assert got == pytest.approx(want, rel=1e-9), (policy, tail_fraction, mask is None)
                 np.testing.assert_array_equal(counts, want_counts)
 
@@ -239,7 +317,7 @@ def test_predict_matches_a_naive_simulation_of_the_protocol(n_sm, claim):
 def test_predict_breaks_ties_like_the_protocol(n_sm):
     speeds = SpeedModel.uniform(n_sm)  # integer costs: every claim ties
     mask = np.arange(n_sm) % 3 != 1
-    for policy in POLICIES:
+    for policy in SHARES_POLICIES:
         plan = plan_of(policy, speeds, Workload(1000), tail_fraction=0.1)
         got = predict(plan, speeds, Workload(1000), available=mask, claim_cycles=1.0, return_counts=True)
         want = reference_makespan(plan, speeds, Workload(1000), mask, 1.0)
@@ -357,7 +435,7 @@ def test_workload_helpers_and_validation():
 
 def test_make_plan_argument_errors():
     speeds, workload = SpeedModel.uniform(8), Workload(100)
-    with pytest.raises(ValueError, match="policy must be one of uniform, dynamic, weighted, fastest"):
+    with pytest.raises(ValueError, match="policy must be one of plain, partition_queues, dynamic"):
         make_plan("auto", speeds, workload)
     for k in (None, 0, 9):
         with pytest.raises(ValueError, match=r"'fastest' needs k.*1\.\.8"):

@@ -1,22 +1,16 @@
 """@sm_aware and the placement launcher without a GPU: kernels written without the helpers are refused at
-decoration, the policy choice on recorded-style timings, the auto trial flow, the plan tensor's
-growth/capture rule, and the refusal of a calibration of another GPU."""
+decoration, the auto trial flow (candidates, events read without waiting, the decision), the plan tensor's
+growth/capture rule, and the refusal of a calibration of another GPU. The choice rule itself is
+tests/test_choice.py's."""
 import numpy as np
 import pytest
 
-from torch_l2topo import PlacementError, load_example
+from torch_l2topo import DeviceError, PlacementError, load_example
 from torch_l2topo.device import DeviceInfo
+from torch_l2topo.placement import sm_aware as sa
+from torch_l2topo.placement.choice import Candidate, trial_schedule
 from torch_l2topo.placement.slots import MAX_SLOTS, PlanSlot, check_topology, plan_capacity
-from torch_l2topo.placement.sm_aware import (
-    DEFAULT_CANDIDATES,
-    HIGH_PARALLELISM,
-    Placement,
-    WorkloadKey,
-    candidate_policies,
-    choose_policy,
-    trial_schedule,
-    workload_key,
-)
+from torch_l2topo.placement.sm_aware import Placement, WorkloadKey, workload_key
 
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
@@ -26,15 +20,15 @@ from torch_l2topo.triton_kernels.placement import plan_finish, plan_next, plan_s
 
 # ---- decoration ---------------------------------------------------------------------------------------------
 @triton.jit
-def good_kernel(out_ptr, plan_ptr, state_ptr):
-    sm, t0 = plan_start(plan_ptr, state_ptr)
-    item, phase = plan_next(plan_ptr, state_ptr, sm, 0)
+def good_kernel(out_ptr, plan_ptr, state_ptr, PLACE: tl.constexpr):
+    sm, t0 = plan_start(plan_ptr, state_ptr, PLACE)
+    item, phase = plan_next(plan_ptr, state_ptr, sm, 0, PLACE)
     n_done = 0
     while item >= 0:
         tl.store(out_ptr + item, 1)
         n_done += 1
-        item, phase = plan_next(plan_ptr, state_ptr, sm, phase)
-    plan_finish(plan_ptr, state_ptr, sm, t0, n_done)
+        item, phase = plan_next(plan_ptr, state_ptr, sm, phase, PLACE)
+    plan_finish(plan_ptr, state_ptr, sm, t0, n_done, PLACE)
 
 
 @triton.jit
@@ -43,35 +37,40 @@ def no_plan_args(out_ptr, n):
 
 
 @triton.jit
-def plan_args_not_last(plan_ptr, state_ptr, out_ptr):
-    sm, t0 = plan_start(plan_ptr, state_ptr)
-    item, phase = plan_next(plan_ptr, state_ptr, sm, 0)
-    plan_finish(plan_ptr, state_ptr, sm, t0, 0)
+def plan_args_not_last(plan_ptr, state_ptr, PLACE: tl.constexpr, out_ptr):
+    sm, t0 = plan_start(plan_ptr, state_ptr, PLACE)
+    item, phase = plan_next(plan_ptr, state_ptr, sm, 0, PLACE)
+    plan_finish(plan_ptr, state_ptr, sm, t0, 0, PLACE)
 
 
 @triton.jit
-def no_helpers(out_ptr, plan_ptr, state_ptr):
+def no_place(out_ptr, plan_ptr, state_ptr):
+    tl.store(out_ptr + tl.program_id(0), tl.load(plan_ptr))
+
+
+@triton.jit
+def no_helpers(out_ptr, plan_ptr, state_ptr, PLACE: tl.constexpr):
     # takes the plan tensors but strides over program ids: plan_start/plan_next/plan_finish never called
     tl.store(out_ptr + tl.program_id(0), tl.load(plan_ptr))
 
 
 @triton.jit
-def no_finish(out_ptr, plan_ptr, state_ptr):
-    sm, t0 = plan_start(plan_ptr, state_ptr)
-    item, phase = plan_next(plan_ptr, state_ptr, sm, 0)
+def no_finish(out_ptr, plan_ptr, state_ptr, PLACE: tl.constexpr):
+    sm, t0 = plan_start(plan_ptr, state_ptr, PLACE)
+    item, phase = plan_next(plan_ptr, state_ptr, sm, 0, PLACE)
     tl.store(out_ptr + item, 1)
 
 
 def test_a_kernel_built_on_the_helpers_is_accepted_bare_and_with_options():
     bare = sm_aware(good_kernel)
-    assert bare.fn is good_kernel and bare.policy == "auto" and bare.ctas_per_sm == 1
-    assert bare.occupancy == 4  # 1 CTA x Triton's default 4 warps
+    assert bare.fn is good_kernel and bare.policy == "auto" and bare.ctas_per_sm is None and bare.num_warps == 4
     tuned = sm_aware(policy="dynamic", ctas_per_sm=2, num_warps=8)(good_kernel)
-    assert tuned.policy == "dynamic" and tuned.num_warps == 8 and tuned.occupancy == 16
+    assert tuned.policy == "dynamic" and tuned.num_warps == 8 and tuned.ctas_per_sm == 2
 
 
 @pytest.mark.parametrize("fn, needle", [(no_plan_args, "plan_ptr, state_ptr"),
                                         (plan_args_not_last, "plan_ptr, state_ptr"),
+                                        (no_place, "PLACE"),
                                         (no_helpers, "plan_start, plan_next, plan_finish"),
                                         (no_finish, "plan_finish")])
 def test_a_kernel_without_the_helpers_gets_a_clear_error(fn, needle):
@@ -94,6 +93,17 @@ def test_options_are_checked_at_decoration():
         sm_aware(ctas_per_sm=0)(good_kernel)
     with pytest.raises(ValueError, match="candidate"):
         sm_aware(candidates=("dynamic", "nope"))(good_kernel)
+    with pytest.raises(ValueError, match="persistent policies only"):
+        sm_aware(policy="plain", ctas_per_sm=2)(good_kernel)
+    with pytest.raises(ValueError, match="chunk"):
+        sm_aware(chunk=0)(good_kernel)
+
+
+def test_a_call_without_a_cuda_tensor_is_a_device_error():
+    import torch
+
+    with pytest.raises(DeviceError, match="runs on a CUDA GPU"):
+        sm_aware(good_kernel)(torch.zeros(3), n_items=3)
 
 
 def test_a_call_inside_torch_compile_is_a_graph_break_that_still_launches(monkeypatch):
@@ -101,6 +111,7 @@ def test_a_call_inside_torch_compile_is_a_graph_break_that_still_launches(monkey
 
     calls = []
     monkeypatch.setattr(Placement, "__call__", lambda self, launch, **kw: calls.append(kw))
+    monkeypatch.setattr(sa, "cuda_device_of", lambda args, name: "cuda:0")
     kernel = sm_aware(policy="dynamic")(good_kernel)
 
     @torch.compile(backend="eager")
@@ -112,74 +123,7 @@ def test_a_call_inside_torch_compile_is_a_graph_break_that_still_launches(monkey
     assert calls and calls[0]["n_items"] == 7
 
 
-# ---- the policy choice --------------------------------------------------------------------------------------
-def test_a_clear_winner_beyond_tolerance_is_chosen():
-    timings = {"dynamic": [1.00, 1.02, 0.99], "weighted": [0.90, 0.91, 0.95], "uniform": [1.10, 1.2, 1.05]}
-    assert choose_policy(timings, 0.01) == "weighted"
-
-
-def test_within_tolerance_dynamic_is_kept():
-    timings = {"dynamic": [1.00, 1.01, 1.00], "weighted": [0.995, 0.996, 0.999]}
-    assert choose_policy(timings, 0.01) == "dynamic"
-    assert choose_policy(timings, 0.0) == "weighted"
-
-
-def test_the_median_decides_not_one_lucky_trial():
-    timings = {"dynamic": [1.0, 1.0, 1.0], "partition_affine": [0.5, 1.3, 1.2]}
-    assert choose_policy(timings, 0.01) == "dynamic"
-
-
-def test_a_noisy_winner_is_not_trusted():
-    """Shaped like the H200 gather at 64 warps/SM: a candidate whose median wins but whose spread reaches
-    past dynamic's median is not chosen."""
-    timings = {"dynamic": [0.191, 0.190, 0.193, 0.189, 0.192], "measured": [0.175, 0.181, 0.178, 0.24, 0.26]}
-    assert choose_policy(timings, 0.01) == "dynamic"
-    timings["measured"] = [0.175, 0.181, 0.178, 0.180, 0.182]
-    assert choose_policy(timings, 0.01) == "measured"
-
-
-def test_without_dynamic_the_fastest_wins_and_untimed_candidates_are_ignored():
-    assert choose_policy({"uniform": [2.0], "weighted": [1.5], "measured": []}, 0.01) == "weighted"
-
-
-def test_no_timings_is_an_error():
-    with pytest.raises(ValueError, match="at least one"):
-        choose_policy({}, 0.01)
-    with pytest.raises(ValueError, match="at least one"):
-        choose_policy({"dynamic": [], "weighted": []}, 0.01)
-
-
-def test_affinity_candidates_need_classes_and_low_parallelism():
-    with_classes = candidate_policies(DEFAULT_CANDIDATES, True, 4)
-    assert with_classes[0] == "dynamic" and "partition_affine" in with_classes and "affine_weighted" in with_classes
-    for has_classes, parallelism in ((False, 4), (True, HIGH_PARALLELISM), (True, 64)):
-        got = candidate_policies(DEFAULT_CANDIDATES, has_classes, parallelism)
-        assert got[0] == "dynamic" and not {"partition_affine", "affine_weighted"} & set(got), got
-    assert candidate_policies(("weighted",), False, None) == ("dynamic", "weighted")  # dynamic is the reference
-
-
-def test_plain_is_always_a_candidate_and_launches_one_cta_per_item():
-    for has_classes, parallelism in ((False, 4), (True, HIGH_PARALLELISM)):
-        assert "plain" in candidate_policies(DEFAULT_CANDIDATES, has_classes, parallelism)
-    p = Placement(policy="plain")
-    assert p.grid(n_items=1000) == 1000 and p.grid(n_items=0) == 1
-    assert Placement().grid(policy="plain", n_items=7) == 7
-    with pytest.raises(ValueError, match="n_items"):
-        p.grid()
-
-
-def test_declared_occupancy_and_mlp_decide_the_parallelism():
-    assert Placement(occupancy=2, mlp=8)._parallelism() == 16
-    assert sm_aware(good_kernel)._parallelism() == 4  # 1 CTA x 4 warps, one load each
-    assert sm_aware(occupancy=64)(good_kernel)._parallelism() == 64
-
-
-def test_trials_are_interleaved_after_one_untimed_round():
-    schedule = trial_schedule(("dynamic", "weighted"), 2)
-    assert schedule == [("dynamic", False), ("weighted", False), ("dynamic", True), ("weighted", True),
-                        ("dynamic", True), ("weighted", True)]
-
-
+# ---- the auto trial flow -------------------------------------------------------------------------------------
 class _Event:
     """A CUDA event stand-in: done or not, and the ms from a start event."""
 
@@ -193,28 +137,57 @@ class _Event:
         return end.ms
 
 
-def test_auto_reads_only_completed_events_and_decides_once_all_are_in():
-    p = Placement(policy="auto", trials=2, candidates=("dynamic", "weighted"))
-    key = workload_key(100)
-    entry = p._entry(0, key, 100, None, 1.0)
-    assert [p._next_policy(entry) for _ in range(6)] == trial_schedule(("dynamic", "weighted"), 2)
-    assert p._next_policy(entry) == ("dynamic", False)  # trials done, events not read: plain dynamic
-    entry.pending = [("dynamic", _Event(True), _Event(True, 1.0)), ("weighted", _Event(True), _Event(True, 0.8)),
-                     ("dynamic", _Event(True), _Event(True, 1.0)), ("weighted", _Event(False), _Event(False))]
-    p._read_timings(key, entry)
+def _h200(monkeypatch, p):
+    """Placement p on a stand-in device 0 with the bundled H200 calibration (no GPU needed for the flow)."""
+    from torch_l2topo import device
+    from torch_l2topo.placement.plans import SpeedModel
+
+    monkeypatch.setattr(device, "resolve_device", lambda d=None: 0)
+    topo = load_example("h200")
+    p._devices[0] = (topo, SpeedModel.from_topology(topo))
+    return p
+
+
+def test_auto_schedules_pruned_candidates_reads_only_completed_events_and_decides_once(monkeypatch):
+    p = _h200(monkeypatch, Placement(policy="auto", trials=2, max_ctas_per_sm=16))
+    key = workload_key(1320, np.arange(1320) % 2)
+    entry = p._entry(0, key, 1320, np.arange(1320) % 2, 1.0)
+    cands = (Candidate("plain"), Candidate("partition_queues"), Candidate("affine_weighted", 10),
+             Candidate("weighted", 10))  # 10 items per SM fill 10 of the 16 CTAs the kernel could hold
+    assert [p._next(entry, 0, 1320) for _ in range(12)] == trial_schedule(cands, 2)
+    assert p._next(entry, 0, 1320) == (Candidate("plain"), False)  # trials done, events not read: plain
+    t = {c: ms for c, ms in zip(cands, (1.0, 0.8, 0.95, 1.1))}
+    entry.pending = [(c, _Event(True), _Event(True, t[c])) for c in cands] \
+        + [(c, _Event(True), _Event(True, t[c])) for c in cands[:3]] + [(cands[3], _Event(False), _Event(False))]
+    p._read_timings(key, entry, 0)
     assert entry.chosen is None and len(entry.pending) == 1 and key not in p.decisions  # never waits
-    entry.pending = [("weighted", _Event(True), _Event(True, 0.80))]
-    p._read_timings(key, entry)
-    assert entry.chosen == "weighted" and p._next_policy(entry) == ("weighted", False)
+    entry.pending = [(cands[3], _Event(True), _Event(True, 1.1))]
+    p._read_timings(key, entry, 0)
+    assert entry.chosen == Candidate("partition_queues") and p._next(entry, 0, 1320) == (entry.chosen, False)
     decision = p.decisions[key]
-    assert decision["policy"] == "weighted" and decision["medians"] == pytest.approx({"dynamic": 1.0, "weighted": 0.80})
-    assert p._capture_policy(entry) == "weighted"
+    assert decision.policy == "partition_queues" and decision.ratio(decision.chosen) == pytest.approx(0.8)
+    assert "chose partition_queues" in p.explain() and "0.800x plain" in p.explain()
+    assert p._final(entry) == Candidate("partition_queues")
 
 
-def test_before_a_decision_a_capture_uses_dynamic():
-    p = Placement(policy="auto")
-    assert p._capture_policy(p._entry(0, workload_key(10), 10, None, 1.0)) == "dynamic"
-    assert Placement(policy="uniform")._capture_policy(None) == "uniform"
+def test_without_classes_no_affinity_candidate_is_tried(monkeypatch):
+    p = _h200(monkeypatch, Placement(policy="auto", max_ctas_per_sm=2))
+    entry = p._entry(0, workload_key(132 * 64), 132 * 64, None, 1.0)
+    first, _ = p._next(entry, 0, 132 * 64)
+    assert first == Candidate("plain") and set(entry.timings) == {Candidate("plain"), Candidate("weighted", 2)}
+
+
+def test_before_a_decision_a_capture_has_no_plan_and_a_fixed_policy_has_its_grid(monkeypatch):
+    p = _h200(monkeypatch, Placement(policy="auto"))
+    assert p._final(p._entry(0, workload_key(10), 10, None, 1.0)) is None
+    fixed = _h200(monkeypatch, Placement(policy="uniform", max_ctas_per_sm=4))
+    assert fixed._final(fixed._entry(0, workload_key(1000), 1000, None, 1.0)) == Candidate("uniform", 4)
+    assert fixed.grid(0, n_items=1000) == 4 * 132 and fixed.grid(0, n_items=100) == 132  # the items fill 1/SM
+    assert fixed.grid(0, policy="plain", n_items=1000) == 1000 and fixed.grid(0, policy="plain", n_items=0) == 1
+    assert _h200(monkeypatch, Placement(policy="partition_queues", chunk=4)).grid(0, n_items=10) == 3
+    assert [Placement.place(p) for p in ("plain", "uniform", "partition_queues")] == [0, 1, 2]
+    with pytest.raises(ValueError, match="n_items"):
+        fixed.grid(0)
 
 
 def test_workload_keys_hash_the_content_of_item_classes():

@@ -6,11 +6,13 @@ cuda_ext/layout.h mirrors every number (tests/test_kernel_sources.py checks that
 Dependency direction: layout <- kernels (triton_kernels/, cuda_ext/) <- launch <- probes <- calibration.
 
 Control block (int64): four counters, then one claim flag per SM slot.
-Placement plan (int32, read-only on the device): a header, per-SM offsets into a flat item list (CSR),
-the items, then the dynamic tail. A plan in direct mode hands program p item p and nothing else (policy
-"plain": one program per item, placed by the hardware, no claims). Placement state (int64, zero at rest):
-per-SM cursors, the tail cursor, the count of finished CTAs (the last CTA out zeroes the cursors, so launches
-need no host reset and can be captured in CUDA graphs), then per-SM statistics that accumulate across launches.
+Placement modes (PLACE_*): the constexpr a kernel built on the placement helpers is compiled with.
+Placement plan (int32, read-only on the device): a header, then per mode: shares (per-SM offsets into a flat
+item list (CSR), the items, then the dynamic tail), queues (each SM's home queue, queue offsets, the items),
+direct (nothing: program p takes item p). Placement state (int64): per-SM (or per-queue) cursors, the tail
+cursor, the count of finished CTAs (shares mode: the last CTA out zeroes the cursors, so launches need no host
+reset and can be captured in CUDA graphs; queues mode: the launcher zeroes the cursors before each launch, a
+memset captured with it), then per-SM statistics that accumulate across launches (shares mode).
 """
 
 # ---- probe control block ------------------------------------------------------------------------------
@@ -32,19 +34,32 @@ LINE_BYTES = 128           # an L2 line (four 32-byte sectors)
 LINE_WORDS = LINE_BYTES // 8  # int64 words per line: pointers are stored in the first word of a line
 OUT_WORDS = 4              # per-SM output words: cycles, ns, (chain) end address / (lines) broken count, start ns
 
-# ---- placement plan (int32) ---------------------------------------------------------------------------
-PLAN_N_SLOTS = 0    # SM slots with a static share (the calibration's SM count)
-PLAN_N_STATIC = 1   # items in the static shares
-PLAN_N_TAIL = 2     # items in the dynamic tail, taken by whichever CTA asks first
+# ---- placement modes: the PLACE constexpr a kernel built on the placement helpers is compiled with -------
+# The launcher (placement/sm_aware.py) picks the mode per launch; a kernel is specialised per mode, so the
+# helpers of the other modes are not in its machine code.
+PLACE_DIRECT = 0     # one program per item, program p takes item p: the helpers compile to nothing (no plan
+                     # loads, no atomics): the machine code of a kernel written without them
+PLACE_SHARES = 1     # a persistent grid: each CTA takes its SM's share, then the tail, then steals
+PLACE_QUEUES = 2     # a plain-sized grid: each program claims items of its SM's queue (its L2 partition's
+                     # items), then of the other queues, a chunk per atomic
+PLACE_MODE_MASK = 3
+
+# ---- placement plan (int32, read-only on the device) --------------------------------------------------
+PLAN_N_SLOTS = 0    # SM slots (the calibration's SM count)
+PLAN_N_STATIC = 1   # items in the static shares (shares mode) or in the queues (queues mode)
+PLAN_N_TAIL = 2     # items in the dynamic tail, taken by whichever CTA asks first (shares mode)
 PLAN_MAGIC = 3      # PLAN_MAGIC_VALUE: a kernel handed anything else fails instead of guessing
-PLAN_MODE = 4       # PLAN_MODE_SHARES or PLAN_MODE_DIRECT
-PLAN_HEADER = 5     # offsets[n_slots + 1] start here, then items[n_static], then tail[n_tail]
+PLAN_MODE = 4       # the PLACE_* mode the plan was built for; a kernel compiled for another mode refuses it
+PLAN_N_QUEUES = 5   # queues mode: queues (groups x queues per group)
+PLAN_GROUP_QUEUES = 6  # queues mode: queues per group (queue q belongs to group q // PLAN_GROUP_QUEUES)
+PLAN_CHUNK = 7      # queues mode: items claimed per atomic
+PLAN_HEADER = 8     # shares mode: offsets[n_slots + 1] start here, then items[n_static], then tail[n_tail];
+                    # queues mode: home queue of each SM slot [n_slots], queue offsets [n_queues + 1], items
 PLAN_MAGIC_VALUE = 0x4C32504C  # "L2PL"
-PLAN_MODE_SHARES = 0  # shares, tail and stealing, claimed with atomics (every policy but "plain")
-PLAN_MODE_DIRECT = 1  # program p takes item p if p < n_tail, then stops: no atomics, no statistics, no reset
-# Width of the device's steal scan: every slot's cursor is read in one vector. 256 covers every NVIDIA GPU to
-# date (H200: 132 SMs, B200: 148); the host refuses plans with more slots.
+# Width of the device's steal scan and queue scan: every slot's (queue's) cursor is read in one vector. 256
+# covers every NVIDIA GPU to date (H200: 132 SMs, B200: 148); the host refuses plans with more slots.
 PLAN_MAX_SLOTS = 256
+PLAN_MAX_QUEUES = 64  # queues mode: the scan of every queue's cursor is one vector this wide
 
 # ---- placement state (int64) --------------------------------------------------------------------------
 # Fixed words first, then cursor[s] at STATE_CURSORS + s, then per-SM statistics that accumulate across
@@ -62,11 +77,6 @@ N_STATS = 3
 def control_words(capacity: int) -> int:
     """Length of the control block for `capacity` SM slots."""
     return CLAIMS + capacity
-
-
-def plan_words(n_slots: int, n_static: int, n_tail: int) -> int:
-    """Length of a plan tensor."""
-    return PLAN_HEADER + n_slots + 1 + n_static + n_tail
 
 
 def state_words(n_slots: int) -> int:

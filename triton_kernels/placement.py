@@ -1,48 +1,61 @@
-"""The device side of SM-aware placement in Triton: claim this SM's share of a plan, drain the tail, steal.
+"""The device side of SM-aware placement in Triton: take this program's items under one of three modes.
 
-Public API for any persistent Triton kernel of torch_l2topo or of its users (cuda_ext/placement.cuh mirrors
-every function under the same name; tests/test_kernel_sources.py checks that the two lists agree):
+Public API for any Triton kernel of torch_l2topo or of its users (cuda_ext/placement.cuh mirrors every
+function under the same name; tests/test_kernel_sources.py checks that the two lists agree). A kernel built on
+it takes a constexpr PLACE (a torch_l2topo.layout.PLACE_* mode, passed by the launcher) and hands it on:
 
-    plan_start(plan_ptr, state_ptr) -> (sm, t0)
-        %smid of this program (int64) and its %globaltimer start. A plan without PLAN_MAGIC_VALUE (or with
-        more than MAX_SLOTS slots) sets state[STATE_ERROR]; then plan_next hands this program nothing.
-    plan_next(plan_ptr, state_ptr, sm, phase) -> (item, phase)
+    plan_start(plan_ptr, state_ptr, PLACE) -> (sm, t0)
+        %smid of this program (int64) and its %globaltimer start (0 in direct mode: nothing is read). A
+        plan without PLAN_MAGIC_VALUE, or built for another mode, sets state[STATE_ERROR]; then plan_next
+        hands this program nothing.
+    plan_next(plan_ptr, state_ptr, sm, phase, PLACE) -> (item, phase)
         the next item id (int64) for this program, or -1 when none is left. Start with phase 0 and pass back
-        the phase it returns: 0 = this SM's share, 1 = the dynamic tail, 2 = steal from the SM with the most
-        unclaimed items, 3 = done. A plan in direct mode (policy "plain") gives program p item p (if p is
-        below the item count) and then -1, without touching the state.
-    plan_finish(plan_ptr, state_ptr, sm, t0, n_done)
-        add this program's items, busy ns and 1 CTA to its SM's statistics; the last program out resets the
-        cursors, so the next launch (or CUDA graph replay) starts clean with no host work. Nothing in
-        direct mode: no cursor moved, and a plain launch pays for no atomics.
+        the phase it returns (an opaque int64).
+    plan_finish(plan_ptr, state_ptr, sm, t0, n_done, PLACE)
+        shares mode: add this program's items, busy ns and 1 CTA to its SM's statistics, and the last
+        program out resets the cursors. Nothing in the other modes.
 
-Usage: launch ctas_per_sm x n_sm programs, or one program per item for a direct-mode plan
-(torch_l2topo.placement.sm_aware does it, with the plan and state tensors of torch_l2topo.placement.slots as
-the last two arguments):
+Usage (torch_l2topo.placement.sm_aware launches it, with the plan and state tensors of
+torch_l2topo.placement.slots as plan_ptr and state_ptr and the mode as PLACE):
 
     @triton.jit
-    def my_kernel(x_ptr, out_ptr, plan_ptr, state_ptr):
-        sm, t0 = plan_start(plan_ptr, state_ptr)
-        item, phase = plan_next(plan_ptr, state_ptr, sm, 0)
+    def my_kernel(x_ptr, out_ptr, plan_ptr, state_ptr, PLACE: tl.constexpr):
+        sm, t0 = plan_start(plan_ptr, state_ptr, PLACE)
+        item, phase = plan_next(plan_ptr, state_ptr, sm, 0, PLACE)
         n_done = 0
         while item >= 0:
             ...work on item...
             n_done += 1
-            item, phase = plan_next(plan_ptr, state_ptr, sm, phase)
-        plan_finish(plan_ptr, state_ptr, sm, t0, n_done)
+            item, phase = plan_next(plan_ptr, state_ptr, sm, phase, PLACE)
+        plan_finish(plan_ptr, state_ptr, sm, t0, n_done, PLACE)
 
-Layouts (plan: int32, read-only; state: int64, zero at rest) are torch_l2topo/layout.py's. Every item is
-handed out exactly once per launch: each index of a share or of the tail is the return value of exactly one
-atomic_add on its cursor, and a program stops only once the tail and every share are exhausted (cursors only
-grow during a launch, so "all exhausted" is final). No wait here needs a watchdog: a program never waits
-for another one; the steal loop ends after at most one failed claim per slot plus one per item it gets.
+The modes (layouts in torch_l2topo/layout.py):
+- PLACE_DIRECT (policy "plain"): one program per item, program p takes item p, placed by the hardware's
+  CTA scheduler. The helpers are constexpr branches that compile to nothing: no plan load, no atomic, no
+  timer (tests/test_placement_kernels_compile.py checks the PTX), so the kernel is a plain kernel.
+- PLACE_QUEUES (policy "partition_queues"): a plain-sized grid (one program per chunk of items) that keeps the
+  hardware's concurrency, but each program claims its items, PLAN_CHUNK at a time, from its SM's home queue
+  (a queue of the items homed in the SM's L2 partition; each partition's items are split over several queues
+  so that thousands of programs starting at once do not all hit one counter), then from the other queues of
+  its group, then from the other group's. A program keeps claiming until every queue is empty, so any grid
+  does every item once; with one chunk per program most programs make exactly one claim. The launcher zeroes
+  the queue cursors before every launch (a memset that CUDA graphs capture with the kernel).
+- PLACE_SHARES (the persistent policies): ctas_per_sm x n_sm CTAs; each takes its SM's static share, then the
+  dynamic tail, then steals from the SM with the most unclaimed items; the last CTA out resets the state, so
+  launches (and CUDA graph replays) need no host work.
+
+Every item is handed out exactly once per launch: each index of a share, of the tail or of a queue is the
+return value of exactly one atomic_add on its cursor, and a program stops only once everything it could still
+claim is exhausted (cursors only grow during a launch, so "all exhausted" is final). No wait here needs a
+watchdog: a program never waits for another one; every scan ends after at most one failed claim per slot or
+queue plus one per item it gets.
 
 Works for any num_warps: the helpers do scalar work. Triton executes a scalar atomic once per program, on
 thread 0, and broadcasts a used result through shared memory to every thread: in the num_warps=4 PTX every
 `atom.global` / `red.global` is predicated on `setp.eq (tid & 31) | (tid >> 5), 0`, and every claim's result
-goes st.shared -> bar.sync -> ld.shared (tests/test_placement_kernels_compile.py checks both). The steal
-scan is a MAX_SLOTS-wide vector load spread over the program's threads (up to 8 warps hold no replica, so
-every warp decides alike) and reduced with tl.max, whose result every thread gets.
+goes st.shared -> bar.sync -> ld.shared (tests/test_placement_kernels_compile.py checks both). The scans are
+vectors spread over the program's threads (up to 8 warps hold no replica, so every warp decides alike) and
+reduced with tl.max, whose result every thread gets.
 
 Only constexpr globals and @triton.jit functions are referenced inside the helpers, so that torch.compile
 (Inductor inlines a user kernel's helpers by source) can compile a kernel built on them.
@@ -56,14 +69,20 @@ from torch_l2topo import layout as _layout
 from torch_l2topo.triton_kernels.protocol import global_ns, sm_id
 
 # Triton kernels may only read module globals that are constexpr.
+PLACE_DIRECT = tl.constexpr(_layout.PLACE_DIRECT)
+PLACE_SHARES = tl.constexpr(_layout.PLACE_SHARES)
+PLACE_QUEUES = tl.constexpr(_layout.PLACE_QUEUES)
+PLACE_MODE_MASK = tl.constexpr(_layout.PLACE_MODE_MASK)
 PLAN_N_SLOTS = tl.constexpr(_layout.PLAN_N_SLOTS)
 PLAN_N_STATIC = tl.constexpr(_layout.PLAN_N_STATIC)
 PLAN_N_TAIL = tl.constexpr(_layout.PLAN_N_TAIL)
 PLAN_MAGIC = tl.constexpr(_layout.PLAN_MAGIC)
+PLAN_MODE = tl.constexpr(_layout.PLAN_MODE)
+PLAN_N_QUEUES = tl.constexpr(_layout.PLAN_N_QUEUES)
+PLAN_GROUP_QUEUES = tl.constexpr(_layout.PLAN_GROUP_QUEUES)
+PLAN_CHUNK = tl.constexpr(_layout.PLAN_CHUNK)
 PLAN_HEADER = tl.constexpr(_layout.PLAN_HEADER)
 PLAN_MAGIC_VALUE = tl.constexpr(_layout.PLAN_MAGIC_VALUE)
-PLAN_MODE = tl.constexpr(_layout.PLAN_MODE)
-PLAN_MODE_DIRECT = tl.constexpr(_layout.PLAN_MODE_DIRECT)
 STATE_TAIL = tl.constexpr(_layout.STATE_TAIL)
 STATE_FINISHED = tl.constexpr(_layout.STATE_FINISHED)
 STATE_ERROR = tl.constexpr(_layout.STATE_ERROR)
@@ -73,30 +92,49 @@ STAT_BUSY_NS = tl.constexpr(_layout.STAT_BUSY_NS)
 STAT_CTAS = tl.constexpr(_layout.STAT_CTAS)
 
 MAX_SLOTS = tl.constexpr(_layout.PLAN_MAX_SLOTS)  # the width of the steal scan
+MAX_QUEUES = tl.constexpr(_layout.PLAN_MAX_QUEUES)  # the width of the queue scan
 LEFT_CAP = tl.constexpr(2**31 // _layout.PLAN_MAX_SLOTS - 1)  # the steal key's largest count (int32)
 
 PHASE_SHARE = tl.constexpr(0)
 PHASE_TAIL = tl.constexpr(1)
 PHASE_STEAL = tl.constexpr(2)
 PHASE_DONE = tl.constexpr(3)
+# Queues mode packs the program's claim into the int64 phase: the next index in the claimed range of queue
+# q (bits 0-31), the items left in that range (bits 32-55) and q + 1 (bits 56-62; 0: nothing claimed yet).
+# A phase with bit 63 set (negative) is done.
+Q_LEFT_SHIFT = tl.constexpr(32)
+Q_QUEUE_SHIFT = tl.constexpr(56)
+Q_MASK_INDEX = tl.constexpr(2**32 - 1)
+Q_MASK_LEFT = tl.constexpr(2**24 - 1)
 
 
 @triton.jit
-def _plan_ok(plan_ptr):
+def _mode(PLACE: tl.constexpr):
+    # tl.constexpr(): Triton's interpreter passes PLACE as a plain int, which `&` with a constexpr refuses
+    return tl.constexpr(PLACE) & PLACE_MODE_MASK
+
+
+@triton.jit
+def _plan_ok(plan_ptr, PLACE: tl.constexpr):
     # A plan without the magic word is not read any further: its sizes could point anywhere.
     ok = tl.load(plan_ptr + PLAN_MAGIC) == PLAN_MAGIC_VALUE
     if ok:
         n_slots = tl.load(plan_ptr + PLAN_N_SLOTS)
-        ok = (n_slots >= 0) & (n_slots <= MAX_SLOTS)
+        ok = (n_slots >= 0) & (n_slots <= MAX_SLOTS) & (tl.load(plan_ptr + PLAN_MODE) == _mode(PLACE))
     return ok
 
 
 @triton.jit
-def plan_start(plan_ptr, state_ptr):
-    sm = sm_id()
-    t0 = global_ns()
-    if not _plan_ok(plan_ptr):
-        tl.atomic_xchg(state_ptr + STATE_ERROR, tl.full((), 1, tl.int64), sem="relaxed")
+def plan_start(plan_ptr, state_ptr, PLACE: tl.constexpr):
+    if _mode(PLACE) == PLACE_DIRECT:
+        sm = tl.zeros((), tl.int64)
+        t0 = tl.zeros((), tl.int64)
+    else:
+        sm = sm_id()
+        t0 = global_ns()
+        if not _plan_ok(plan_ptr, PLACE):
+            tl.atomic_xchg(state_ptr + STATE_ERROR, tl.full((), 1, tl.int64), sem="relaxed")
+            sm = tl.full((), -1, tl.int64)  # tells plan_next and plan_finish, without reading the plan again
     return sm, t0
 
 
@@ -114,29 +152,22 @@ def _claim_share(plan_ptr, state_ptr, slot, n_slots):
 
 
 @triton.jit
-def plan_next(plan_ptr, state_ptr, sm, phase):
+def _next_share(plan_ptr, state_ptr, sm, phase):
+    """Shares mode: this SM's share, the dynamic tail, then stealing. (item, phase)."""
     item = tl.full((), -1, tl.int64)
-    phase = tl.zeros((), tl.int32) + phase  # the first call passes a literal 0
-    if not _plan_ok(plan_ptr):
-        phase = tl.full((), PHASE_DONE, tl.int32)
     n_slots = tl.load(plan_ptr + PLAN_N_SLOTS)
-    if (phase == PHASE_SHARE) & (tl.load(plan_ptr + PLAN_MODE) == PLAN_MODE_DIRECT):
-        pid = tl.program_id(0).to(tl.int64)
-        if pid < tl.load(plan_ptr + PLAN_N_TAIL):
-            item = pid
-        phase = tl.full((), PHASE_DONE, tl.int32)
     if phase == PHASE_SHARE:
         if sm < n_slots:  # an SM the plan does not know has no share
             item = _claim_share(plan_ptr, state_ptr, sm, n_slots)
         if item < 0:
-            phase = tl.full((), PHASE_TAIL, tl.int32)
+            phase = tl.full((), PHASE_TAIL, tl.int64)
     if phase == PHASE_TAIL:
         n_static = tl.load(plan_ptr + PLAN_N_STATIC)
         t = tl.atomic_add(state_ptr + STATE_TAIL, tl.full((), 1, tl.int64), sem="relaxed")
         if t < tl.load(plan_ptr + PLAN_N_TAIL):
             item = tl.load(plan_ptr + PLAN_HEADER + n_slots + 1 + n_static + t).to(tl.int64)
         else:
-            phase = tl.full((), PHASE_STEAL, tl.int32)
+            phase = tl.full((), PHASE_STEAL, tl.int64)
     if phase == PHASE_STEAL:
         # One MAX_SLOTS-wide vector over the program's threads (no thread holds a replica: the decision must
         # be the same in every warp), kept narrow so that a kernel's register count does not grow for a scan
@@ -159,16 +190,91 @@ def plan_next(plan_ptr, state_ptr, sm, phase):
                 # most unclaimed items first: the victim is the SM furthest from finishing its share
                 item = _claim_share(plan_ptr, state_ptr, MAX_SLOTS - 1 - key % MAX_SLOTS, n_slots)
             else:
-                phase = tl.full((), PHASE_DONE, tl.int32)
+                phase = tl.full((), PHASE_DONE, tl.int64)
     return item, phase
 
 
 @triton.jit
-def plan_finish(plan_ptr, state_ptr, sm, t0, n_done):
-    ok = _plan_ok(plan_ptr)
-    if ok & (tl.load(plan_ptr + PLAN_MODE) == PLAN_MODE_DIRECT):
-        pass  # direct mode: no cursor moved, nothing to count or reset
+def _queue_order(home, j, n_queues, group_queues):
+    """The j-th queue a program whose home queue is `home` tries: its own group's queues from home on, then
+    the other groups' (each from the same position)."""
+    width = tl.maximum(group_queues, 1)
+    k = (home % width + j) % width
+    return ((home // width + j // width) % tl.maximum(n_queues // width, 1)) * width + k
+
+
+@triton.jit
+def _next_queued(plan_ptr, state_ptr, sm, phase):
+    """Queues mode: the next item of this program's claimed range, else a new claim. (item, phase)."""
+    item = tl.full((), -1, tl.int64)
+    n_slots = tl.load(plan_ptr + PLAN_N_SLOTS)
+    n_queues = tl.load(plan_ptr + PLAN_N_QUEUES)
+    offsets = plan_ptr + PLAN_HEADER + n_slots  # queue q holds items[offsets[q]:offsets[q + 1]]
+    items = offsets + n_queues + 1
+    left = (phase >> Q_LEFT_SHIFT) & Q_MASK_LEFT
+    queue = (phase >> Q_QUEUE_SHIFT) - 1  # -1: nothing claimed yet
+    if left > 0:  # the claimed range still has items: one load of the item id, no atomic
+        index = phase & Q_MASK_INDEX
+        item = tl.load(items + tl.load(offsets + queue) + index).to(tl.int64)
+        phase = ((queue + 1) << Q_QUEUE_SHIFT) | ((left - 1) << Q_LEFT_SHIFT) | (index + 1)
     else:
+        group_queues = tl.load(plan_ptr + PLAN_GROUP_QUEUES)
+        chunk = tl.load(plan_ptr + PLAN_CHUNK).to(tl.int64)
+        home = tl.zeros((), tl.int64)
+        if sm < n_slots:  # an SM the plan does not know starts at queue 0
+            home = tl.load(plan_ptr + PLAN_HEADER + sm).to(tl.int64)
+        if queue < 0:  # the first claim: the home queue has items for almost every program
+            queue = home
+        # (a later claim tries the queue of the previous one first: while it has items, no scan is needed)
+        lanes = tl.arange(0, MAX_QUEUES)
+        in_plan = lanes < n_queues
+        while (item < 0) & (phase >= 0):
+            if queue < 0:
+                # Every queue's cursor in one vector (volatile: they move under other programs' atomics), in
+                # this program's order; the first position with items left wins.
+                order = _queue_order(home, lanes, n_queues, group_queues)
+                sizes = tl.load(offsets + order + 1, mask=in_plan, other=0) \
+                    - tl.load(offsets + order, mask=in_plan, other=0)
+                cursors = tl.load(state_ptr + STATE_CURSORS + order, mask=in_plan, other=0, volatile=True)
+                first = tl.min(tl.where(in_plan & (cursors < sizes), lanes, MAX_QUEUES), axis=0)
+                if first < MAX_QUEUES:
+                    queue = _queue_order(home, first, n_queues, group_queues).to(tl.int64)
+                else:
+                    phase = tl.full((), -1, tl.int64)  # every queue is empty: done
+            if queue >= 0:
+                start = tl.load(offsets + queue)
+                size = (tl.load(offsets + queue + 1) - start).to(tl.int64)
+                # relaxed: the claimed range orders nothing else (the plan is read-only during the launch)
+                got = tl.atomic_add(state_ptr + STATE_CURSORS + queue, chunk, sem="relaxed")
+                if got < size:
+                    n_got = tl.minimum(chunk, size - got)
+                    item = tl.load(items + start + got).to(tl.int64)
+                    phase = ((queue + 1) << Q_QUEUE_SHIFT) | ((n_got - 1) << Q_LEFT_SHIFT) | (got + 1)
+                else:
+                    queue = tl.full((), -1, tl.int64)
+    return item, phase
+
+
+@triton.jit
+def plan_next(plan_ptr, state_ptr, sm, phase, PLACE: tl.constexpr):
+    phase = tl.zeros((), tl.int64) + phase  # the first call passes a literal 0
+    if _mode(PLACE) == PLACE_DIRECT:
+        # program p takes item p on the first call: the grid is exactly one program per item
+        item = tl.where(phase == 0, tl.program_id(0).to(tl.int64), -1)
+        phase = tl.full((), PHASE_DONE, tl.int64)
+    elif sm < 0:  # plan_start found a bad plan: nothing for this program
+        item = tl.full((), -1, tl.int64)
+    elif _mode(PLACE) == PLACE_QUEUES:
+        item, phase = _next_queued(plan_ptr, state_ptr, sm, phase)
+    else:
+        item, phase = _next_share(plan_ptr, state_ptr, sm, phase)
+    return item, phase
+
+
+@triton.jit
+def plan_finish(plan_ptr, state_ptr, sm, t0, n_done, PLACE: tl.constexpr):
+    if _mode(PLACE) == PLACE_SHARES:
+        ok = sm >= 0
         n_slots = tl.load(plan_ptr + PLAN_N_SLOTS)
         if ok & (sm < n_slots):
             stats = state_ptr + STATE_CURSORS + n_slots + sm  # statistic k of SM sm: stats + k * n_slots

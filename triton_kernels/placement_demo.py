@@ -17,16 +17,16 @@ VALUE_MOD = tl.constexpr(65536)
 
 
 @triton.jit
-def checksum_kernel(out_ptr, count_ptr, n_out, plan_ptr, state_ptr):
-    sm, t0 = plan_start(plan_ptr, state_ptr)
-    item, phase = plan_next(plan_ptr, state_ptr, sm, 0)
+def checksum_kernel(out_ptr, count_ptr, n_out, plan_ptr, state_ptr, PLACE: tl.constexpr):
+    sm, t0 = plan_start(plan_ptr, state_ptr, PLACE)
+    item, phase = plan_next(plan_ptr, state_ptr, sm, 0, PLACE)
     n_done = 0
     while item >= 0:
         tl.atomic_add(out_ptr + item % n_out, 1 + (item * VALUE_MUL) % VALUE_MOD, sem="relaxed")
         tl.atomic_add(count_ptr + item, 1, sem="relaxed")
         n_done += 1
-        item, phase = plan_next(plan_ptr, state_ptr, sm, phase)
-    plan_finish(plan_ptr, state_ptr, sm, t0, n_done)
+        item, phase = plan_next(plan_ptr, state_ptr, sm, phase, PLACE)
+    plan_finish(plan_ptr, state_ptr, sm, t0, n_done, PLACE)
 
 
 def checksum_reference(n_items: int, n_out: int):

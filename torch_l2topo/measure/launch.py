@@ -36,6 +36,7 @@ KERNELS = {
     "whereami": Kernel("whereami:whereami_kernel", "whereami", constexprs=lambda args: {"K": args[1].numel()}),
     "cluster_probe": Kernel(None, "cluster_probe"),
     "placement_demo": Kernel("placement_demo:checksum_kernel", "placement_demo", num_warps=4),
+    "capped_chase": Kernel(None, "capped_chase"),
     "latency_oracle": Kernel("oracle:latency_oracle_kernel", None),
     "partition_probe": Kernel("partition_probe:partition_probe_kernel", None),
     "sm_census": Kernel("whereami:sm_census_kernel", None),

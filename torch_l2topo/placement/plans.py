@@ -7,12 +7,15 @@ CTAs on every SM; each CTA reads %smid and then
 2. takes items of the dynamic tail, one at a time through one global cursor, while any are left,
 3. steals: takes the next unclaimed item (at the victim's cursor) of the SM with the most unclaimed items,
    so that no item is lost when an SM is missing, busy or slow,
-and stops when nothing is left. Policy "plain" is the exception: no shares, no claims, one program per item
-(program p takes item p) placed by the hardware's CTA scheduler, exactly a plain launch of a non-persistent
-kernel; it is the reference every placement must beat. make_plan() decides the shares and the tail (Plan,
-stored on the device in the int32 format of layout.py); predict() simulates that protocol under a SpeedModel;
-limit() is the lower bound over all fractional assignments; gain_fraction() says how much of the possible
-gain a measured run took. ("auto", choosing among plans by timing them, belongs to the launcher, not here.)
+and stops when nothing is left (the shares mode). Two policies run in other modes of the device helpers
+(triton_kernels/placement.py): "plain" (direct mode) is one program per item (program p takes item p) placed
+by the hardware's CTA scheduler, exactly a plain launch of a non-persistent kernel, and the reference every
+placement must beat; "partition_queues" (queues mode) keeps that plain-sized grid but lets each program claim
+its items from a queue of the items homed in its SM's L2 partition first. POLICY_TABLE says what each policy
+is. make_plan() decides the shares, queues and tail (Plan, stored on the device in the int32 format of
+layout.py); predict() simulates the protocol under a SpeedModel; limit() is the lower bound over all
+fractional assignments; gain_fraction() says how much of the possible gain a measured run took. ("auto",
+choosing among plans by timing them, belongs to the launcher, not here.)
 
 Costs: cost[s, c] is the price of one load on SM s of data homed in L2 partition c (2: unknown or mixed
 home); an item of class c with L loads costs L * cost[s, c] on SM s. From a calibration the unit is cycles;
@@ -31,20 +34,58 @@ from scipy.optimize import linprog
 from ..analysis.labels import sm_labels
 from ..errors import check_choice
 from ..layout import (
+    PLACE_DIRECT,
+    PLACE_QUEUES,
+    PLACE_SHARES,
+    PLAN_CHUNK,
+    PLAN_GROUP_QUEUES,
     PLAN_HEADER,
     PLAN_MAGIC,
     PLAN_MAGIC_VALUE,
+    PLAN_MAX_QUEUES,
     PLAN_MODE,
-    PLAN_MODE_DIRECT,
-    PLAN_MODE_SHARES,
+    PLAN_N_QUEUES,
     PLAN_N_SLOTS,
     PLAN_N_STATIC,
     PLAN_N_TAIL,
-    plan_words,
 )
 
-POLICIES = ("uniform", "dynamic", "weighted", "fastest", "partition_affine", "affine_weighted", "measured", "plain")
-DIRECT_POLICIES = ("plain",)  # plans in direct mode (layout.py): one program per item, no claims
+
+@dataclass(frozen=True)
+class Policy:
+    """What a placement policy is. mode: the device helpers' mode its plans run in (layout.PLACE_*).
+    affinity: it places items by their home partition, so it is worth trying only when items have classes.
+    auto: "auto" may time it. needs_k: it takes the number of SMs k."""
+
+    name: str
+    mode: int
+    affinity: bool
+    auto: bool
+    needs_k: bool
+    summary: str
+
+
+POLICY_TABLE = {p.name: p for p in (
+    Policy("plain", PLACE_DIRECT, False, True, False,
+           "one program per item, placed by the hardware: a plain launch, the reference"),
+    Policy("partition_queues", PLACE_QUEUES, True, True, False,
+           "one program per item; each claims items homed in its SM's L2 partition first"),
+    Policy("dynamic", PLACE_SHARES, False, True, False, "persistent grid, every item claimed from one queue"),
+    Policy("uniform", PLACE_SHARES, False, True, False, "persistent grid, equal shares per SM, then stealing"),
+    Policy("weighted", PLACE_SHARES, False, True, False, "persistent grid, shares by each SM's calibrated speed"),
+    Policy("fastest", PLACE_SHARES, False, False, True, "persistent grid, shares on the k fastest SMs only"),
+    Policy("partition_affine", PLACE_SHARES, True, True, False,
+           "persistent grid, items to SMs near their home partition"),
+    Policy("affine_weighted", PLACE_SHARES, True, True, False,
+           "persistent grid, the limit's LP rounded to whole items"),
+    # Its plan changes while it runs, so a few timed launches do not say what it will do (on the H200 gather it
+    # won trials by noise and then ran 40% slower than dynamic): never an "auto" candidate.
+    Policy("measured", PLACE_SHARES, False, False, False, "persistent grid, shares by the kernel's measured speed"),
+)}
+POLICIES = tuple(POLICY_TABLE)
+# Queues per group (L2 partition) in queues mode: about one per QUEUE_SMS SMs of the group, so that thousands of
+# programs starting at once spread their claims over ~16 counters on an H200 instead of hitting two.
+QUEUE_SMS = 8
 N_CLASSES = 3  # item classes: home partition 0, home partition 1, unknown or mixed home
 # The static shares carry the locality and affinity; the tail only has to absorb the model's error (a
 # workload's real per-SM speed differs from the calibration's by a few %, the H200 chain map spreads +-4%)
@@ -187,9 +228,14 @@ class Workload:
 
 @dataclass(frozen=True)
 class Plan:
-    """SM s's static share is items[offsets[s]:offsets[s+1]] in processing order; tail is handed out
-    dynamically in order. predicted_makespan: predict() under the SpeedModel the plan was built with.
-    A "plain" plan (direct mode) holds every item in the tail in id order: program p takes item p."""
+    """Where every item goes, in the device helpers' `mode` (layout.PLACE_*).
+
+    shares: SM s's static share is items[offsets[s]:offsets[s+1]] in processing order; tail is handed out
+    dynamically in order. queues: queue q holds items[offsets[q]:offsets[q+1]], SM s's programs claim from
+    queue home_queue[s] first, then the other queues of its group (queue q is in group q // group_queues),
+    then the other group's, `chunk` items per claim. direct: no arrays; program p takes item p of n_items.
+    predicted_makespan: predict() under the SpeedModel the plan was built with.
+    """
 
     policy: str
     n_slots: int
@@ -197,28 +243,72 @@ class Plan:
     items: np.ndarray
     tail: np.ndarray
     predicted_makespan: float = float("nan")
+    mode: int = PLACE_SHARES
+    home_queue: np.ndarray | None = None
+    group_queues: int = 1
+    chunk: int = 1
+    n_items: int = -1  # -1: the items the arrays hold
 
     def __post_init__(self):
         for name in ("offsets", "items", "tail"):
             object.__setattr__(self, name, _frozen(np.asarray(getattr(self, name)).reshape(-1), np.int64))
+        if self.mode not in (PLACE_DIRECT, PLACE_SHARES, PLACE_QUEUES):
+            raise ValueError(f"unknown plan mode {self.mode!r}")
+        if self.n_slots < 1:
+            raise ValueError(f"a plan needs n_slots >= 1, got {self.n_slots}")
         o = self.offsets
-        if self.n_slots < 1 or len(o) != self.n_slots + 1:
-            raise ValueError(f"a plan needs n_slots >= 1 and n_slots + 1 offsets, got {self.n_slots} and {len(o)}")
-        if o[0] != 0 or o[-1] != len(self.items) or (np.diff(o) < 0).any():
+        held = len(self.items) + len(self.tail)
+        object.__setattr__(self, "n_items", held if self.n_items < 0 else int(self.n_items))
+        if self.mode == PLACE_DIRECT:
+            if held:
+                raise ValueError("a direct-mode plan holds no items: program p takes item p")
+            return
+        if self.n_items != held:
+            raise ValueError(f"the plan holds {held} items but says {self.n_items}")
+        if o.size < 2 or o[0] != 0 or o[-1] != len(self.items) or (np.diff(o) < 0).any():
             raise ValueError(f"offsets must rise monotonically from 0 to {len(self.items)} (the static item count)")
-        if self.direct and (len(self.items) or not np.array_equal(self.tail, np.arange(len(self.tail)))):
-            raise ValueError("a direct-mode plan has no static shares and its tail is 0..n-1 in order")
+        if self.mode == PLACE_SHARES and len(o) != self.n_slots + 1:
+            raise ValueError(f"a shares plan needs n_slots + 1 offsets, got {self.n_slots} and {len(o)}")
+        if self.mode == PLACE_QUEUES:
+            n_queues = len(o) - 1
+            home = np.asarray(self.home_queue)
+            if len(self.tail):
+                raise ValueError("a queues plan has no tail: every item is in a queue")
+            if not 1 <= n_queues <= PLAN_MAX_QUEUES:
+                raise ValueError(f"a queues plan needs 1..{PLAN_MAX_QUEUES} queues, got {n_queues}")
+            if self.group_queues < 1 or n_queues % self.group_queues:
+                raise ValueError(f"{n_queues} queues do not split into groups of {self.group_queues}")
+            if home.shape != (self.n_slots,) or (home < 0).any() or (home >= n_queues).any():
+                raise ValueError(f"home_queue must give each of {self.n_slots} SM slots a queue in 0..{n_queues - 1}")
+            if not 1 <= self.chunk < 2**24:
+                raise ValueError(f"chunk must be in 1..{2**24 - 1}, got {self.chunk}")
+            object.__setattr__(self, "home_queue", _frozen(home, np.int64))
 
     @property
     def direct(self) -> bool:
         """True for a plan the device runs in direct mode (program p takes item p): policy "plain"."""
-        return self.policy in DIRECT_POLICIES
+        return self.mode == PLACE_DIRECT
+
+    @property
+    def n_queues(self) -> int:
+        return len(self.offsets) - 1 if self.mode == PLACE_QUEUES else 0
 
     def share(self, s: int) -> np.ndarray:
+        """Shares mode: SM s's static share. Queues mode: queue s."""
         return self.items[self.offsets[s]:self.offsets[s + 1]]
 
+    def queue_order(self, home: int) -> np.ndarray:
+        """Queues mode: the queues a program of home queue `home` tries, in order (as the device does)."""
+        j = np.arange(self.n_queues)
+        width = self.group_queues
+        return ((home // width + j // width) % (self.n_queues // width)) * width + (home % width + j) % width
+
     def validate(self, n_items: int) -> None:
-        """Raise ValueError unless shares and tail hold every item 0..n_items-1 exactly once."""
+        """Raise ValueError unless the plan hands every item 0..n_items-1 out exactly once."""
+        if self.direct:
+            if self.n_items != n_items:
+                raise ValueError(f"the direct plan is for {self.n_items} items, not {n_items}")
+            return
         ids = np.concatenate([self.items, self.tail])
         bad = ids[(ids < 0) | (ids >= n_items)]
         if bad.size:
@@ -230,14 +320,21 @@ class Plan:
                              f"{missing[:8].tolist()}, {dup.size} duplicated {dup[:8].tolist()}")
 
     def to_array(self) -> np.ndarray:
-        """The device format (layout.py): header, offsets, items, tail, int32."""
-        body = np.concatenate([self.offsets, self.items, self.tail])
+        """The device format (layout.py): header, then the mode's arrays, int32."""
+        if self.mode == PLACE_QUEUES:
+            body = np.concatenate([self.home_queue, self.offsets, self.items])
+        elif self.mode == PLACE_SHARES:
+            body = np.concatenate([self.offsets, self.items, self.tail])
+        else:
+            body = np.zeros(0, dtype=np.int64)
         if body.size and body.max() > np.iinfo(np.int32).max:
             raise ValueError("item ids and offsets must fit int32 for the device plan")
-        out = np.empty(plan_words(self.n_slots, len(self.items), len(self.tail)), dtype=np.int32)
-        out[PLAN_N_SLOTS], out[PLAN_N_STATIC], out[PLAN_N_TAIL] = self.n_slots, len(self.items), len(self.tail)
-        out[PLAN_MAGIC] = PLAN_MAGIC_VALUE
-        out[PLAN_MODE] = PLAN_MODE_DIRECT if self.direct else PLAN_MODE_SHARES
+        out = np.zeros(PLAN_HEADER + body.size, dtype=np.int32)
+        out[PLAN_N_SLOTS], out[PLAN_MAGIC], out[PLAN_MODE] = self.n_slots, PLAN_MAGIC_VALUE, self.mode
+        out[PLAN_N_STATIC], out[PLAN_N_TAIL] = len(self.items), len(self.tail)
+        if self.direct:
+            out[PLAN_N_TAIL] = self.n_items  # what the host checks against; the device reads nothing
+        out[PLAN_N_QUEUES], out[PLAN_GROUP_QUEUES], out[PLAN_CHUNK] = self.n_queues, self.group_queues, self.chunk
         out[PLAN_HEADER:] = body
         return out
 
@@ -248,17 +345,25 @@ class Plan:
             raise ValueError(f"a plan array is 1-D integer of at least {PLAN_HEADER} words, got {a.dtype} {a.shape}")
         if a[PLAN_MAGIC] != PLAN_MAGIC_VALUE:
             raise ValueError(f"bad plan magic {int(a[PLAN_MAGIC]):#x}, expected {PLAN_MAGIC_VALUE:#x}")
-        if a[PLAN_MODE] not in (PLAN_MODE_SHARES, PLAN_MODE_DIRECT):
-            raise ValueError(f"bad plan mode {int(a[PLAN_MODE])}")
-        if a[PLAN_MODE] == PLAN_MODE_DIRECT:
-            policy = DIRECT_POLICIES[0]
+        mode = int(a[PLAN_MODE])
+        if mode not in (PLACE_DIRECT, PLACE_SHARES, PLACE_QUEUES):
+            raise ValueError(f"bad plan mode {mode}")
         n_slots, n_static, n_tail = (int(a[i]) for i in (PLAN_N_SLOTS, PLAN_N_STATIC, PLAN_N_TAIL))
-        if n_slots < 1 or n_static < 0 or n_tail < 0 or a.size != plan_words(n_slots, n_static, n_tail):
-            raise ValueError(f"plan header (slots {n_slots}, static {n_static}, tail {n_tail}) does not match "
-                             f"its length {a.size}")
-        items_at = PLAN_HEADER + n_slots + 1
-        return cls(policy, n_slots, a[PLAN_HEADER:items_at], a[items_at:items_at + n_static],
-                   a[items_at + n_static:])
+        n_queues = int(a[PLAN_N_QUEUES])
+        sizes = {PLACE_DIRECT: 0, PLACE_SHARES: n_slots + 1 + n_static + n_tail,
+                 PLACE_QUEUES: n_slots + n_queues + 1 + n_static}[mode]
+        if n_slots < 1 or n_static < 0 or n_tail < 0 or n_queues < 0 or a.size != PLAN_HEADER + sizes:
+            raise ValueError(f"plan header (slots {n_slots}, static {n_static}, tail {n_tail}, queues {n_queues}) "
+                             f"does not match its length {a.size}")
+        body = a[PLAN_HEADER:]
+        if mode == PLACE_DIRECT:
+            return cls(policy, n_slots, [0], [], [], mode=mode, n_items=n_tail)
+        if mode == PLACE_QUEUES:
+            return cls(policy, n_slots, body[n_slots:n_slots + n_queues + 1], body[n_slots + n_queues + 1:], [],
+                       mode=mode, home_queue=body[:n_slots], group_queues=int(a[PLAN_GROUP_QUEUES]),
+                       chunk=int(a[PLAN_CHUNK]))
+        return cls(policy, n_slots, body[:n_slots + 1], body[n_slots + 1:n_slots + 1 + n_static],
+                   body[n_slots + 1 + n_static:])
 
 
 # ---- building plans ---------------------------------------------------------------------------------------
@@ -322,37 +427,44 @@ def _counts(policy: str, speeds: SpeedModel, workload: Workload, k) -> np.ndarra
 
 
 def make_plan(policy: str, speeds: SpeedModel, workload: Workload, *, k: int | None = None,
-              tail_fraction: float = DEFAULT_TAIL_FRACTION) -> Plan:
-    """A plan of `policy` for `workload` on the SMs of `speeds`.
+              tail_fraction: float = DEFAULT_TAIL_FRACTION, chunk: int = 1) -> Plan:
+    """A plan of `policy` (POLICY_TABLE) for `workload` on the SMs of `speeds`.
 
     uniform: equal item counts, contiguous id blocks. dynamic: everything in the tail. weighted: counts
     proportional to each SM's speed on this workload's class mix (largest remainder). fastest: weighted over
     only the k fastest SMs; the others drain the tail and steal. partition_affine: items of class p to the SMs
     near p (equal counts), class 2 over all SMs. affine_weighted: limit()'s LP rounded to whole items per
     (SM, class): near first, spilling far only when a class is overloaded. measured: weighted, meant for a
-    SpeedModel.from_measured() (the workload's own per-SM speed rather than the calibration's). plain: every
-    item in the tail in id order, run in direct mode (one program per item, no claims); predicted like
-    dynamic, the hardware scheduler being a queue without a claim cost.
-    Every static policy then moves about tail_fraction of the items from the end of each share to the tail.
+    SpeedModel.from_measured() (the workload's own per-SM speed rather than the calibration's). Every static
+    policy then moves about tail_fraction of the items from the end of each share to the tail.
+    plain: direct mode (one program per item, no claims); predicted like dynamic, the hardware scheduler being
+    a queue without a claim cost. partition_queues: queues mode, `chunk` items per claim (queue_plan).
     """
     check_choice("policy", policy, POLICIES)
     if not isinstance(speeds, SpeedModel) or not isinstance(workload, Workload):
         raise TypeError("make_plan takes a SpeedModel and a Workload")
-    if policy == "fastest":
+    if POLICY_TABLE[policy].needs_k:
         if k is None or isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= speeds.n_sm:
-            raise ValueError(f"policy 'fastest' needs k, the number of SMs, in 1..{speeds.n_sm}; got {k!r}")
+            raise ValueError(f"policy {policy!r} needs k, the number of SMs, in 1..{speeds.n_sm}; got {k!r}")
     elif k is not None:
         raise ValueError(f"k applies only to policy 'fastest', not {policy!r}")
     if not 0 <= tail_fraction < 1:
         raise ValueError(f"tail_fraction must be in [0, 1), got {tail_fraction!r}")
+    if isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or not 1 <= chunk < 2**24:
+        raise ValueError(f"chunk must be an integer in 1..{2**24 - 1}, got {chunk!r}")
     n, n_sm = workload.n_items, speeds.n_sm
-    if policy in ("dynamic", "plain") or n == 0:
+    if policy == "plain":
+        plan = Plan(policy, n_sm, [0], [], [], mode=PLACE_DIRECT, n_items=n)
+        return replace(plan, predicted_makespan=predict(plan, speeds, workload))
+    if policy == "partition_queues":
+        return queue_plan(speeds, workload, chunk=int(chunk))
+    if policy == "dynamic" or n == 0:
         plan = Plan(policy, n_sm, np.zeros(n_sm + 1), np.zeros(0), np.arange(n))
         return replace(plan, predicted_makespan=predict(plan, speeds, workload))
 
     counts = _counts(policy, speeds, workload, k)
     # Each group's ids, in id order, go to SMs in SM order: a share is a few contiguous runs of ids.
-    groups = [np.arange(n)] if policy in ("uniform", "weighted", "fastest", "measured") \
+    groups = [np.arange(n)] if not POLICY_TABLE[policy].affinity \
         else [np.flatnonzero(workload.classes() == c) for c in range(N_CLASSES)]
     owner = np.empty(n, dtype=np.int64)
     for c, ids in enumerate(groups):
@@ -370,6 +482,43 @@ def make_plan(policy: str, speeds: SpeedModel, workload: Workload, *, k: int | N
     tail = tail[np.argsort(-workload.loads()[tail], kind="stable")]
     offsets = np.concatenate([[0], np.cumsum(share - cut)])
     plan = Plan(policy, n_sm, offsets, items[~to_tail], tail)
+    return replace(plan, predicted_makespan=predict(plan, speeds, workload))
+
+
+def queue_plan(speeds: SpeedModel, workload: Workload, *, chunk: int = 1) -> Plan:
+    """The "partition_queues" plan: per L2 partition (group) about one queue per QUEUE_SMS of its SMs, each SM
+    homed in one queue of its partition (SMs of an undecided side, or a partition without SMs, go to group 0).
+    A class-p item goes to a queue of partition p, an item of unknown home (class 2) to any queue; within a
+    group the items are dealt to the queues in proportion to the speed of the SMs homed there (so the queues
+    drain together), in id order. Each queue is the device's claim counter: spread over ~16 on an H200."""
+    n_sm = speeds.n_sm
+    side = np.where(speeds.partition >= 0, speeds.partition, 0)
+    sides = [np.flatnonzero(side == g) for g in (0, 1)]
+    n_groups = 2 if all(len(s) for s in sides) else 1
+    if n_groups == 1:
+        sides, side = [np.arange(n_sm)], np.zeros(n_sm, dtype=np.int64)
+    width = int(np.clip(round(min(len(s) for s in sides) / QUEUE_SMS), 1, PLAN_MAX_QUEUES // n_groups))
+    home = np.empty(n_sm, dtype=np.int64)
+    for g, sms in enumerate(sides):
+        home[sms] = g * width + np.arange(len(sms)) % width
+    n_queues = n_groups * width
+    # speed of each queue's SMs on the items of its group (class g: near cost; one group: the mixed column)
+    speed = np.bincount(home, weights=1.0 / speeds.cost[np.arange(n_sm), side if n_groups == 2 else 2],
+                        minlength=n_queues)
+    classes = workload.classes()
+    owner = np.empty(workload.n_items, dtype=np.int64)
+    # class-g items to the queues of side g; items of unknown home (and all items when there is one group) to
+    # any queue
+    groups = [np.flatnonzero(classes == g) for g in range(n_groups)] if n_groups == 2 else []
+    spread = np.flatnonzero(classes == 2) if n_groups == 2 else np.arange(workload.n_items)
+    for g, mine in enumerate(groups):
+        queues = np.arange(g * width, (g + 1) * width)
+        owner[mine] = np.repeat(queues, _largest_remainder(len(mine), speed[queues]))
+    owner[spread] = np.repeat(np.arange(n_queues), _largest_remainder(len(spread), speed))
+    items = np.argsort(owner, kind="stable")
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(owner, minlength=n_queues))])
+    plan = Plan("partition_queues", n_sm, offsets, items, [], mode=PLACE_QUEUES, home_queue=home,
+                group_queues=width, chunk=chunk)
     return replace(plan, predicted_makespan=predict(plan, speeds, workload))
 
 
@@ -433,6 +582,13 @@ def predict(plan: Plan, speeds: SpeedModel, workload: Workload, *, available=Non
         raise ValueError("no SM is available: the items would never be done")
     cls, loads, cost = workload.classes(), workload.loads(), speeds.cost
     sms = np.flatnonzero(avail)
+    if plan.direct:  # the hardware's queue: item p goes to whichever SM frees first
+        free = np.zeros(len(sms))
+        done[sms] = _drain_tail(free, cost[sms], loads, cls, 0.0)
+        return (float(free.max()), done) if return_counts else float(free.max())
+    if plan.mode == PLACE_QUEUES:
+        makespan = _drain_queues(plan, sms, cost, loads, cls, float(claim_cycles), done)
+        return (makespan, done) if return_counts else makespan
     lo, hi = plan.offsets[:-1], plan.offsets[1:]
     owner = np.repeat(np.arange(n_sm), hi - lo)
     own_cost = loads[plan.items] * cost[owner, cls[plan.items]]
@@ -457,6 +613,30 @@ def predict(plan: Plan, speeds: SpeedModel, workload: Workload, *, available=Non
         done[s] += claimed
     makespan = _claim_rest(events, queues, cost.tolist(), float(claim_cycles), steal, done)
     return (makespan, done) if return_counts else makespan
+
+
+def _drain_queues(plan: Plan, sms: np.ndarray, cost: np.ndarray, loads: np.ndarray, cls: np.ndarray, claim: float,
+                  done: np.ndarray) -> float:
+    """Event simulation of queues mode, one program at a time per SM: the SM free earliest (ties: lowest id)
+    claims the next `chunk` items of the first queue in its order with items left. Updates done; returns the
+    makespan."""
+    pos = plan.offsets[:-1].copy()
+    end = plan.offsets[1:]
+    orders = {s: plan.queue_order(int(plan.home_queue[s])).tolist() for s in sms.tolist()}
+    events = [(0.0, s) for s in sms.tolist()]
+    heapq.heapify(events)
+    makespan, rows, loads_l, cls_l, items = 0.0, cost.tolist(), loads.tolist(), cls.tolist(), plan.items.tolist()
+    while events:
+        t, s = heapq.heappop(events)
+        q = next((q for q in orders[s] if pos[q] < end[q]), None)
+        if q is None:
+            makespan = max(makespan, t)
+            continue
+        got = items[pos[q]:min(pos[q] + plan.chunk, end[q])]
+        pos[q] += len(got)
+        done[s] += len(got)
+        heapq.heappush(events, (t + claim + sum(loads_l[i] * rows[s][cls_l[i]] for i in got), s))
+    return makespan
 
 
 def _claim_rest(events: list, queues: list, cost: list, claim: float, steal: bool, done: np.ndarray) -> float:

@@ -18,7 +18,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import PlacementError
-from ..layout import N_STATS, PLAN_MAX_SLOTS, STAT_BUSY_NS, STAT_CTAS, STAT_ITEMS, STATE_ERROR, stat_offset, state_words
+from ..layout import (
+    N_STATS,
+    PLACE_QUEUES,
+    PLAN_MAX_SLOTS,
+    STAT_BUSY_NS,
+    STAT_CTAS,
+    STAT_ITEMS,
+    STATE_CURSORS,
+    STATE_ERROR,
+    stat_offset,
+    state_words,
+)
 
 # The device helpers scan every slot's cursor in one PLAN_MAX_SLOTS-wide vector: larger plans are refused
 # here rather than having their extra slots never stolen from.
@@ -132,6 +143,13 @@ class PlanSlot:
             self.plan[:words.size].copy_(torch.from_numpy(words).pin_memory(), non_blocking=True)
             self.state[STATE_ERROR].zero_()
         self.loaded = plan
+
+    def prepare(self) -> None:
+        """What a launch of the loaded plan needs first: in queues mode the queue cursors zeroed (a memset queued
+        on the current stream, captured with the kernel in a CUDA graph); nothing in the other modes (shares
+        mode's last CTA resets its own state, direct mode has none)."""
+        if self.loaded is not None and self.loaded.mode == PLACE_QUEUES:
+            self.state[STATE_CURSORS:STATE_CURSORS + self.loaded.n_queues].zero_()
 
     def _stat_words(self):
         start = stat_offset(0, self.n_slots)

@@ -1,0 +1,137 @@
+"""What "auto" tries and how it decides, without a GPU: candidates from the kernel's occupancy and the items,
+the pruning and trial budget, the rule that nothing slower than a plain launch is chosen (on recorded-style
+timings), the decision in words; and the occupancy arithmetic against the CUDA occupancy calculator."""
+import pytest
+
+from torch_l2topo.placement.choice import (
+    MAX_TRIAL_LAUNCHES,
+    Candidate,
+    Decision,
+    candidates,
+    choose,
+    persistent_ctas,
+    trial_schedule,
+)
+from torch_l2topo.placement.occupancy import SmLimits, resident_ctas
+from torch_l2topo.placement.plans import POLICIES
+
+PLAIN = Candidate("plain")
+QUEUES = Candidate("partition_queues")
+H100_SM = SmLimits(threads=2048, registers=65536, shared_bytes=233472, ctas=32)  # cc 9.0: H100, H200
+
+
+# ---- candidates ---------------------------------------------------------------------------------------------
+def test_persistent_ctas_fill_the_sm_but_never_exceed_the_items():
+    assert persistent_ctas(32, n_items=132 * 64, n_sm=132) == 32      # 64 items per SM, 32 resident CTAs
+    assert persistent_ctas(32, n_items=132 * 4, n_sm=132) == 4        # 4 items per SM: 4 CTAs are enough
+    assert persistent_ctas(32, n_items=133, n_sm=132) == 2            # ceil(133 / 132)
+    assert persistent_ctas(2, n_items=132 * 64, n_sm=132) == 2        # a resource-capped kernel
+    assert persistent_ctas(None, n_items=10**6, n_sm=132) == 1        # occupancy unknown: one per SM
+    assert persistent_ctas(8, n_items=0, n_sm=132) == 1
+
+
+def test_candidates_start_with_plain_and_keep_affinity_for_workloads_with_classes():
+    policies = ("plain", "partition_queues", "affine_weighted", "weighted", "measured", "fastest")
+    got = candidates(policies, has_classes=True, n_items=132 * 8, n_sm=132, max_ctas_per_sm=16)
+    assert got == (PLAIN, QUEUES, Candidate("affine_weighted", 8), Candidate("weighted", 8))
+    got = candidates(policies, has_classes=False, n_items=132 * 8, n_sm=132, max_ctas_per_sm=2)
+    assert got == (PLAIN, Candidate("weighted", 2))  # no classes: nothing to be near to; measured never
+    assert candidates((), has_classes=True, n_items=5, n_sm=132, max_ctas_per_sm=None) == (PLAIN,)
+
+
+def test_the_trial_budget_holds_for_any_candidate_list():
+    every = candidates(POLICIES, has_classes=True, n_items=10**5, n_sm=132, max_ctas_per_sm=32)
+    assert len(trial_schedule(every, 5)) <= MAX_TRIAL_LAUNCHES and every[0] == PLAIN
+
+
+def test_trials_are_interleaved_after_one_untimed_round():
+    schedule = trial_schedule((PLAIN, QUEUES), 2)
+    assert schedule == [(PLAIN, False), (QUEUES, False), (PLAIN, True), (QUEUES, True), (PLAIN, True),
+                        (QUEUES, True)]
+
+
+def test_candidates_check_their_policy_and_grid():
+    assert Candidate("uniform", 4).grid(132, 10**6) == 528 and Candidate("uniform", 4).label == "uniform x4"
+    assert PLAIN.grid(132, 1000) == 1000 and PLAIN.grid(132, 0) == 1
+    assert QUEUES.grid(132, 1000, chunk=8) == 125 and QUEUES.grid(132, 1001, chunk=8) == 126
+    with pytest.raises(ValueError, match="persistent"):
+        Candidate("plain", 2)
+    with pytest.raises(ValueError, match="persistent"):
+        Candidate("uniform")
+    with pytest.raises(ValueError, match="policy"):
+        Candidate("fastest_please")
+
+
+# ---- the rule: never slower than plain ------------------------------------------------------------------------
+def test_a_clear_winner_beyond_tolerance_is_chosen():
+    timings = {PLAIN: [1.00, 1.02, 0.99], QUEUES: [0.90, 0.91, 0.95], Candidate("uniform", 2): [1.10, 1.2, 1.05]}
+    assert choose(timings, 0.01) == QUEUES
+
+
+def test_within_tolerance_plain_is_kept():
+    timings = {PLAIN: [1.00, 1.01, 1.00], QUEUES: [0.995, 0.996, 0.999]}
+    assert choose(timings, 0.01) == PLAIN
+    assert choose(timings, 0.0) == QUEUES
+
+
+def test_the_median_decides_not_one_lucky_trial():
+    assert choose({PLAIN: [1.0, 1.0, 1.0], QUEUES: [0.5, 1.3, 1.2]}, 0.01) == PLAIN
+
+
+def test_a_noisy_winner_is_not_trusted():
+    """Shaped like the H200 gather: a candidate whose median wins but whose spread reaches past plain's
+    median is not chosen."""
+    timings = {PLAIN: [0.191, 0.190, 0.193, 0.189, 0.192], QUEUES: [0.175, 0.181, 0.178, 0.24, 0.26]}
+    assert choose(timings, 0.01) == PLAIN
+    timings[QUEUES] = [0.175, 0.181, 0.178, 0.180, 0.182]
+    assert choose(timings, 0.01) == QUEUES
+
+
+def test_a_slower_placement_never_wins_against_plain():
+    # recorded shape of the H200 chase at 16 items per SM (a persistent grid of 1 CTA per SM: 1.22x plain)
+    timings = {PLAIN: [3.10, 3.12, 3.11], Candidate("affine_weighted", 1): [3.79, 3.80, 3.78]}
+    assert choose(timings, 0.01) == PLAIN
+
+
+def test_without_plain_the_fastest_wins_and_untimed_candidates_are_ignored():
+    assert choose({Candidate("uniform", 1): [2.0], Candidate("weighted", 1): [1.5], QUEUES: []}, 0.01) \
+        == Candidate("weighted", 1)
+
+
+def test_no_timings_is_an_error():
+    with pytest.raises(ValueError, match="at least one"):
+        choose({}, 0.01)
+    with pytest.raises(ValueError, match="at least one"):
+        choose({PLAIN: [], QUEUES: []}, 0.01)
+    with pytest.raises(ValueError, match="tolerance"):
+        choose({PLAIN: [1.0]}, 1.5)
+
+
+def test_the_decision_says_in_words_what_was_kept_and_why():
+    kept = Decision(PLAIN, {PLAIN: 2.0, QUEUES: 2.1}, {}, 12, 32)
+    assert kept.explain().startswith("plain launch kept: placement did not pay here (best other: "
+                                     "partition_queues at 1.050x plain)")
+    assert "12 trial launches" in kept.explain() and "32 CTAs/SM" in kept.explain()
+    won = Decision(QUEUES, {PLAIN: 2.0, QUEUES: 1.8}, {}, 12)
+    assert won.explain().startswith("chose partition_queues (") and "0.900x plain" in won.explain()
+    assert won.as_dict() == {"policy": "partition_queues", "ctas_per_sm": None, "chosen": "partition_queues",
+                             "medians": {"plain": 2.0, "partition_queues": 1.8}, "launches": 12,
+                             "max_ctas_per_sm": None}
+
+
+# ---- occupancy (the CUDA occupancy calculator's arithmetic, cc 9.0) ---------------------------------------------
+@pytest.mark.parametrize("threads, regs, shared, expected", [
+    (32, 10, 0, 32),          # one-warp CTAs, few registers: the 32-CTA limit
+    (128, 64, 0, 8),          # 64 regs x 128 threads = 8192 per CTA: 65536 / 8192
+    (128, 16, 0, 16),         # 2048 threads per SM / 128
+    (512, 80, 0, 1),          # 80 regs round to 2560 per warp x 16 warps = 40960: one CTA (the capped kernel)
+    (256, 32, 100 * 1024, 2),  # shared memory: 228 KB / (100 KB + 1 KB reserved)
+    (1024, 255, 0, 0),        # 255 registers x 1024 threads do not fit at all
+])
+def test_resident_ctas_match_the_occupancy_calculator(threads, regs, shared, expected):
+    assert resident_ctas(H100_SM, threads_per_cta=threads, registers_per_thread=regs, shared_bytes=shared) == expected
+
+
+def test_bad_kernel_resources_are_refused():
+    with pytest.raises(ValueError, match="resources"):
+        resident_ctas(H100_SM, threads_per_cta=0, registers_per_thread=10, shared_bytes=0)
