@@ -271,6 +271,46 @@ def bench_capped(dev, topo, reps) -> list:
     return rows
 
 
+def bench_diagnosis(dev, topo, reps) -> list:
+    """Where each policy puts the chase's items and what each item costs: per item the SM that ran it (%smid),
+    its start and end; summarized as the share of items run near their data, the spread of items per SM and the
+    near/far item times. The chase at 1 and 4 items per SM, for plain, partition_queues and affine_weighted."""
+    import torch
+    from placement_workloads import traced_chase_kernel
+
+    from torch_l2topo.analysis.labels import sm_labels
+    from torch_l2topo.placement.sm_aware import sm_aware
+
+    part = sm_labels(topo).partition
+    rows = []
+    for m in (1, 4):
+        n = m * topo.n_sm
+        loads = max(CHASE_LOADS_PER_SM // m, CHASE_MIN_LOADS)
+        w = chase_workload(dev, CHASE_TABLE_MB << 20, n, loads)
+        ends = torch.zeros(n, dtype=torch.int64, device=dev)
+        trace = torch.zeros(3 * n, dtype=torch.int64, device=dev)
+        for policy, ctas in (("plain", None), ("partition_queues", None), ("affine_weighted", m)):
+            kernel = sm_aware(traced_chase_kernel, policy=policy, ctas_per_sm=ctas, num_warps=1, topology=topo)
+            for _ in range(3):
+                kernel(w.starts, ends, loads, trace, n_items=n, item_class=w.classes, loads_per_item=loads)
+            torch.cuda.synchronize()
+            t = trace.view(n, 3).cpu().numpy()
+            sm, start, end = t[:, 0], t[:, 1] - t[:, 1].min(), t[:, 2] - t[:, 1].min()
+            near = part[sm] == w.classes
+            per_sm = np.bincount(sm, minlength=topo.n_sm)
+            row = {"items_per_sm": m, "policy": policy, "near_share": float(near.mean()),
+                   "items_per_sm_min_max": [int(per_sm.min()), int(per_sm.max())],
+                   "sms_used": int((per_sm > 0).sum()), "makespan_us": float(end.max() / 1e3),
+                   "near_item_us": float(np.median((end - start)[near]) / 1e3) if near.any() else None,
+                   "far_item_us": float(np.median((end - start)[~near]) / 1e3) if (~near).any() else None,
+                   "start_spread_us": float(np.quantile(start, 0.95) / 1e3)}
+            rows.append(row)
+            print(f"  {m}/SM {policy:17s} near {row['near_share']:.2f}  items/SM {row['items_per_sm_min_max']} "
+                  f"on {row['sms_used']} SMs  makespan {row['makespan_us']:.0f} us  near {row['near_item_us']} "
+                  f"far {row['far_item_us']} us  p95 start {row['start_spread_us']:.1f} us", flush=True)
+    return rows
+
+
 def bench_overhead(dev, topo) -> dict:
     """Host time per launch (eager) and device time per launch (graph) of an empty workload (chases of 0 loads,
     one item per SM) through @sm_aware against the same kernel launched directly."""
@@ -338,7 +378,7 @@ def bench_partition_map_sizes(dev) -> dict:
     return out
 
 
-PARTS = {"chase": bench_chase, "gather": bench_gather, "capped": bench_capped}
+PARTS = {"chase": bench_chase, "gather": bench_gather, "capped": bench_capped, "diagnosis": bench_diagnosis}
 
 
 def main(argv=None) -> dict:

@@ -19,7 +19,7 @@ import triton.language as tl
 
 from torch_l2topo.layout import LINE_BYTES, LINE_WORDS
 from torch_l2topo.triton_kernels.placement import plan_finish, plan_next, plan_start
-from torch_l2topo.triton_kernels.protocol import chase
+from torch_l2topo.triton_kernels.protocol import chase, global_ns, sm_id
 
 
 @triton.jit
@@ -37,6 +37,24 @@ def chase_kernel(starts_ptr, ends_ptr, n_loads, plan_ptr, state_ptr, PLACE: tl.c
     n_done = 0
     while item >= 0:
         _chase_item(starts_ptr, ends_ptr, n_loads, item)
+        n_done += 1
+        item, phase = plan_next(plan_ptr, state_ptr, sm, phase, PLACE)
+    plan_finish(plan_ptr, state_ptr, sm, t0, n_done, PLACE)
+
+
+@triton.jit
+def traced_chase_kernel(starts_ptr, ends_ptr, n_loads, trace_ptr, plan_ptr, state_ptr, PLACE: tl.constexpr):
+    """chase_kernel that also records, per item, the SM that ran it and its %globaltimer start and end (3 int64
+    at trace[3 * item]): where placement put each item and how long it took (the benchmark's diagnosis)."""
+    sm, t0 = plan_start(plan_ptr, state_ptr, PLACE)
+    item, phase = plan_next(plan_ptr, state_ptr, sm, 0, PLACE)
+    n_done = 0
+    while item >= 0:
+        start = global_ns()
+        _chase_item(starts_ptr, ends_ptr, n_loads, item)
+        tl.store(trace_ptr + 3 * item, sm_id())
+        tl.store(trace_ptr + 3 * item + 1, start)
+        tl.store(trace_ptr + 3 * item + 2, global_ns())
         n_done += 1
         item, phase = plan_next(plan_ptr, state_ptr, sm, phase, PLACE)
     plan_finish(plan_ptr, state_ptr, sm, t0, n_done, PLACE)

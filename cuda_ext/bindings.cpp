@@ -86,7 +86,7 @@ void placement_demo(at::Tensor out, at::Tensor count, int64_t n_out, at::Tensor 
   TORCH_CHECK(count.is_cuda() && count.scalar_type() == at::kInt && count.is_contiguous(), "count must be CUDA int32");
   TORCH_CHECK(plan.is_cuda() && plan.scalar_type() == at::kInt && plan.is_contiguous(), "plan must be CUDA int32");
   TORCH_CHECK(n_out >= 1 && out.numel() >= n_out, "out must hold n_out >= 1 slots, got n_out=", n_out);
-  TORCH_CHECK(plan.numel() > PLAN_HEADER && state.numel() > STATE_CURSORS, "plan/state shorter than their headers");
+  TORCH_CHECK(plan.numel() >= PLAN_HEADER && state.numel() > STATE_CURSORS, "plan/state shorter than their headers");
   TORCH_CHECK(grid >= 1, "grid must be >= 1, got ", grid);
   TORCH_CHECK(place == PLACE_DIRECT || place == PLACE_SHARES || place == PLACE_QUEUES, "unknown placement mode ",
               place);

@@ -72,6 +72,7 @@ DEFAULT_REFRESH = 16
 TRITON_DEFAULT_WARPS = 4  # what Triton launches with when num_warps is not given
 HELPERS = ("plan_start", "plan_next", "plan_finish")
 PLACE_ARG = "PLACE"
+HOST_GAP_CYCLES = 200_000  # a GPU spin of ~0.1 ms at 2 GHz before each timed trial launch (see __call__)
 
 
 def _digest(a) -> str:
@@ -239,6 +240,10 @@ class Placement:
             if cand.policy == "measured":
                 self._refresh_measured(entry, slot)
             if timed:
+                # Keep the GPU busy while this host queues the launch, so that the events time the kernel and not
+                # the host's launch cost (~25-35 us for a Triton launch: kernels of a few us would all time alike
+                # and noise would pick the winner)
+                torch.cuda._sleep(HOST_GAP_CYCLES)
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
             grid = self._launch(launch, index, cand, slot, n_items)
