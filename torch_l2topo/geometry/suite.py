@@ -853,15 +853,16 @@ EXPERIMENTS = {"first_touch": first_touch, "stride_sweep": stride_sweep, "capaci
 
 
 def make_context(device=None) -> Context:
+    """The suite's view of `device`: its SM count, L2 size and calibration (calibration_for: cached or measured)."""
     import torch
 
     from ..analysis.labels import sm_labels
     from ..device import device_info, resolve_device
-    from ..measure.calibration import calibrate
+    from ..measure.calibration import calibration_for
 
     index = resolve_device(device)
     info = device_info(index)
-    topo = calibrate(index)
+    topo = calibration_for(index)
     return Context(index=index, device=torch.device("cuda", index), n_sm=info.sm_count, l2_bytes=info.l2_bytes,
                    sm_partition=sm_labels(topo).partition, clock_ghz=float(np.median(topo.sm_clock_ghz)),
                    calibration=topo)

@@ -517,13 +517,10 @@ def _setup(index: int, topology, backend: str) -> _Setup:
     if hit is not None and (topology is None or hit.topology is topology):
         return hit
     from ..analysis.labels import sm_labels
-    from ..device import device_info
-    from ..measure.calibration import calibrate
+    from ..measure.calibration import calibration_for
 
-    n_sm = device_info(index).sm_count
-    topo = topology if topology is not None else calibrate(index, backend=backend)
-    if topo.n_sm != n_sm:
-        raise ValueError(f"the calibration covers {topo.n_sm} SMs, cuda:{index} has {n_sm}")
+    topo = calibration_for(index, topology, backend=backend)
+    n_sm = topo.n_sm  # the device's: calibration_for checked it
     labels = sm_labels(topo)
     if not labels.partitions.found:
         raise ProbeError(f"the calibration of cuda:{index} shows no two L2 partitions "
@@ -614,10 +611,11 @@ def partition_map(tensor, *, topology=None, backend: str = "triton", block_bytes
 
     A non-contiguous tensor or a view maps its whole storage (block i starts at byte i * block_bytes of the
     storage, not of the view). topology: the calibration whose SM labels (partition numbers) and SM pairs
-    are used; default calibrate(device), cached per process. backend: "triton" ("auto" means it too: the
-    probe is Triton only). The map is cached per storage until the storage is freed or moves (clear_cache()
-    forgets them all); a cached map is returned as the same object. Measuring takes the GPU lock, and is
-    refused during CUDA graph capture. Raises ProbeError when the timings show no partitions (a broken probe).
+    are used (another GPU's is refused: CalibrationMismatch); default calibrate(device), cached per process.
+    backend: "triton" ("auto" means it too: the probe is Triton only). The map is cached per storage until
+    the storage is freed or moves (clear_cache() forgets them all); a cached map is returned as the same
+    object. Measuring takes the GPU lock, and is refused during CUDA graph capture. Raises ProbeError when the
+    timings show no partitions (a broken probe).
     """
     import torch
 
