@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ProbeError
-from ..layout import LINE_BYTES, LINE_WORDS, control_words
+from ..layout import LINE_BYTES, LINE_WORDS
 from . import detectors as G
 
 MB = 1 << 20
@@ -67,35 +67,35 @@ def _progress(msg: str) -> None:
 
 
 # ---- launching -------------------------------------------------------------------------------------------
+def _rows(ctx: Context, sms):
+    """rows[sm] = r for the r-th SM of `sms`, -1 for SMs that only claim (on the device)."""
+    from ..measure.probes import to_device
+
+    rows = np.full(ctx.n_sm, -1, dtype=np.int32)
+    rows[np.asarray(sms)] = np.arange(len(sms))
+    return to_device(rows, ctx.device)
+
+
+def _launch(ctx: Context, kernel: str, loads: int, args: tuple) -> None:
+    """`kernel` on every SM at once (the SMs with a row measure), checked (probes.checked_launch)."""
+    from ..measure.probes import checked_launch
+
+    checked_launch(ctx.device, kernel, "triton", ctx.n_sm, ctx.n_sm, TIMEOUT_S, loads, args)
+
+
 def _run_offsets(ctx: Context, base: int, offsets: np.ndarray, sms) -> tuple[np.ndarray, np.ndarray]:
     """offsets_chase_kernel: SM sms[r] chases base + offsets[r, :] (one row per SM, all rows at once).
     Returns (cycles (n_rows, n_loads) float64, per_row (n_rows, 4): cycles, ns, start ns, end ns)."""
     import torch
 
-    from ..measure.launch import launch_triton
-    from ..measure.probes import (
-        GRID_FACTOR,
-        check_control,
-        host_deadline,
-        to_device,
-        wait_with_deadline,
-    )
-    from ..triton_kernels.geometry import offsets_chase_kernel
+    from ..measure.probes import to_device
 
     off = np.asarray(offsets, dtype=np.int64).reshape(len(sms), -1)
     n_rows, n = off.shape
     padded = np.concatenate([off, off[:, -1:]], axis=1)  # the read-ahead of the last load reads the padding
-    rows = np.full(ctx.n_sm, -1, dtype=np.int32)
-    rows[np.asarray(sms)] = np.arange(n_rows)
-    dev = ctx.device
-    ctrl = torch.zeros(control_words(ctx.n_sm), dtype=torch.int64, device=dev)
-    cycles = torch.zeros((n_rows, n), dtype=torch.int32, device=dev)
-    per_row = torch.zeros((n_rows, 4), dtype=torch.int64, device=dev)
-    launch_triton(offsets_chase_kernel, GRID_FACTOR * ctx.n_sm,
-                  (ctrl, base, to_device(padded, dev), to_device(rows, dev), cycles, per_row, n, 0, ctx.n_sm,
-                   ctx.n_sm, int(TIMEOUT_S * 1e9)), num_warps=1)
-    wait_with_deadline(dev, host_deadline(n, 1, 1, TIMEOUT_S), "geometry chase")
-    check_control(ctrl.cpu().numpy(), ctx.n_sm, TIMEOUT_S, "geometry chase")
+    cycles = torch.zeros((n_rows, n), dtype=torch.int32, device=ctx.device)
+    per_row = torch.zeros((n_rows, 4), dtype=torch.int64, device=ctx.device)
+    _launch(ctx, "offsets_chase", n, (base, to_device(padded, ctx.device), _rows(ctx, sms), cycles, per_row, n, 0))
     return cycles.cpu().numpy().astype(np.float64), per_row.cpu().numpy()
 
 
@@ -104,28 +104,12 @@ def _run_lanes(ctx: Context, starts: np.ndarray, sms, n_warm: int, n_timed: int,
     cycles, ns, start ns, end ns, XOR of the final addresses."""
     import torch
 
-    from ..measure.launch import launch_triton
-    from ..measure.probes import (
-        GRID_FACTOR,
-        check_control,
-        host_deadline,
-        to_device,
-        wait_with_deadline,
-    )
-    from ..triton_kernels.geometry import lanes_chase_kernel
+    from ..measure.probes import to_device
 
-    n_rows = len(sms)
-    rows = np.full(ctx.n_sm, -1, dtype=np.int32)
-    rows[np.asarray(sms)] = np.arange(n_rows)
-    dev = ctx.device
-    ctrl = torch.zeros(control_words(ctx.n_sm), dtype=torch.int64, device=dev)
-    out = torch.zeros((n_rows, 5), dtype=torch.int64, device=dev)
-    launch_triton(lanes_chase_kernel, GRID_FACTOR * ctx.n_sm,
-                  (ctrl, to_device(np.asarray(starts, dtype=np.int64).ravel(), dev), to_device(rows, dev), out,
-                   n_warm, n_timed, ctx.n_sm, ctx.n_sm, int(TIMEOUT_S * 1e9)), num_warps=1,
-                  constexprs={"LANES": lanes})
-    wait_with_deadline(dev, host_deadline(n_warm + n_timed, 1, 1, TIMEOUT_S), "geometry lanes")
-    check_control(ctrl.cpu().numpy(), ctx.n_sm, TIMEOUT_S, "geometry lanes")
+    starts = np.asarray(starts, dtype=np.int64).reshape(len(sms), lanes)
+    out = torch.zeros((len(sms), 5), dtype=torch.int64, device=ctx.device)
+    _launch(ctx, "lanes_chase", n_warm + n_timed, (to_device(starts.ravel(), ctx.device), _rows(ctx, sms), out,
+                                                   n_warm, n_timed))
     return out.cpu().numpy()
 
 
@@ -133,26 +117,11 @@ def _run_ring(ctx: Context, starts: np.ndarray, sms, n_warm: int, n_timed: int) 
     """ring_chase_kernel: SM sms[r] chases the ring from starts[r]. Returns (n_rows, 3) int64: cycles, ns, end."""
     import torch
 
-    from ..measure.launch import launch_triton
-    from ..measure.probes import (
-        GRID_FACTOR,
-        check_control,
-        host_deadline,
-        to_device,
-        wait_with_deadline,
-    )
-    from ..triton_kernels.geometry import ring_chase_kernel
+    from ..measure.probes import to_device
 
-    rows = np.full(ctx.n_sm, -1, dtype=np.int32)
-    rows[np.asarray(sms)] = np.arange(len(sms))
-    dev = ctx.device
-    ctrl = torch.zeros(control_words(ctx.n_sm), dtype=torch.int64, device=dev)
-    out = torch.zeros((len(sms), 3), dtype=torch.int64, device=dev)
-    launch_triton(ring_chase_kernel, GRID_FACTOR * ctx.n_sm,
-                  (ctrl, to_device(np.asarray(starts, dtype=np.int64), dev), to_device(rows, dev), out, n_warm,
-                   n_timed, ctx.n_sm, ctx.n_sm, int(TIMEOUT_S * 1e9)), num_warps=1)
-    wait_with_deadline(dev, host_deadline(n_warm + n_timed, 1, 1, TIMEOUT_S), "geometry ring")
-    check_control(ctrl.cpu().numpy(), ctx.n_sm, TIMEOUT_S, "geometry ring")
+    out = torch.zeros((len(sms), 3), dtype=torch.int64, device=ctx.device)
+    _launch(ctx, "ring_chase", n_warm + n_timed, (to_device(np.asarray(starts, dtype=np.int64), ctx.device),
+                                                  _rows(ctx, sms), out, n_warm, n_timed))
     return out.cpu().numpy()
 
 

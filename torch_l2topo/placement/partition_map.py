@@ -41,7 +41,7 @@ import numpy as np
 from scipy.optimize import linear_sum_assignment
 
 from ..errors import ProbeError, check_choice
-from ..layout import LINE_BYTES, control_words
+from ..layout import LINE_BYTES
 
 N_TIMED = 4            # timed loads per block and SM, of which the map keeps the fastest (cost count in
                        # triton_kernels/partition_probe.py)
@@ -562,19 +562,16 @@ def _launch_probe(tensor, plan_t, n_blocks: int, n_timing: int, n_sm: int, block
     """partition_probe_kernel once over the tensor's storage: ((2, n_blocks) int32 on the device, the fastest of
     N_TIMED loads of each block in clock counts, -1 where nothing was timed; host wall time of the launch and
     wait). Launches: the output's fill, the control block's two, the kernel; one copy of the control block
-    back (probes.checked_launches)."""
+    back (probes.checked_launch)."""
     import torch
 
-    from ..measure.probes import checked_launches
+    from ..measure.probes import checked_launch
 
     storage = _storage_of(tensor, block_bytes)
     cycles = torch.full((2, n_blocks), -1, dtype=torch.int32, device=tensor.device)
     per_sm = 2 * n_blocks // max(n_timing, 1) + 1
-    elapsed = 0.0
-    for elapsed in checked_launches(tensor.device, backend, "partition", n_sm, n_sm, timeout_s,
-                                     per_sm * (1 + N_TIMED), 1,
-                                     (storage.data_ptr(), plan_t, cycles, n_blocks, block_bytes, 0, N_TIMED)):
-        pass
+    elapsed = checked_launch(tensor.device, "partition_probe", backend, n_sm, n_sm, timeout_s, per_sm * (1 + N_TIMED),
+                             (storage.data_ptr(), plan_t, cycles, n_blocks, block_bytes, 0, N_TIMED))
     return cycles, elapsed
 
 
@@ -656,9 +653,7 @@ def reprobe(tensor, sample_blocks, *, topology=None, block_bytes: int = 256, n_t
     import torch
 
     from ..measure.calibration import measuring
-    from ..measure.launch import launch_triton
-    from ..measure.probes import GRID_FACTOR, check_control, host_deadline, to_device, wait_with_deadline, warm_clocks
-    from ..triton_kernels.partition_probe import partition_reprobe_kernel
+    from ..measure.probes import checked_launch, to_device, warm_clocks
 
     t0 = time.perf_counter()
     storage = _storage_of(tensor, block_bytes)
@@ -672,16 +667,12 @@ def reprobe(tensor, sample_blocks, *, topology=None, block_bytes: int = 256, n_t
     rows[list(setup.pairs.best)] = [0, 1]
     with measuring(index), torch.cuda.device(index):
         warm_clocks(device, warmup_ms)
-        ctrl = torch.zeros(control_words(setup.n_sm), dtype=torch.int64, device=device)
         cycles = torch.full((2, blocks.size), -1, dtype=torch.int64, device=device)
-        launch_triton(partition_reprobe_kernel, GRID_FACTOR * setup.n_sm,
-                      (ctrl, storage.data_ptr(), to_device(blocks, device), to_device(rows, device), cycles,
-                       blocks.size, block_bytes, 0, REPROBE_WARM, n_timed, setup.n_sm, 1, int(timeout_s * 1e9)),
-                      num_warps=1)
-        # two SMs measure, one after the other
-        deadline = host_deadline(blocks.size * (REPROBE_WARM + n_timed), 2, 1, timeout_s)
-        wait_with_deadline(device, deadline, "partition check")
-        check_control(ctrl.cpu().numpy(), setup.n_sm, timeout_s, "partition check")
+        # two SMs measure, one after the other (wave 1)
+        checked_launch(device, "partition_reprobe", "triton", setup.n_sm, 1, timeout_s,
+                       blocks.size * (REPROBE_WARM + n_timed),
+                       (storage.data_ptr(), to_device(blocks, device), to_device(rows, device), cycles, blocks.size,
+                        block_bytes, 0, REPROBE_WARM, n_timed), measuring_sms=2)
     c = cycles.cpu().numpy() / n_timed
     homes = np.where(c[0] < c[1], 0, np.where(c[1] < c[0], 1, -1))
     homes[(c < 0).any(axis=0)] = -1
