@@ -596,28 +596,6 @@ FIX_BLOCK_R = 128  # rows per step of a program: 4 warps, one 16-byte load per t
 BURST_LINES = 8    # lines per SM in the burst fix: one load at a time vs 8 at once
 
 
-def _timed_launches(ctx: Context, variants: dict, rounds: int, per_sample: int = 4) -> dict:
-    """{name: launch()}: after one warm-up launch each, `rounds` rounds of every variant in turn (the order
-    alternates, so drift does not favour one). A sample: per_sample launches back to back between two CUDA
-    events (later launches queue while the first runs, so the host's launch time is not counted but once),
-    divided by per_sample. Returns {name: [ms per launch, ...]}."""
-    import torch
-
-    for f in variants.values():
-        f()
-    times = {k: [] for k in variants}
-    for i in range(rounds):
-        for name in (list(variants) if i % 2 == 0 else list(variants)[::-1]):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(per_sample):
-                variants[name]()
-            end.record()
-            torch.cuda.synchronize(ctx.device)
-            times[name].append(float(start.elapsed_time(end)) / per_sample)
-    return times
-
-
 def _effect(times: dict, fixed: str, plain: str) -> dict:
     e = G.fix_effect(times[fixed], times[plain])
     return {"ratio": e.ratio, "spread": e.spread, "verdict": e.verdict, "with": times[fixed],
@@ -629,6 +607,7 @@ def _column_fixes(ctx: Context, rounds: int, reps: int) -> dict:
     import torch
 
     from ..measure.launch import launch_triton
+    from ..measure.timing import interleaved
     from ..triton_kernels.geometry import column_read_kernel
 
     pad = LINE_BYTES // 16  # structs in one line
@@ -640,9 +619,11 @@ def _column_fixes(ctx: Context, rounds: int, reps: int) -> dict:
         return lambda: launch_triton(column_read_kernel, FIX_COLS, (table, out, FIX_ROWS, pitch, reps), num_warps=4,
                                      constexprs={"COLS": FIX_COLS, "SWIZZLE": swizzle, "BLOCK_R": FIX_BLOCK_R})
 
-    times = _timed_launches(ctx, {"plain": read("plain", FIX_COLS, False),
-                                  "padded": read("padded", FIX_COLS + pad, False),
-                                  "swizzled": read("swizzled", FIX_COLS, True)}, rounds)
+    # one warm-up launch each, then alternating rounds; a sample: 4 launches back to back, waited for, so that
+    # the host's launch time counts once in 4 (interleaved)
+    measured = interleaved({"plain": read("plain", FIX_COLS, False), "padded": read("padded", FIX_COLS + pad, False),
+                            "swizzled": read("swizzled", FIX_COLS, True)}, rounds, per_sample=4, wait_each=True)
+    times = {name: list(m.times) for name, m in measured.items()}
     for name, out in sums.items():  # every program summed its whole column (of ones)
         if not torch.all(out == FIX_ROWS * 4 * reps):
             raise ProbeError(f"layout fixes: a {name} column read summed the wrong number of structs")
@@ -792,6 +773,8 @@ def _persisting_runs(ctx, flush, budget, lib, stream, hot, src, dst, sizes, rati
                      runs) -> None:
     import torch
 
+    from ..measure.timing import Interval
+
     rng = np.random.default_rng(5)
     for size in sizes:
         for ratio in [0.0] + ratios:
@@ -803,16 +786,14 @@ def _persisting_runs(ctx, flush, budget, lib, stream, hot, src, dst, sizes, rati
             _set_window(stream.cuda_stream, hot.data_ptr(), min(size, max_window) if window else 0, ratio)
             flush()
             hot[: size // 4].sum()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            dst.copy_(src)
-            end.record()
+            with Interval() as copy:
+                dst.copy_(src)
             torch.cuda.synchronize(ctx.device)
             offs = rng.integers(0, size // LINE_BYTES, size=(1, n)) * LINE_BYTES
             c, _ = _run_offsets(ctx, hot.data_ptr(), offs, [0])
             runs.append({"hot_bytes": size, "hit_ratio": ratio, "window": window,
                          "latency_cycles": float(c[0, 1:].mean()), "samples": c[0, 1:],
-                         "stream_copy_ms": float(start.elapsed_time(end))})
+                         "stream_copy_ms": copy.ms()})
             _check(lib.cuCtxResetPersistingL2Cache(), "cuCtxResetPersistingL2Cache")
 
 
