@@ -367,18 +367,40 @@ def prefetch(ctx: Context, flush: Flusher, budget: Budget, quick: bool) -> dict:
     return out
 
 
-def _slice_lines(ctx: Context, n_lines: int, repeats: int):
-    """A buffer of consecutive lines, each SM's latency to each (probes.run_lines), and the lines' slice
-    classes (slices.slice_classes on that matrix). Returns (buffer, matrix, classes)."""
+@dataclass(frozen=True, eq=False)
+class SliceLines:
+    """Consecutive lines of one buffer grouped in slice classes. buffer: the line buffer (an int64 CUDA tensor,
+    probes.line_buffer); addresses: (n_lines,) each line's address; classes: slices.SliceClasses of the lines."""
+
+    buffer: object
+    addresses: np.ndarray
+    classes: object
+
+    def sets(self, most: int, power_of_two: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """(one, spread): m lines of the largest class (the likeliest to share one L2 slice) and the first
+        line of each of m classes, m = min(most, the largest class's size, the class count); with power_of_two
+        rounded down to one (a lane count of tl.arange)."""
+        labels, sizes = self.classes.labels, self.classes.sizes
+        big = int(np.argmax(sizes))
+        m = int(min(most, sizes[big], self.classes.count))
+        if power_of_two:
+            m = 1 << (m.bit_length() - 1)
+        return (self.addresses[labels == big][:m],
+                np.array([self.addresses[np.flatnonzero(labels == c)[0]] for c in range(m)]))
+
+
+def slice_lines(ctx: Context, n_lines: int = 512, repeats: int = 3) -> SliceLines:
+    """A buffer of n_lines consecutive lines, each SM's latency to each (probes.run_lines, the median of
+    `repeats`), and the lines' slice classes (slices.slice_classes on that matrix)."""
     from ..analysis.slices import slice_classes
     from ..measure.probes import line_buffer, run_lines
 
     lines = line_buffer(n_lines, ctx.device)
     runs = run_lines(ctx.device, ctx.n_sm, n_lines, 2, 8, "triton", "waves", TIMEOUT_S, repeats, lines=lines)
     stack = np.stack([r.cycles for r in runs])
-    m = np.median(stack, axis=0)
     noise = float(np.median(stack.std(axis=0, ddof=1))) if repeats > 1 else 0.5
-    return lines, m, slice_classes(m, max(noise, 0.05))
+    return SliceLines(lines, lines.data_ptr() + np.arange(n_lines, dtype=np.int64) * LINE_BYTES,
+                      slice_classes(np.median(stack, axis=0), max(noise, 0.05)))
 
 
 def address_bits(ctx: Context, flush: Flusher, budget: Budget, quick: bool) -> dict:
@@ -403,9 +425,9 @@ def address_bits(ctx: Context, flush: Flusher, budget: Budget, quick: bool) -> d
            "model_64KB_pages": G.held_out_accuracy(addr, pm.homes, 16),
            "patterns_2MB_pages": G.pattern_accuracy(addr, pm.homes, 21)}
     if not budget.over():
-        lines, _, classes = _slice_lines(ctx, 512, 3)
-        line_addr = lines.data_ptr() + np.arange(512, dtype=np.int64) * LINE_BYTES
-        sl = G.bit_flips(line_addr, classes.labels, np.arange(7, 16))
+        sl_lines = slice_lines(ctx)
+        classes = sl_lines.classes
+        sl = G.bit_flips(sl_lines.addresses, classes.labels, np.arange(7, 16))
         out.update({"slice_classes": classes.count, "slice_class_sizes": classes.sizes.tolist(),
                     "slice_bits": sl.bits.tolist(), "slice_flip": sl.flip.tolist(),
                     "slice_granularity_bytes": sl.granularity(), "slice_margin": classes.margin})
@@ -448,12 +470,10 @@ def contention(ctx: Context, flush: Flusher, budget: Budget, quick: bool) -> dic
     """k SMs x LANES chases over M lines of one slice class ("one") or M lines of M different classes
     ("spread"): latency per load and requests per ns. Then the write-ups' pair detector: two independent
     loads from one SM, to two lines of one class or of two classes, timed together."""
-    lines, _, classes = _slice_lines(ctx, 512, 3)
-    addr = lines.data_ptr() + np.arange(512, dtype=np.int64) * LINE_BYTES
-    big = int(np.argmax(classes.sizes))
-    M = int(min(8, classes.sizes[big], classes.count))
-    sets = {"one": addr[classes.labels == big][:M],
-            "spread": np.array([addr[np.flatnonzero(classes.labels == c)[0]] for c in range(M)])}
+    sl = slice_lines(ctx)
+    lines, classes = sl.buffer, sl.classes
+    sets = dict(zip(("one", "spread"), sl.sets(8)))
+    M = len(sets["one"])
     ks = [1, 4, 16, 64, ctx.n_sm] if quick else [1, 2, 4, 8, 16, 32, 64, 96, ctx.n_sm]
     order = np.random.default_rng(3).permutation(ctx.n_sm)
     n_warm, n_timed = 16, 128 if quick else 512
@@ -478,7 +498,7 @@ def contention(ctx: Context, flush: Flusher, budget: Budget, quick: bool) -> dic
             sat = G.saturation(out["k"], out[f"{name}_requests_per_ns"])
             out[f"{name}_saturates_at_k"] = sat.at
             out[f"{name}_saturation_reason"] = sat.reason
-    out["pairs"] = _pair_detector(ctx, lines, addr, classes.labels, 8 if quick else 32)
+    out["pairs"] = _pair_detector(ctx, lines, sl.addresses, classes.labels, 8 if quick else 32)
     out["ncu"] = shutil.which("ncu")
     out["ncu_note"] = ("ncu found: run benchmarks/run_geometry.py --ncu-target under ncu for the counters"
                        if out["ncu"] else "ncu not on this machine: timing only")
@@ -494,14 +514,10 @@ def contention_for_profiler(device=None) -> None:
 
     ctx = make_context(device)
     with torch.cuda.device(ctx.index):
-        lines, _, classes = _slice_lines(ctx, 512, 3)
-        addr = lines.data_ptr() + np.arange(512, dtype=np.int64) * LINE_BYTES
-        big = int(np.argmax(classes.sizes))
-        m = int(min(8, classes.sizes[big], classes.count))
-        for s in (addr[classes.labels == big][:m],
-                  np.array([addr[np.flatnonzero(classes.labels == c)[0]] for c in range(m)])):
+        sl = slice_lines(ctx)
+        for s in sl.sets(8):
             at, val, after = _rings(s, ctx.n_sm, LANES, seed=0)
-            _write_words(lines, at, val)
+            _write_words(sl.buffer, at, val)
             _run_lanes(ctx, after(0), np.arange(ctx.n_sm), 16, 512)
 
 
@@ -638,13 +654,10 @@ def _burst_fix(ctx: Context, rounds: int, steps: int) -> dict:
     chasing its own ring (a warp-wide burst), the same number of loads; on lines of one slice class
     (conflicting) and on lines of m classes (not). Times: the kernel's globaltimer span (ns), first start to
     last end over all SMs, in alternating rounds."""
-    lines, _, classes = _slice_lines(ctx, 512, 3)
-    addr = lines.data_ptr() + np.arange(512, dtype=np.int64) * LINE_BYTES
-    big = int(np.argmax(classes.sizes))
-    m = int(min(BURST_LINES, classes.sizes[big], classes.count))
-    m = 1 << (m.bit_length() - 1)  # lanes: a power of two (tl.arange)
-    sets = {"one_class": addr[classes.labels == big][:m],
-            "spread": np.array([addr[np.flatnonzero(classes.labels == c)[0]] for c in range(m)])}
+    sl = slice_lines(ctx)
+    lines = sl.buffer
+    sets = dict(zip(("one_class", "spread"), sl.sets(BURST_LINES, power_of_two=True)))
+    m = len(sets["one_class"])
     sms = np.arange(ctx.n_sm)
     out = {"lines": m, "steps_per_lane": steps, "unit": "ns"}
     for name, s in sets.items():
