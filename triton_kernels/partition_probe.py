@@ -1,14 +1,15 @@
 """Partition probes of a tensor's storage: which L2 partition each block of bytes is homed in.
 
-The host side is torch_l2topo/placement/partition_map.py. Both kernels time dependent loads of the first line of each
-block. The data is arbitrary (not pointers), so a load's value cannot be the next address: the next address
-is the line's own address, made to wait for the loaded value (protocol.address_after: + (value AND zero),
-`zero` a runtime 0 the host passes, in asm that neither Triton nor ptxas can fold), so each load waits for
-the one before, and the chain never leaves the line. Scalar work per program: launch with num_warps=1.
+The host side is torch_l2topo/placement/partition_map.py (the map) and partition_check.py (the re-probe). Both
+kernels time dependent loads of the first line of each block. The data is arbitrary (not pointers), so a
+load's value cannot be the next address: the next address is the line's own address, made to wait for the
+loaded value (protocol.address_after: + (value AND zero), `zero` a runtime 0 the host passes, in asm that
+neither Triton nor ptxas can fold), so each load waits for the one before, and the chain never leaves the
+line. Scalar work per program: launch with num_warps=1.
 
 partition_probe_kernel (the map): all SMs at once (wave = n_sm), each pair of SMs over its own contiguous range.
 Every block is timed twice, by the two SMs of a pair (one near each partition): their difference decides the
-home (partition_map.py says why one SM's latency alone does not). Each timing is the FASTEST of N_TIMED
+home (partition_decision.py says why one SM's latency alone does not). Each timing is the FASTEST of N_TIMED
 single loads, each between two clock reads. Why: on two H200s (benchmarks/results/partition/*-raw.npz),
 ~1% of the former 4-load timings of a tensor's first probe came out 8-46 cycles per load slower than in a
 second probe (a few up to 285), never faster; the second probe had none. Read as one load of the four

@@ -152,11 +152,15 @@ def host_deadline(per_sm_loads: int, n_sm: int, wave: int, timeout_s: float) -> 
 
 
 def to_device(a: np.ndarray, device):
-    # Pinned and non-blocking: a pageable copy would block the host behind any work queued on the GPU,
-    # and the host-side deadline could never fire.
+    """A host array as a tensor on `device`. To a GPU: pinned and non-blocking, since a pageable copy would
+    block the host behind any work queued on the GPU, and the host-side deadline could never fire. Any other
+    device (host-side tests, classification on the CPU): a plain copy."""
     import torch
 
-    return torch.from_numpy(np.ascontiguousarray(a)).pin_memory().to(device, non_blocking=True)
+    t = torch.from_numpy(np.ascontiguousarray(a))
+    if torch.device(device).type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 def checked_launches(device, kernel: str, backend: str, n_sm: int, wave: int, timeout_s: float,
