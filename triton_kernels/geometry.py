@@ -1,4 +1,4 @@
-"""Triton kernels of the L2 geometry suite (host side: torch_l2topo/geometry/suite.py).
+"""Triton kernels of the L2 geometry suite (host side: torch_l2topo/geometry/chases.py, for suite.py).
 
 Three kernels, all on the public protocol (protocol.py): every SM is claimed, and only the SMs given a row
 measure (rows[sm] >= 0), all at once (wave = n_sm). Scalar or one-warp work: launch with num_warps=1.
