@@ -9,6 +9,7 @@ watchdog timeouts are generous because instrumented kernels run far slower. Prin
 """
 from __future__ import annotations
 
+import argparse
 import sys
 import traceback
 
@@ -84,14 +85,18 @@ def optional_kernels(device, topo):
     return out
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("calibration", help="a calibration of this GPU (.npz), made outside the sanitizer")
+    args = ap.parse_args(argv)
+
     import torch
 
     from torch_l2topo import Topology
 
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
-    topo = Topology.load(sys.argv[1])
+    topo = Topology.load(args.calibration)
     failed = 0
     for name, thunk in kernels(device, topo):
         try:
