@@ -20,6 +20,9 @@ TIMEOUT_S = 2.0          # the kernels' watchdog
 
 @dataclass
 class Context:
+    """The device an experiment runs on (make_context): its index and torch.device, SM count, L2 size, each
+    SM's L2 partition and the median SM clock from its calibration, and the calibration itself."""
+
     index: int
     device: object
     n_sm: int
