@@ -21,12 +21,12 @@ import contextlib
 import time
 
 import numpy as np
-from bench_placement import interleaved
 from common import calibrated_device, gpu_parser, write_result
 from placement_workloads import chase_plain_kernel, chase_workload
 
 import torch_l2topo
 import torch_l2topo.placement.green_contexts
+from torch_l2topo.measure.timing import interleaved
 
 CHASE_MB = 16
 CHASE_LOADS = 2048
@@ -53,7 +53,9 @@ def side_by_side(variants: dict, reps: int) -> dict:
                 launch()
         return run if n_sm else launch
 
-    out = interleaved({label: inside(*v) for label, v in variants.items()}, reps)
+    # 3 untimed rounds, then every variant once a round in a fixed order, read at the end
+    timed = interleaved({label: inside(*v) for label, v in variants.items()}, reps, warmup=3, alternate=False)
+    out = {label: m.quantiles() for label, m in timed.items()}
     for label, (n_sm, near, _) in variants.items():
         sel = torch_l2topo.green_contexts.select(n_sm, near=near) if n_sm else None
         out[label]["sms"] = None if sel is None or sel.sms is None else len(sel.sms)

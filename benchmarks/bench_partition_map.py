@@ -33,6 +33,7 @@ def main(argv=None) -> dict:
     from torch_l2topo.measure.calibration import calibrate, measuring
     from torch_l2topo.measure.probes import warm_clocks
     from torch_l2topo.placement import partition_map as pm
+    from torch_l2topo.placement.partition_check import REPROBE_TIMED, agreement, reprobe
 
     device = torch.device("cuda", args.device)
     torch.cuda.set_device(device)
@@ -40,14 +41,14 @@ def main(argv=None) -> dict:
     t0 = time.perf_counter()
     pm.partition_map(torch.empty(1 << 18, device=device))  # compiles the kernel, computes the SM pairs
     first_call_s = time.perf_counter() - t0
-    setup = pm._setup(args.device, None, "triton")
+    setup = pm.setup_for(args.device)
     lock = []
     for _ in range(20):  # the GPU lock every cold map takes (calibration.measuring)
         start = time.perf_counter()
         with measuring(args.device):
             pass
         lock.append(time.perf_counter() - start)
-    figures = {"block_bytes": 256, "n_timed": pm.N_TIMED, "reprobe_timed": pm.REPROBE_TIMED,
+    figures = {"block_bytes": 256, "n_timed": pm.N_TIMED, "reprobe_timed": REPROBE_TIMED,
                "first_call_s": first_call_s, "lock_s": quantiles(lock), "pairs": len(setup.pairs.sms),
                "pair_margin_cycles": quantiles(setup.pairs.margin), "reprobe_sms": list(setup.pairs.best),
                "sizes": {}}
@@ -71,7 +72,7 @@ def main(argv=None) -> dict:
             warm.append(time.perf_counter() - start)
         both = (maps[0] >= 0) & (maps[-1] >= 0)
         sample = rng.choice(m.n_blocks, min(args.sample, m.n_blocks), replace=False)
-        check = pm.reprobe(t, sample)
+        check = reprobe(t, sample)
         figures["sizes"][str(mb)] = {
             "n_blocks": m.n_blocks, "cold_s": quantiles(cold), "probe_s": quantiles(probe),
             "warm_s": quantiles(warm), "undecided_fraction": m.undecided_fraction,
@@ -79,7 +80,7 @@ def main(argv=None) -> dict:
             "margin_cycles": {"p0.1": float(np.quantile(m.margin, 0.001)), "p1": float(np.quantile(m.margin, 0.01)),
                               "p50": float(np.median(m.margin))},
             "repeat_agreement": float(np.mean(maps[0][both] == maps[-1][both])),
-            "reprobe_agreement": pm.agreement(m, check), "reprobe_blocks": int(sample.size),
+            "reprobe_agreement": agreement(m, check), "reprobe_blocks": int(sample.size),
             "reprobe_s": check.elapsed_s,
             "reprobe_near_far_cycles": [float(np.median(check.cycles.min(axis=0))),
                                         float(np.median(check.cycles.max(axis=0)))],

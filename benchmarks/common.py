@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from torch_l2topo.files import json_default
+from torch_l2topo.measure.timing import Measurement
 
 
 def environment(device_index: int = 0) -> dict:
@@ -66,9 +67,8 @@ def _smi_clocks(index: int) -> dict:
 
 
 def quantiles(values) -> dict:
-    v = np.asarray(values, dtype=float)
-    return {"p20": float(np.quantile(v, 0.2)), "p50": float(np.median(v)), "p80": float(np.quantile(v, 0.8)),
-            "n": int(v.size)}
+    """A result row's {"p20", "p50", "p80", "n"} of any values (times in any unit): timing.Measurement's."""
+    return Measurement(values).quantiles()
 
 
 def command_line() -> str:

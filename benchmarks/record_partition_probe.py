@@ -1,5 +1,5 @@
 """Record the partition probe's raw timings on the local GPU, with independent serialized re-probes, for
-offline analysis of the block classifier (partition_map.classify_blocks) and its CPU tests.
+offline analysis of the block classifier (partition_decision.classify_blocks) and its CPU tests.
 
 For tensors of --sizes MB: the map probe's raw timings (cycles per load, 2 timings per block, by SM pairs:
 4-load means in recordings made before 2026-11-30 23:00 UTC, the minimum of 4 single loads since) twice,
@@ -30,12 +30,14 @@ def main(argv=None) -> None:
     from torch_l2topo.analysis.labels import sm_labels
     from torch_l2topo.measure.calibration import measuring
     from torch_l2topo.placement import partition_map as pm
+    from torch_l2topo.placement.partition_check import reprobe
+    from torch_l2topo.placement.partition_pairs import choose_pairs, probe_plan, timers_of_blocks
 
     dev = torch.device("cuda", args.device)
     torch.cuda.set_device(dev)
     topo = torch_l2topo.calibrate(dev)
     labels = sm_labels(topo)
-    pairs = pm.choose_pairs(topo.line_cycles, labels.partition, labels.line_partition)
+    pairs = choose_pairs(topo.line_cycles, labels.partition, labels.line_partition)
     data = {"command": np.array(command_line()), "uuid_hash": np.array(topo.meta["uuid_hash"]),
             "sm_partition": labels.partition, "near": labels.near_cycles, "far": labels.far_cycles,
             "pairs": pairs.sms}
@@ -43,14 +45,14 @@ def main(argv=None) -> None:
     for i, mb in enumerate(sorted(args.sizes)):
         t = torch.randn((mb << 20) // 4, device=dev)
         n_blocks = pm.n_blocks_of(t.untyped_storage().nbytes(), 256)
-        plan = pm.probe_plan(n_blocks, pairs.sms, topo.n_sm)
+        plan = probe_plan(n_blocks, pairs.sms, topo.n_sm)
         with measuring(args.device):
             for r in range(2):
                 data[f"mb{mb}_cycles_r{r}"], data[f"mb{mb}_probe_s_r{r}"] = pm.run_probe(t, plan, topo.n_sm)
         data[f"mb{mb}_plan"] = plan
-        data[f"mb{mb}_timers"] = pm.timers_of_blocks(plan, n_blocks)
+        data[f"mb{mb}_timers"] = timers_of_blocks(plan, n_blocks)
         sample = np.arange(n_blocks) if i == 0 else np.sort(rng.choice(n_blocks, args.sample, replace=False))
-        check = pm.reprobe(t, sample, topology=topo)
+        check = reprobe(t, sample, topology=topo)
         data[f"mb{mb}_reprobe_blocks"] = check.blocks
         data[f"mb{mb}_reprobe_cycles"] = check.cycles
         data[f"mb{mb}_reprobe_sms"] = check.sms

@@ -17,11 +17,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import environment, write_json
 
-from torch_l2topo.geometry.suite import (
-    contention_for_profiler,
-    run_suite,
-    summary_lines,
-)
+from torch_l2topo.geometry.suite import contention_for_profiler, run_suite
+from torch_l2topo.geometry.summary import summary_lines
 
 
 def curves(result: dict) -> dict:

@@ -9,6 +9,7 @@ watchdog timeouts are generous because instrumented kernels run far slower. Prin
 """
 from __future__ import annotations
 
+import argparse
 import sys
 import traceback
 
@@ -60,7 +61,8 @@ def optional_kernels(device, topo):
     import torch
 
     from torch_l2topo.measure.launch import launch
-    from torch_l2topo.placement.partition_map import partition_map, reprobe
+    from torch_l2topo.placement.partition_check import reprobe
+    from torch_l2topo.placement.partition_map import partition_map
     from torch_l2topo.placement.sm_aware import Placement
 
     data = torch.zeros(1 << 18, device=device)
@@ -83,14 +85,18 @@ def optional_kernels(device, topo):
     return out
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("calibration", help="a calibration of this GPU (.npz), made outside the sanitizer")
+    args = ap.parse_args(argv)
+
     import torch
 
     from torch_l2topo import Topology
 
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
-    topo = Topology.load(sys.argv[1])
+    topo = Topology.load(args.calibration)
     failed = 0
     for name, thunk in kernels(device, topo):
         try:

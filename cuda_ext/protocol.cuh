@@ -52,6 +52,16 @@ __device__ __forceinline__ int64_t chase_l1(int64_t addr) {
   return next;
 }
 
+// `addr` itself, but only once `value` has arrived: addr + (value AND zero), with `zero` a runtime 0 the host
+// passes. In asm, so nvcc cannot fold the AND: a load from the result waits for the load that made `value`.
+// Chains loads of data that are not pointers. Not volatile: it only orders, it reads nothing.
+__device__ __forceinline__ int64_t address_after(int64_t addr, int64_t value, int64_t zero) {
+  int64_t out;
+  asm("{\n\t.reg .b64 m;\n\tand.b64 m, %2, %3;\n\tadd.s64 %0, %1, m;\n\t}"
+      : "=l"(out) : "l"(addr), "l"(value), "l"(zero));
+  return out;
+}
+
 __device__ __forceinline__ void nanosleep(unsigned ns) { __nanosleep(ns); }
 
 namespace detail {

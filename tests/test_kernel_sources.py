@@ -78,6 +78,22 @@ def test_public_headers_compile_in_a_users_kernel(tmp_path):
     assert out.returncode == 0, out.stderr
 
 
+def test_address_after_keeps_the_chain_in_cuda(tmp_path):
+    """CUDA's address_after (mirror of the Triton helper the geometry and partition probes chain with): the AND
+    with the runtime zero survives nvcc, between the first load and the one whose address waits for it."""
+    src = tmp_path / "chain.cu"
+    src.write_text('#include "protocol.cuh"\n'
+                   "__global__ void chain(int64_t base, int64_t zero, int64_t* out) {\n"
+                   "  int64_t v = l2topo::chase(base);\n"
+                   "  out[0] = l2topo::chase(l2topo::address_after(base + 128, v, zero));\n}\n")
+    out = subprocess.run([_nvcc(), "-arch=sm_90", "-I", str(ROOT / "cuda_ext"), "-ptx", str(src), "-o",
+                          str(tmp_path / "chain.ptx")], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    ptx = (tmp_path / "chain.ptx").read_text()
+    first, second = [m.start() for m in re.finditer(r"ld\.global\.cg\.u64", ptx)]
+    assert "and.b64" in ptx[first:second]
+
+
 def _triton_compile(fn, signature, constexprs, num_warps=1):
     try:
         import triton

@@ -1,8 +1,8 @@
-"""Partition maps of tensors (torch_l2topo/placement/partition_map.py): the decision on synthetic data, on the bundled
-H200 calibration and on the map probe's recordings of four H200s (one tunes, one is held out, two recorded
-with the min-of-singles kernel), against a plain numpy reference of it kept here, the SM pairs and the probe
-plan with its per-size data kept with the setup, the per-allocation cache on CPU tensors, and the map itself
-on a GPU."""
+"""Partition maps of tensors (torch_l2topo/placement/partition_*.py): the decision on synthetic data, on the
+bundled H200 calibration and on the map probe's recordings of four H200s (one tunes, one is held out, two
+recorded with the min-of-singles kernel), against a plain numpy reference of it kept here, the SM pairs and
+the probe plan with its per-size data kept with the setup, the per-allocation cache on CPU tensors, and the
+map itself with its independent check on a GPU."""
 import gc
 from pathlib import Path
 
@@ -11,7 +11,11 @@ import pytest
 import torch
 
 from torch_l2topo import load_example, sm_labels
+from torch_l2topo.placement import partition_decision as decision
 from torch_l2topo.placement import partition_map as pm
+from torch_l2topo.placement.partition_cache import MapCache
+from torch_l2topo.placement.partition_check import agreement, reprobe
+from torch_l2topo.placement.partition_pairs import choose_pairs, probe_plan, timers_of_blocks
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +58,7 @@ def _synthetic(n_blocks=4096, offset=12.0, noise=1.0, slices=0.0, seed=0):
 
 
 def _classify(cycles, timers, **kw):
-    return pm.classify_blocks(cycles, timers, _NEAR, _FAR, **kw)
+    return decision.classify_blocks(cycles, timers, _NEAR, _FAR, **kw)
 
 
 @pytest.mark.parametrize("slices", [0.0, 25.0])
@@ -78,7 +82,7 @@ def test_classify_marks_blocks_within_noise_undecided():
     cycles[0, :10] = cycles[1, :10] + threshold[0] + 0.5  # d a hair above pair 0's threshold: no evidence
     got = _classify(cycles, timers)
     assert (got.homes[:10] == -1).all() and (got.homes[10:] >= 0).mean() > 0.99
-    assert (got.margin[:10] < pm.UNDECIDED_Z * pm.NOISE_CYCLES).all()
+    assert (got.margin[:10] < decision.UNDECIDED_Z * decision.NOISE_CYCLES).all()
 
 
 def test_classify_leaves_missing_timings_and_uncalibrated_pairs_undecided():
@@ -86,7 +90,7 @@ def test_classify_leaves_missing_timings_and_uncalibrated_pairs_undecided():
     cycles[0, :5] = np.nan
     near = _NEAR.copy()
     near[3] = np.nan  # pair 1's SM of partition 1 has no calibration
-    got = pm.classify_blocks(cycles, timers, near, _FAR)
+    got = decision.classify_blocks(cycles, timers, near, _FAR)
     assert got.found and np.isnan(got.threshold[1]) and np.isfinite(got.threshold[[0, 2, 3]]).all()
     assert (got.homes[:5] == -1).all() and (got.homes[timers[:, 0] == 2] == -1).all()
     decided = got.homes >= 0
@@ -138,13 +142,13 @@ def test_timings_without_partitions_are_no_structure(timings, n_blocks):
 
 def test_classify_checks_its_inputs():
     cycles, timers, _ = _synthetic()
-    prepared = pm.block_pairs(timers, _NEAR, _FAR)
+    prepared = decision.block_pairs(timers, _NEAR, _FAR)
     with pytest.raises(ValueError, match="shape"):
-        pm.classify_blocks(cycles[:, :-1], prepared)
+        decision.classify_blocks(cycles[:, :-1], prepared)
     with pytest.raises(ValueError, match="calibration"):
-        pm.classify_blocks(cycles, prepared, _NEAR, _FAR)
+        decision.classify_blocks(cycles, prepared, _NEAR, _FAR)
     with pytest.raises(TypeError, match="near and far"):
-        pm.classify_blocks(cycles, timers)
+        decision.classify_blocks(cycles, timers)
     with pytest.raises(ValueError, match="shape"):
         _classify(cycles.T, timers)
     with pytest.raises(ValueError, match="shape"):
@@ -152,13 +156,13 @@ def test_classify_checks_its_inputs():
     with pytest.raises(ValueError, match="SM ids"):
         _classify(cycles, timers + 8)
     with pytest.raises(ValueError, match="near and far"):
-        pm.classify_blocks(cycles, timers, _NEAR[:-1], _FAR)
+        decision.classify_blocks(cycles, timers, _NEAR[:-1], _FAR)
     got = _classify(cycles, np.full_like(timers, -1))
     assert not got.found and (got.homes == -1).all()
 
 
 # ---- the decision against a plain reference ----------------------------------------------------------
-def _reference(cycles, timers, near, far, noise_cycles=pm.NOISE_CYCLES, z=pm.UNDECIDED_Z):
+def _reference(cycles, timers, near, far, noise_cycles=decision.NOISE_CYCLES, z=decision.UNDECIDED_Z):
     """classify_blocks written plainly, the independent oracle of its vectorized (torch) implementation: one
     pair at a time, then the pool of the small pairs, each a 2-means on d in units of its calibrated contrast.
     Returns (homes, margin, threshold, found)."""
@@ -180,18 +184,18 @@ def _reference(cycles, timers, near, far, noise_cycles=pm.NOISE_CYCLES, z=pm.UND
             members.append((k, blocks, (c[0, blocks] - c[1, blocks] - mid) / half, mid, half))
     if not members:
         return nothing
-    groups = [[m] for m in members if len(m[1]) >= pm.MIN_FIT]
-    pool = [m for m in members if len(m[1]) < pm.MIN_FIT]
+    groups = [[m] for m in members if len(m[1]) >= decision.MIN_FIT]
+    pool = [m for m in members if len(m[1]) < decision.MIN_FIT]
     if pool:
         groups.append(pool)
     fits = []  # (members, x, cut, spread, fitted, modes)
     for group in groups:
         x = np.concatenate([m[2] for m in group])
-        fitted = len(x) >= pm.MIN_FIT
+        fitted = len(x) >= decision.MIN_FIT
         lo, hi = -1.0, 1.0
         if fitted:
             before = None
-            for _ in range(pm.MAX_ITERATIONS):
+            for _ in range(decision.MAX_ITERATIONS):
                 upper = x > (lo + hi) / 2
                 if before is not None and np.array_equal(upper, before):
                     break
@@ -200,16 +204,16 @@ def _reference(cycles, timers, near, far, noise_cycles=pm.NOISE_CYCLES, z=pm.UND
                 before = upper
         cut, spread = (lo + hi) / 2, (hi - lo) / 2
         n_upper = int(np.sum(x > cut))
-        balanced = min(n_upper, len(x) - n_upper) >= pm.MIN_BALANCE * len(x)
-        modes = not fitted or (spread >= pm.MIN_SEPARATION and balanced)
+        balanced = min(n_upper, len(x) - n_upper) >= decision.MIN_BALANCE * len(x)
+        modes = not fitted or (spread >= decision.MIN_SEPARATION and balanced)
         fits.append((group, x, cut, spread, fitted, modes))
     fitted = [f for f in fits if f[4]]
     if fitted:
-        if np.mean([f[5] for f in fitted]) < pm.MIN_PAIRS_OK:
+        if np.mean([f[5] for f in fitted]) < decision.MIN_PAIRS_OK:
             return nothing
-        central = np.concatenate([np.abs(x - cut) < pm.CENTRAL_BAND * spread
+        central = np.concatenate([np.abs(x - cut) < decision.CENTRAL_BAND * spread
                                   for _, x, cut, spread, _, modes in fitted if modes])
-        if np.mean(central) > pm.MAX_CENTRAL:
+        if np.mean(central) > decision.MAX_CENTRAL:
             return nothing
     for group, _, cut, _, _, modes in fits:
         for k, blocks, x, mid, half in group:
@@ -249,7 +253,7 @@ def _synthetic_cases():
 @pytest.mark.parametrize("case", list(_synthetic_cases()), ids=lambda case: case[0])
 def test_classify_matches_the_plain_reference_on_synthetic_timings(case):
     _, cycles, timers, near, far = case
-    _same_as_reference(pm.classify_blocks(cycles, timers, near, far), cycles, timers, near, far)
+    _same_as_reference(decision.classify_blocks(cycles, timers, near, far), cycles, timers, near, far)
 
 
 # ---- the decision on real H200 data: the bundled calibration ------------------------------------------
@@ -267,13 +271,13 @@ def test_real_h200_blocks_timed_by_sm_pairs_are_all_read_right(h200):
     for train, test in ((np.arange(n // 2, n), np.arange(n // 2)), (np.arange(n // 2), np.arange(n // 2, n))):
         seen = np.full(topo.n_lines, -1)
         seen[2 * train], seen[2 * train + 1] = truth[train], truth[train]
-        pairs = pm.choose_pairs(topo.line_cycles, labels.partition, seen)
+        pairs = choose_pairs(topo.line_cycles, labels.partition, seen)
         assert len(pairs.sms) == 66 and (labels.partition[pairs.sms] == [0, 1]).all()
         for a, b in pairs.sms:
-            got = pm.classify_blocks(first[[a, b]][:, test], np.tile([a, b], (len(test), 1)), labels.near_cycles,
+            got = decision.classify_blocks(first[[a, b]][:, test], np.tile([a, b], (len(test), 1)), labels.near_cycles,
                                      labels.far_cycles)
             assert got.found and np.array_equal(got.homes, truth[test]), (a, b)
-            assert got.margin.min() > 3 * pm.UNDECIDED_Z * pm.NOISE_CYCLES
+            assert got.margin.min() > 3 * decision.UNDECIDED_Z * decision.NOISE_CYCLES
 
 
 def _best_threshold_agreement(values, near_home):
@@ -318,15 +322,15 @@ def test_classify_matches_the_plain_reference_on_the_recordings(recordings, gpu,
     and thresholds; from numpy arrays, from torch tensors, and from the BlockPairs a map prepares once."""
     rec = recordings[gpu]
     timers, near, far = rec[f"mb{mb}_timers"], rec["near"], rec["far"]
-    prepared = pm.block_pairs(timers, near, far)
+    prepared = decision.block_pairs(timers, near, far)
     for run in (0, 1):
         cycles = rec[f"mb{mb}_cycles_r{run}"]
-        got = pm.classify_blocks(cycles, timers, near, far)
+        got = decision.classify_blocks(cycles, timers, near, far)
         _same_as_reference(got, cycles, timers, near, far)
         assert got.found and np.array_equal(got.pairs, prepared.pairs)
-        for again in (pm.classify_blocks(torch.from_numpy(cycles), torch.from_numpy(timers), torch.from_numpy(near),
-                                         torch.from_numpy(far)),
-                      pm.classify_blocks(torch.from_numpy(cycles).double(), prepared)):
+        for again in (decision.classify_blocks(torch.from_numpy(cycles), torch.from_numpy(timers),
+                                               torch.from_numpy(near), torch.from_numpy(far)),
+                      decision.classify_blocks(torch.from_numpy(cycles).double(), prepared)):
             assert np.array_equal(again.homes, got.homes) and np.array_equal(again.margin, got.margin)
             np.testing.assert_array_equal(again.threshold, got.threshold)
 
@@ -339,12 +343,13 @@ def test_min_kernel_recordings_agree_with_the_reprobe_in_either_probe(recordings
     rec = recordings[gpu]
     for run in (0, 1):
         got = _recorded_map(rec, mb, run)
-        assert got.found and (got.homes >= 0).all() and got.margin.min() > 2 * pm.UNDECIDED_Z * pm.NOISE_CYCLES
+        assert got.found and (got.homes >= 0).all()
+        assert got.margin.min() > 2 * decision.UNDECIDED_Z * decision.NOISE_CYCLES
         assert _agreement(rec, mb, got.homes) == 1.0
 
 
 def _recorded_map(rec, mb, run):
-    return pm.classify_blocks(rec[f"mb{mb}_cycles_r{run}"], rec[f"mb{mb}_timers"], rec["near"], rec["far"])
+    return decision.classify_blocks(rec[f"mb{mb}_cycles_r{run}"], rec[f"mb{mb}_timers"], rec["near"], rec["far"])
 
 
 def _agreement(rec, mb, homes):
@@ -393,7 +398,7 @@ def test_recorded_timings_of_unrelated_blocks_are_no_structure(recordings, mb):
     for sm in np.unique(timers[:, 1]):
         mine = np.flatnonzero(timers[:, 1] == sm)
         cycles[1, mine] = cycles[1, rng.permutation(mine)]
-    got = pm.classify_blocks(cycles, timers, rec["near"], rec["far"])
+    got = decision.classify_blocks(cycles, timers, rec["near"], rec["far"])
     assert not got.found and "no structure" in got.reason
 
 
@@ -410,10 +415,10 @@ def test_recorded_pair_difference_reads_homes_where_one_sm_does_not(recordings):
 
 def test_probe_plan_times_every_block_once_per_partition(h200):
     topo, labels = h200
-    pairs = pm.choose_pairs(topo.line_cycles, labels.partition, labels.line_partition)
+    pairs = choose_pairs(topo.line_cycles, labels.partition, labels.line_partition)
     for n_blocks in (1, 65, 131072):
-        plan = pm.probe_plan(n_blocks, pairs.sms, topo.n_sm)
-        timers = pm.timers_of_blocks(plan, n_blocks)
+        plan = probe_plan(n_blocks, pairs.sms, topo.n_sm)
+        timers = timers_of_blocks(plan, n_blocks)
         assert (timers >= 0).all()
         assert (labels.partition[timers] == [0, 1]).all()  # row p is timed by an SM of partition p
         sizes = plan[:, 1] - plan[:, 0]
@@ -446,59 +451,56 @@ def test_untyped_storage_is_one_python_object():
     assert fired
 
 
-def _fake_map(tensor):
-    s = tensor.untyped_storage()
-    return pm.PartitionMap(homes=np.zeros(1, np.int8), margin=np.zeros(1, np.float32), block_bytes=256,
-                           data_ptr=s.data_ptr(), nbytes=s.nbytes(), device_index=0, elapsed_s=0.0, probe_s=0.0)
-
-
 def test_cache_serves_every_view_of_one_storage():
-    t = torch.zeros(1024)
-    m = _fake_map(t)
-    pm._remember(t, 256, m)
-    assert pm._cached(t, 256) is m
-    assert pm._cached(t[::2], 256) is m and pm._cached(t.view(32, 32).T, 256) is m  # the whole storage
-    assert pm._cached(t, 512) is None          # another block size is another map
-    assert pm._cached(torch.zeros(1024), 256) is None
+    cache, t, m = MapCache(), torch.zeros(1024), object()
+    cache.put(t, 256, m)
+    assert cache.get(t, 256) is m
+    assert cache.get(t[::2], 256) is m and cache.get(t.view(32, 32).T, 256) is m  # the whole storage
+    assert cache.get(t, 512) is None          # another block size is another map
+    assert cache.get(torch.zeros(1024), 256) is None
 
 
 def test_cache_entry_goes_with_its_storage():
-    t = torch.zeros(1024)
-    pm._remember(t, 256, _fake_map(t))
-    assert len(pm._MAPS) == 1
+    cache, t = MapCache(), torch.zeros(1024)
+    cache.put(t, 256, object())
+    assert len(cache) == 1
     del t
     gc.collect()
-    assert not pm._MAPS
+    assert len(cache) == 0
 
 
 def test_cache_misses_a_resized_storage_and_keeps_one_entry_per_storage():
-    t = torch.zeros(1024)
-    pm._remember(t, 256, _fake_map(t))
+    cache, t = MapCache(), torch.zeros(1024)
+    cache.put(t, 256, object())
     t.untyped_storage().resize_(8192)
-    assert pm._cached(t, 256) is None
-    pm._remember(t, 256, _fake_map(t))
-    assert len(pm._MAPS) == 1
+    assert cache.get(t, 256) is None
+    cache.put(t, 256, object())
+    assert len(cache) == 1
 
 
 def test_cache_rejects_another_storage_at_a_recycled_address():
-    t = torch.zeros(1024)
-    pm._remember(t, 256, _fake_map(t))
+    """A key that puts every storage at one place: what a freed storage's address reused by a new one looks like."""
+    cache, t = MapCache(key=lambda storage, device, block_bytes: (str(device), block_bytes)), torch.zeros(1024)
+    m = object()
+    cache.put(t, 256, m)
     other = torch.zeros(1024)
-    key = pm._key(other.untyped_storage(), other.device, 256)
-    pm._MAPS[key] = pm._MAPS.pop(pm._key(t.untyped_storage(), t.device, 256))  # as if `other` reused the address
-    assert pm._cached(other, 256) is None
+    assert cache.get(other, 256) is None and cache.get(t, 256) is m
 
 
 def test_clear_cache_forgets_maps_and_detaches_finalizers():
     t = torch.zeros(1024)
-    pm._remember(t, 256, _fake_map(t))
+    pm.MAPS.put(t, 256, object())
     pm.clear_cache()
-    assert not pm._MAPS
-    pm._remember(t, 256, _fake_map(t))
+    assert len(pm.MAPS) == 0
+    m = object()
+    pm.MAPS.put(t, 256, m)
     pm.clear_cache()
+    pm.MAPS.put(t, 256, m)
+    gc.collect()
+    assert pm.MAPS.get(t, 256) is m  # no finalizer of a cleared entry takes the new one away
     del t
     gc.collect()
-    assert not pm._MAPS
+    assert len(pm.MAPS) == 0
 
 
 def test_partition_map_flow_on_a_stand_in_gpu(h200, monkeypatch):
@@ -510,8 +512,7 @@ def test_partition_map_flow_on_a_stand_in_gpu(h200, monkeypatch):
 
     topo, labels = h200
     first, truth = _first_lines(topo, labels)
-    pairs = pm.choose_pairs(topo.line_cycles, labels.partition, labels.line_partition)
-    setup = pm._Setup(topo, topo.n_sm, labels.near_cycles, labels.far_cycles, pairs)
+    setup = pm.GpuSetup.of(topo)
     rng = np.random.default_rng(0)
 
     plans = []
@@ -520,13 +521,13 @@ def test_partition_map_flow_on_a_stand_in_gpu(h200, monkeypatch):
         n = pm.n_blocks_of(tensor.untyped_storage().nbytes(), block_bytes)
         assert plan.n_blocks == n and plan.blocks.n_blocks == n and plan.blocks.device == tensor.device
         plans.append(plan)
-        sms = pm.timers_of_blocks(plan.plan, n).T
+        sms = timers_of_blocks(plan.plan, n).T
         cycles = first[sms, np.arange(n) % first.shape[1]] + 9.0 + rng.normal(0, 0.3, sms.shape)
         return torch.from_numpy(cycles.astype(np.float32)).double(), 1e-3
 
-    monkeypatch.setattr(pm, "_storage_of", lambda tensor, block_bytes: tensor.untyped_storage())
-    monkeypatch.setattr(pm, "_setup", lambda index, topology, backend: setup)
-    monkeypatch.setattr(pm, "_probe", fake_probe)
+    monkeypatch.setattr(pm, "storage_of", lambda tensor, block_bytes: tensor.untyped_storage())
+    monkeypatch.setattr(pm, "setup_for", lambda index, topology, backend: setup)
+    monkeypatch.setattr(pm, "probe_timings", fake_probe)
     monkeypatch.setattr(cal, "measuring", lambda index: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
@@ -549,23 +550,35 @@ def test_partition_map_flow_on_a_stand_in_gpu(h200, monkeypatch):
 
 
 def test_plan_data_is_made_once_per_size_and_device(h200, monkeypatch):
-    """_plan: the same object for every call with one (n_blocks, device), made by one probe_plan and one
+    """GpuSetup.plan: the same object for every call with one (n_blocks, device), made by one probe_plan and one
     block_pairs, and only the PLANS_KEPT sizes used last are kept."""
     topo, labels = h200
-    pairs = pm.choose_pairs(topo.line_cycles, labels.partition, labels.line_partition)
-    setup = pm._Setup(topo, topo.n_sm, labels.near_cycles, labels.far_cycles, pairs)
+    pairs = choose_pairs(topo.line_cycles, labels.partition, labels.line_partition)
+    setup = pm.GpuSetup.of(topo)
+    assert np.array_equal(setup.pairs.sms, pairs.sms) and setup.n_sm == topo.n_sm
     made = []
     real = pm.block_pairs
     monkeypatch.setattr(pm, "block_pairs", lambda *a, **k: made.append(a) or real(*a, **k))
     cpu = torch.device("cpu")
-    first = pm._plan(setup, 4096, cpu)
-    assert pm._plan(setup, 4096, cpu) is first and pm._plan(setup, 4096, "cpu") is first and len(made) == 1
-    assert np.array_equal(first.plan, pm.probe_plan(4096, pairs.sms, topo.n_sm))
+    first = setup.plan(4096, cpu)
+    assert setup.plan(4096, cpu) is first and setup.plan(4096, "cpu") is first and len(made) == 1
+    assert np.array_equal(first.plan, probe_plan(4096, pairs.sms, topo.n_sm))
     assert np.array_equal(first.plan_t.numpy(), first.plan.ravel()) and first.n_timing == 2 * len(pairs.sms)
     for n in range(1, pm.PLANS_KEPT + 1):
-        assert pm._plan(setup, n, cpu).n_blocks == n
+        assert setup.plan(n, cpu).n_blocks == n
     assert len(setup.plans) == pm.PLANS_KEPT and (4096, "cpu") not in setup.plans  # the least recently used
-    assert pm._plan(setup, 4096, cpu) is not first and len(made) == pm.PLANS_KEPT + 2
+    assert setup.plan(4096, cpu) is not first and len(made) == pm.PLANS_KEPT + 2
+
+
+def test_agreement_counts_undecided_blocks_as_disagreeing():
+    from torch_l2topo.placement.partition_check import Reprobe
+
+    homes = np.array([0, 1, 1, -1, 0, 1], np.int8)
+    pmap = pm.PartitionMap(homes=homes, margin=np.zeros(6, np.float32), block_bytes=256, data_ptr=0, nbytes=1536,
+                           device_index=0, elapsed_s=0.0, probe_s=0.0)
+    check = Reprobe(blocks=np.array([0, 1, 2, 3, 5]), cycles=np.zeros((2, 5)), homes=np.array([0, 1, 0, 1, -1]),
+                    sms=(0, 1), elapsed_s=0.0)
+    assert agreement(pmap, check) == 2 / 5  # blocks 0, 1 agree; 2 differs; 3 undecided in the map, 5 in the check
 
 
 def test_partition_map_refuses_cpu_and_empty_tensors():
@@ -596,11 +609,11 @@ def test_partition_map_of_32mb_agrees_with_the_serialized_reprobe():
     assert m.undecided_fraction < 0.01
     assert 0.3 < np.mean(m.homes == 0) < 0.7  # homes alternate with the address hash: both partitions
     sample = np.random.default_rng(0).choice(m.n_blocks, 4096, replace=False)
-    check = pm.reprobe(t, sample)
+    check = reprobe(t, sample)
     assert np.isin(check.homes, (0, 1)).all()
     # the check's SMs see L2 hits: between an L1 hit (tens of cycles) and DRAM (600+)
     assert 200 < np.median(check.cycles) < 450
-    assert pm.agreement(m, check) >= 0.999, (pm.agreement(m, check), m.undecided_fraction)
+    assert agreement(m, check) >= 0.999, (agreement(m, check), m.undecided_fraction)
 
 
 @pytest.mark.gpu
@@ -610,10 +623,10 @@ def test_partition_map_timings_are_l2_hits():
     from torch_l2topo.measure.calibration import measuring
 
     t = torch.randn(MB32 // 4, device="cuda")
-    setup = pm._setup(t.device.index, None, "triton")
+    setup = pm.setup_for(t.device.index)
     n_blocks = pm.n_blocks_of(MB32, 256)
     with measuring(t.device.index):
-        cycles, _ = pm.run_probe(t, pm.probe_plan(n_blocks, setup.pairs.sms, setup.n_sm), setup.n_sm)
+        cycles, _ = pm.run_probe(t, probe_plan(n_blocks, setup.pairs.sms, setup.n_sm), setup.n_sm)
     assert not np.isnan(cycles).any()
     assert 200 < np.median(cycles) < 450
 
@@ -626,15 +639,15 @@ def test_first_probe_of_a_fresh_tensor_is_as_good_as_the_second():
     from torch_l2topo.measure.calibration import measuring
 
     t = torch.randn(MB32 // 4, device="cuda")
-    setup = pm._setup(t.device.index, None, "triton")
+    setup = pm.setup_for(t.device.index)
     n_blocks = pm.n_blocks_of(MB32, 256)
-    plan = pm.probe_plan(n_blocks, setup.pairs.sms, setup.n_sm)
+    plan = probe_plan(n_blocks, setup.pairs.sms, setup.n_sm)
     with measuring(t.device.index):
         runs = [pm.run_probe(t, plan, setup.n_sm)[0] for _ in range(2)]
     assert np.mean(np.abs(runs[0] - runs[1]) > 30) < 0.001
-    check = pm.reprobe(t, np.random.default_rng(0).choice(n_blocks, 4096, replace=False))
+    check = reprobe(t, np.random.default_rng(0).choice(n_blocks, 4096, replace=False))
     for cycles in runs:
-        got = pm.classify_blocks(cycles, pm.timers_of_blocks(plan, n_blocks), setup.near, setup.far)
+        got = decision.classify_blocks(cycles, timers_of_blocks(plan, n_blocks), setup.near, setup.far)
         assert got.found, got.reason
         assert np.mean(got.homes[check.blocks] == check.homes) >= 0.999
 
@@ -646,14 +659,14 @@ def test_classification_on_the_gpu_is_the_hosts():
     from torch_l2topo.measure.calibration import measuring
 
     t = torch.randn(MB32 // 4, device="cuda")
-    setup = pm._setup(t.device.index, None, "triton")
-    plan = pm._plan(setup, pm.n_blocks_of(MB32, 256), t.device)
-    assert pm._plan(setup, plan.n_blocks, t.device) is plan and plan.blocks.pair.is_cuda
+    setup = pm.setup_for(t.device.index)
+    plan = setup.plan(pm.n_blocks_of(MB32, 256), t.device)
+    assert setup.plan(plan.n_blocks, t.device) is plan and plan.blocks.pair.is_cuda
     with measuring(t.device.index):
-        cycles, _ = pm._probe(t, plan, setup.n_sm, block_bytes=256, backend="triton", timeout_s=2.0)
+        cycles, _ = pm.probe_timings(t, plan, setup.n_sm, block_bytes=256, backend="triton", timeout_s=2.0)
     assert cycles.is_cuda and cycles.dtype == torch.float64
-    on_gpu = pm.classify_blocks(cycles, plan.blocks)
-    on_host = pm.classify_blocks(cycles.cpu().numpy(), pm.timers_of_blocks(plan.plan, plan.n_blocks), setup.near,
+    on_gpu = decision.classify_blocks(cycles, plan.blocks)
+    on_host = decision.classify_blocks(cycles.cpu().numpy(), timers_of_blocks(plan.plan, plan.n_blocks), setup.near,
                                  setup.far)
     assert on_gpu.found and on_host.found
     assert np.array_equal(on_gpu.homes, on_host.homes)
@@ -666,10 +679,10 @@ def test_partition_map_is_cached_until_the_storage_is_freed():
     first = pm.partition_map(t)
     assert pm.partition_map(t) is first
     assert pm.partition_map(t[1:].view(-1)[::3]) is first  # a view maps (and caches) the whole storage
-    key = pm._key(t.untyped_storage(), t.device, 256)
+    assert len(pm.MAPS) == 1
     del t
     gc.collect()
-    assert key not in pm._MAPS
+    assert len(pm.MAPS) == 0
     again = torch.randn(MB32 // 4, device="cuda")  # likely the same address, maybe other physical pages
     second = pm.partition_map(again)
     assert second is not first and second.elapsed_s > 0

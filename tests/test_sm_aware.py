@@ -1,15 +1,14 @@
 """@sm_aware and the placement launcher without a GPU: kernels written without the helpers are refused at
 decoration, the auto trial flow (candidates, events read without waiting, the decision), the plan tensor's
-growth/capture rule, and the refusal of a calibration of another GPU. The choice rule itself is
-tests/test_choice.py's."""
+growth/capture rule. The choice rule itself is tests/test_choice.py's; the refusal of a calibration of another
+GPU is tests/test_calibration_for.py's."""
 import numpy as np
 import pytest
 
 from torch_l2topo import DeviceError, PlacementError, load_example
-from torch_l2topo.device import DeviceInfo
 from torch_l2topo.placement import sm_aware as sa
 from torch_l2topo.placement.choice import Candidate, trial_schedule
-from torch_l2topo.placement.slots import MAX_SLOTS, PlanSlot, check_topology, plan_capacity
+from torch_l2topo.placement.slots import MAX_SLOTS, PlanSlot, plan_capacity
 from torch_l2topo.placement.sm_aware import Placement, WorkloadKey, workload_key
 
 triton = pytest.importorskip("triton")
@@ -219,24 +218,6 @@ def test_plans_wider_than_the_steal_scan_are_refused():
         PlanSlot("cuda:0", MAX_SLOTS + 1)
     with pytest.raises(PlacementError):
         PlanSlot("cuda:0", 0)
-
-
-# ---- the calibration belongs to the device ------------------------------------------------------------------
-def _info(name="NVIDIA H200", sm_count=132):
-    return DeviceInfo(index=0, name=name, uuid="GPU-fake", cc=(9, 0), sm_count=sm_count, l2_bytes=62914560,
-                      total_memory=150109880320, driver="580.159.04", mig=False)
-
-
-def test_the_bundled_h200_calibration_fits_an_h200():
-    check_topology(load_example("h200"), _info())
-    check_topology(load_example("h200"), {"name": "NVIDIA H200", "sm_count": 132})
-
-
-@pytest.mark.parametrize("device", [_info(name="NVIDIA H100 80GB HBM3"), _info(sm_count=114),
-                                    {"name": "NVIDIA H200", "sm_count": 66}, {"name": "NVIDIA B200", "sm_count": 148}])
-def test_a_calibration_of_another_gpu_is_refused(device):
-    with pytest.raises(PlacementError, match="calibrate this device"):
-        check_topology(load_example("h200"), device)
 
 
 def test_fast_key_names_a_workload_by_identity_and_never_by_a_recycled_id():

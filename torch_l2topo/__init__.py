@@ -19,6 +19,7 @@ from .bundled import list_examples, load_example
 from .errors import (
     BackendUnavailable,
     CalibrationDisturbed,
+    CalibrationMismatch,
     DeviceError,
     L2TopoError,
     PlacementError,
@@ -46,7 +47,7 @@ _LAZY = {
 __all__ = ["calibrate", "Topology", "ProbeConfig", "load_example", "list_examples", "sm_labels", "fit_nuca",
            "analyze", "write_report", "Localizer", "signature", "Registry", "sm_aware", "partition_map", "on_sms",
            "L2TopoError", "DeviceError", "BackendUnavailable", "ProbeError", "ProbeTimeout", "CalibrationDisturbed",
-           "TopologyFormatError", "RegistryError", "PlacementError", "__version__"]
+           "CalibrationMismatch", "TopologyFormatError", "RegistryError", "PlacementError", "__version__"]
 
 
 def __getattr__(name):

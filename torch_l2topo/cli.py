@@ -84,7 +84,7 @@ def cmd_geometry(args) -> int:
     import json
 
     from .files import json_default
-    from .geometry.suite import summary_lines
+    from .geometry.summary import summary_lines
 
     if args.from_file:  # a recorded result: no GPU
         from .geometry.figures import load_geometry

@@ -40,9 +40,14 @@ class RegistryError(L2TopoError):
     """A registry entry is missing, unreadable or invalid, or an entry name is taken or malformed."""
 
 
+class CalibrationMismatch(L2TopoError, ValueError):
+    """A calibration of another GPU model or SM count was handed to work on this device (its SM ids, labels
+    and pairs would name the wrong SMs)."""
+
+
 class PlacementError(L2TopoError):
-    """A placement plan cannot be built or used: a calibration of another GPU, a kernel written without the
-    placement helpers, or a plan asked for during CUDA graph capture before it was built."""
+    """A placement plan cannot be built or used: a kernel written without the placement helpers, or a plan
+    asked for during CUDA graph capture before it was built."""
 
 
 def check_choice(name: str, value, choices) -> None:

@@ -1,13 +1,13 @@
-"""Triton kernels of the L2 geometry suite (host side: torch_l2topo/geometry/suite.py).
+"""Triton kernels of the L2 geometry suite (host side: torch_l2topo/geometry/chases.py, for suite.py).
 
 Three kernels, all on the public protocol (protocol.py): every SM is claimed, and only the SMs given a row
 measure (rows[sm] >= 0), all at once (wave = n_sm). Scalar or one-warp work: launch with num_warps=1.
 
 offsets_chase_kernel: one dependent chain of loads per measuring SM through a list of byte offsets from
-`base`, each load timed alone. The data is arbitrary (not pointers): the next address is base + offset +
-(loaded value AND zero), zero a runtime 0 that neither Triton nor ptxas can fold (inline asm), so each load
-waits for the one before. The offset of the next load is read while the current one is in flight, so that
-read (an L1 hit, or an L2 load once every 16 offsets) overlaps the chain instead of adding to it. Each timing
+`base`, each load timed alone. The data is arbitrary (not pointers): the next address is base + offset,
+made to wait for the loaded value (protocol.address_after), so each load waits for the one before. The
+offset of the next load is read while the current one is in flight, so that read (an L1 hit, or an L2 load
+once every 16 offsets) overlaps the chain instead of adding to it. Each timing
 is one L2 or DRAM load plus the clock read (~25 cycles on the H200) and the loop's bookkeeping: what one
 dependent load costs a real chain. One list serves first touch (pairs of loads into cold memory), stride
 sweeps, regular against random orders, and footprint sweeps (random lines of a footprint).
@@ -28,19 +28,13 @@ import triton
 import triton.language as tl
 
 from torch_l2topo.triton_kernels.protocol import (
+    address_after,
     chase,
     claim_sm,
     clock_after,
     finish_turn,
     global_ns,
 )
-
-
-@triton.jit
-def _link(addr, value, zero):
-    """addr + (value AND zero): addr itself, but only once `value` has arrived."""
-    return tl.inline_asm_elementwise("{ .reg .b64 m; and.b64 m, $2, $3; add.s64 $0, $1, m; }", "=l,l,l,l",
-                                     [addr, value, zero], dtype=tl.int64, is_pure=True, pack=1)
 
 
 @triton.jit(do_not_specialize=["zero"])
@@ -62,7 +56,7 @@ def offsets_chase_kernel(ctrl_ptr, base, offsets_ptr, rows_ptr, cycles_ptr, per_
             t_first = t_prev
             v = t_prev
             for i in range(n_loads):
-                addr = _link(base + nxt, v, z)
+                addr = address_after(base + nxt, v, z)
                 nxt = tl.load(offs + i + 1)  # in flight while the chain load is
                 v = chase(addr)
                 t = clock_after(v)

@@ -1,14 +1,15 @@
 """Partition probes of a tensor's storage: which L2 partition each block of bytes is homed in.
 
-The host side is torch_l2topo/placement/partition_map.py. Both kernels time dependent loads of the first line of each
-block. The data is arbitrary (not pointers), so a load's value cannot be the next address: the next address
-is the line's own address + (loaded value AND zero), where `zero` is a runtime argument the host passes as 0.
-The AND is inline asm (and.b64), so neither Triton nor ptxas can fold it: each load waits for the one
-before, and the chain never leaves the line. Scalar work per program: launch with num_warps=1.
+The host side is torch_l2topo/placement/partition_map.py (the map) and partition_check.py (the re-probe). Both
+kernels time dependent loads of the first line of each block. The data is arbitrary (not pointers), so a
+load's value cannot be the next address: the next address is the line's own address, made to wait for the
+loaded value (protocol.address_after: + (value AND zero), `zero` a runtime 0 the host passes, in asm that
+neither Triton nor ptxas can fold), so each load waits for the one before, and the chain never leaves the
+line. Scalar work per program: launch with num_warps=1.
 
 partition_probe_kernel (the map): all SMs at once (wave = n_sm), each pair of SMs over its own contiguous range.
 Every block is timed twice, by the two SMs of a pair (one near each partition): their difference decides the
-home (partition_map.py says why one SM's latency alone does not). Each timing is the FASTEST of N_TIMED
+home (partition_decision.py says why one SM's latency alone does not). Each timing is the FASTEST of N_TIMED
 single loads, each between two clock reads. Why: on two H200s (benchmarks/results/partition/*-raw.npz),
 ~1% of the former 4-load timings of a tensor's first probe came out 8-46 cycles per load slower than in a
 second probe (a few up to 285), never faster; the second probe had none. Read as one load of the four
@@ -31,7 +32,7 @@ moves it by at most ~190 / 16 = 12 cycles, and no recorded re-probe difference o
 import triton
 import triton.language as tl
 
-from torch_l2topo.triton_kernels.protocol import chase, claim_sm, clock_after, finish_turn
+from torch_l2topo.triton_kernels.protocol import address_after, chase, claim_sm, clock_after, finish_turn
 
 # The two SMs of a pair take turns with the halves of each CHUNK blocks of their range: SM row 0 starts at
 # the chunk's first block, SM row 1 at its middle. Both pay the DRAM miss of half the chunk's blocks, so
@@ -42,23 +43,16 @@ CHUNK = tl.constexpr(64)
 
 
 @triton.jit
-def _after(addr, value, zero):
-    """addr + (value AND zero): addr itself, but only once `value` has arrived."""
-    return tl.inline_asm_elementwise("{ .reg .b64 m; and.b64 m, $2, $3; add.s64 $0, $1, m; }", "=l,l,l,l",
-                                     [addr, value, zero], dtype=tl.int64, is_pure=True, pack=1)
-
-
-@triton.jit
 def _time_line(addr, prev, zero, N_WARM: tl.constexpr, N_TIMED: tl.constexpr):
     """clock64 cycles of N_TIMED dependent loads of the line at `addr`, after N_WARM loads; starts only once
     `prev` (the previous block's end clock) has arrived, so no load of this block overlaps the last timing."""
-    p = _after(addr, prev, zero)
+    p = address_after(addr, prev, zero)
     for _ in tl.static_range(N_WARM):
-        p = _after(addr, chase(p), zero)
+        p = address_after(addr, chase(p), zero)
     t0 = clock_after(p)
-    p = _after(addr, t0, zero)  # the first timed load issues after the start clock is read
+    p = address_after(addr, t0, zero)  # the first timed load issues after the start clock is read
     for _ in tl.static_range(N_TIMED):
-        p = _after(addr, chase(p), zero)
+        p = address_after(addr, chase(p), zero)
     t1 = clock_after(p)
     return t1 - t0, t1
 
@@ -67,11 +61,11 @@ def _time_line(addr, prev, zero, N_WARM: tl.constexpr, N_TIMED: tl.constexpr):
 def _fastest_load(addr, prev, zero, N_TIMED: tl.constexpr):
     """clock64 cycles of the fastest of N_TIMED dependent loads of the line at `addr`, each timed alone (a
     clock read after each, the next load waiting for it), after one warm load; starts once `prev` arrived."""
-    p = _after(addr, chase(_after(addr, prev, zero)), zero)
+    p = address_after(addr, chase(address_after(addr, prev, zero)), zero)
     t0 = clock_after(p)
     fastest = tl.full((), 1 << 40, tl.int64)
     for _ in tl.static_range(N_TIMED):
-        p = _after(addr, chase(_after(addr, t0, zero)), zero)  # issues after the clock read before it
+        p = address_after(addr, chase(address_after(addr, t0, zero)), zero)  # issues after the clock read before it
         t1 = clock_after(p)
         fastest = tl.minimum(fastest, t1 - t0)
         t0 = t1

@@ -8,6 +8,9 @@ function under the same name; tests/test_kernel_sources.py checks that the two l
     clock_after(dep)               %clock64, read only once `dep` has arrived (see below)
     chase(addr)                    one dependent load through L2 (ld.global.cg: skips L1); returns the loaded word
     chase_l1(addr)                 the same load allowed to hit in L1 (ld.global.ca): the L1-hit oracle
+    address_after(addr, value, zero)
+                                   addr itself, but only once `value` has arrived: chains loads of data that
+                                   are not pointers (zero: a runtime 0 the host passes)
     nanosleep(ns)                  back off between polls
     fail(ctrl, code, detail)       record the first error in a control block (layout.py)
     wait_at_least(ctrl, word, target, timeout_ns, code) -> ok
@@ -73,6 +76,15 @@ def chase(addr):
 def chase_l1(addr):
     return tl.inline_asm_elementwise("ld.global.ca.u64 $0, [$1];", "=l,l", [addr], dtype=tl.int64,
                                      is_pure=False, pack=1)
+
+
+@triton.jit
+def address_after(addr, value, zero):
+    # addr + (value AND zero). `zero` is a runtime argument (0), and the AND is asm, so neither Triton nor
+    # ptxas can fold it: the address depends on `value`, and a load from it waits for the load that made
+    # `value`. Pure: it only orders, it reads nothing.
+    return tl.inline_asm_elementwise("{ .reg .b64 m; and.b64 m, $2, $3; add.s64 $0, $1, m; }", "=l,l,l,l",
+                                     [addr, value, zero], dtype=tl.int64, is_pure=True, pack=1)
 
 
 @triton.jit

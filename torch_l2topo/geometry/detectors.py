@@ -3,7 +3,7 @@
 Each detector takes a measured curve (or labels of addresses) and returns a small frozen result with
 `found` and, when nothing is found, a `reason`. A flat or noisy curve is reported as "not found", never as
 a structure: every threshold is a multiple of the curve's own noise or a fraction of its level, whichever is
-larger. The GPU experiments that produce the curves live in geometry_probes.py.
+larger. The GPU experiments that produce the curves live in suite.py.
 
 It owns:
 - find_regimes: the latency plateaus of a footprint sweep and the knees between them (capacity);
@@ -26,6 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from ..measure.timing import Measurement
 
 # A step must clear Z_STEP noise sd and REL_STEP of the level, whichever is larger. REL_STEP: the smallest
 # real step we look for on the H200 is near -> far partition, ~30 of ~270 cycles (11%); 3% keeps a margin.
@@ -551,7 +553,7 @@ def conflict_sets(n_lines, strides, cycles, hit: float, miss: float, control=Non
 @dataclass(frozen=True)
 class FixEffect:
     """ratio: median time with the fix / median without; spread: the larger relative spread of the two sets
-    of repeats ((p80 - p20) / median); verdict: 'faster', 'slower' or 'no effect'."""
+    of repeats (timing.Measurement.spread: (p80 - p20) / median); verdict: 'faster', 'slower' or 'no effect'."""
 
     ratio: float
     spread: float
@@ -564,8 +566,9 @@ def fix_effect(with_fix, without, min_rel: float = 0.02) -> FixEffect:
     a, b = np.asarray(with_fix, dtype=np.float64), np.asarray(without, dtype=np.float64)
     if a.size < 2 or b.size < 2 or np.any(a <= 0) or np.any(b <= 0):
         raise ValueError("fix_effect needs at least two positive times with and without the fix")
-    spread = max(float(np.subtract(*np.percentile(t, [80, 20])) / np.median(t)) for t in (a, b))
-    ratio = float(np.median(a) / np.median(b))
+    a, b = Measurement(a), Measurement(b)
+    spread = max(a.spread, b.spread)
+    ratio = a.median / b.median
     margin = max(spread, min_rel)
     verdict = "faster" if ratio < 1 - margin else "slower" if ratio > 1 + margin else "no effect"
     return FixEffect(ratio=ratio, spread=spread, verdict=verdict)

@@ -1,8 +1,9 @@
-"""The L2 geometry suite on a GPU: experiments that measure the curves geometry.py reads, and run_suite().
+"""The L2 geometry suite on a GPU: experiments that measure the curves detectors.py reads, and run_suite().
 
 Each experiment takes a Context (device, SM count, calibration labels) and a time budget, measures with
-the kernels of triton_kernels/geometry.py (or the package's probes and partition maps), and returns a
-JSON-able dict of raw curves and the detectors' verdicts. An experiment that runs out of budget stops its
+the kernels of triton_kernels/geometry.py through chases.py (or the package's probes and partition maps;
+the persisting experiment also through driver.py), and returns a JSON-able dict of raw curves and the
+detectors' verdicts (summary.py says them in a few lines). An experiment that runs out of budget stops its
 sweep early and says so ("truncated"). run_suite(quick) runs them all and prints one progress line per
 experiment on stderr.
 
@@ -17,17 +18,31 @@ after reading a flush buffer of 4x the L2, and in memory not touched since.
 """
 from __future__ import annotations
 
-import ctypes
 import shutil
 import sys
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import ProbeError
-from ..layout import LINE_BYTES, LINE_WORDS, control_words
+from ..layout import LINE_BYTES, LINE_WORDS
 from . import detectors as G
+from . import driver
+from .chases import (
+    LANES,
+    Context,
+    Flusher,
+    cold_buffer,
+    make_context,
+    ring_through,
+    rings,
+    run_lanes,
+    run_offsets,
+    run_ring,
+    slice_lines,
+    write_ring,
+    write_words,
+)
 
 MB = 1 << 20
 BUDGETS = {  # seconds (quick, full); the whole quick suite must stay under 20 s, the full under 3 minutes
@@ -35,20 +50,7 @@ BUDGETS = {  # seconds (quick, full); the whole quick suite must stay under 20 s
     "prefetch": (1.5, 15.0), "address_bits": (2.5, 25.0), "contention": (2.0, 30.0), "persisting": (2.0, 30.0),
     "conflict_sets": (2.0, 20.0), "layout_fixes": (2.0, 20.0),
 }
-LANES = 128              # one warp, four chases per thread: 128 requests in flight per SM in the contention runs
-TIMEOUT_S = 2.0
 REGION = 1 << 16         # first touch: each pair of loads in its own 64 KB of cold memory
-
-
-@dataclass
-class Context:
-    index: int
-    device: object
-    n_sm: int
-    l2_bytes: int
-    sm_partition: np.ndarray  # (n_sm,) 0/1 from the calibration (-1: undecided)
-    clock_ghz: float
-    calibration: object
 
 
 class Budget:
@@ -66,131 +68,6 @@ def _progress(msg: str) -> None:
     print(f"[geometry] {msg}", file=sys.stderr, flush=True)
 
 
-# ---- launching -------------------------------------------------------------------------------------------
-def _run_offsets(ctx: Context, base: int, offsets: np.ndarray, sms) -> tuple[np.ndarray, np.ndarray]:
-    """offsets_chase_kernel: SM sms[r] chases base + offsets[r, :] (one row per SM, all rows at once).
-    Returns (cycles (n_rows, n_loads) float64, per_row (n_rows, 4): cycles, ns, start ns, end ns)."""
-    import torch
-
-    from ..measure.launch import launch_triton
-    from ..measure.probes import (
-        GRID_FACTOR,
-        check_control,
-        host_deadline,
-        to_device,
-        wait_with_deadline,
-    )
-    from ..triton_kernels.geometry import offsets_chase_kernel
-
-    off = np.asarray(offsets, dtype=np.int64).reshape(len(sms), -1)
-    n_rows, n = off.shape
-    padded = np.concatenate([off, off[:, -1:]], axis=1)  # the read-ahead of the last load reads the padding
-    rows = np.full(ctx.n_sm, -1, dtype=np.int32)
-    rows[np.asarray(sms)] = np.arange(n_rows)
-    dev = ctx.device
-    ctrl = torch.zeros(control_words(ctx.n_sm), dtype=torch.int64, device=dev)
-    cycles = torch.zeros((n_rows, n), dtype=torch.int32, device=dev)
-    per_row = torch.zeros((n_rows, 4), dtype=torch.int64, device=dev)
-    launch_triton(offsets_chase_kernel, GRID_FACTOR * ctx.n_sm,
-                  (ctrl, base, to_device(padded, dev), to_device(rows, dev), cycles, per_row, n, 0, ctx.n_sm,
-                   ctx.n_sm, int(TIMEOUT_S * 1e9)), num_warps=1)
-    wait_with_deadline(dev, host_deadline(n, 1, 1, TIMEOUT_S), "geometry chase")
-    check_control(ctrl.cpu().numpy(), ctx.n_sm, TIMEOUT_S, "geometry chase")
-    return cycles.cpu().numpy().astype(np.float64), per_row.cpu().numpy()
-
-
-def _run_lanes(ctx: Context, starts: np.ndarray, sms, n_warm: int, n_timed: int, lanes: int = LANES):
-    """lanes_chase_kernel: SM sms[r] runs `lanes` pointer chases from starts[r]. Returns (n_rows, 5) int64:
-    cycles, ns, start ns, end ns, XOR of the final addresses."""
-    import torch
-
-    from ..measure.launch import launch_triton
-    from ..measure.probes import (
-        GRID_FACTOR,
-        check_control,
-        host_deadline,
-        to_device,
-        wait_with_deadline,
-    )
-    from ..triton_kernels.geometry import lanes_chase_kernel
-
-    n_rows = len(sms)
-    rows = np.full(ctx.n_sm, -1, dtype=np.int32)
-    rows[np.asarray(sms)] = np.arange(n_rows)
-    dev = ctx.device
-    ctrl = torch.zeros(control_words(ctx.n_sm), dtype=torch.int64, device=dev)
-    out = torch.zeros((n_rows, 5), dtype=torch.int64, device=dev)
-    launch_triton(lanes_chase_kernel, GRID_FACTOR * ctx.n_sm,
-                  (ctrl, to_device(np.asarray(starts, dtype=np.int64).ravel(), dev), to_device(rows, dev), out,
-                   n_warm, n_timed, ctx.n_sm, ctx.n_sm, int(TIMEOUT_S * 1e9)), num_warps=1,
-                  constexprs={"LANES": lanes})
-    wait_with_deadline(dev, host_deadline(n_warm + n_timed, 1, 1, TIMEOUT_S), "geometry lanes")
-    check_control(ctrl.cpu().numpy(), ctx.n_sm, TIMEOUT_S, "geometry lanes")
-    return out.cpu().numpy()
-
-
-def _run_ring(ctx: Context, starts: np.ndarray, sms, n_warm: int, n_timed: int) -> np.ndarray:
-    """ring_chase_kernel: SM sms[r] chases the ring from starts[r]. Returns (n_rows, 3) int64: cycles, ns, end."""
-    import torch
-
-    from ..measure.launch import launch_triton
-    from ..measure.probes import (
-        GRID_FACTOR,
-        check_control,
-        host_deadline,
-        to_device,
-        wait_with_deadline,
-    )
-    from ..triton_kernels.geometry import ring_chase_kernel
-
-    rows = np.full(ctx.n_sm, -1, dtype=np.int32)
-    rows[np.asarray(sms)] = np.arange(len(sms))
-    dev = ctx.device
-    ctrl = torch.zeros(control_words(ctx.n_sm), dtype=torch.int64, device=dev)
-    out = torch.zeros((len(sms), 3), dtype=torch.int64, device=dev)
-    launch_triton(ring_chase_kernel, GRID_FACTOR * ctx.n_sm,
-                  (ctrl, to_device(np.asarray(starts, dtype=np.int64), dev), to_device(rows, dev), out, n_warm,
-                   n_timed, ctx.n_sm, ctx.n_sm, int(TIMEOUT_S * 1e9)), num_warps=1)
-    wait_with_deadline(dev, host_deadline(n_warm + n_timed, 1, 1, TIMEOUT_S), "geometry ring")
-    check_control(ctrl.cpu().numpy(), ctx.n_sm, TIMEOUT_S, "geometry ring")
-    return out.cpu().numpy()
-
-
-def _write_ring(words, n_lines: int, word: int, seed: int) -> int:
-    """A random cyclic order of the first n_lines lines of `words` (an int64 CUDA tensor) through 8-byte word
-    `word` of each line, built on the GPU. Returns the start address."""
-    import torch
-
-    g = torch.Generator(device=words.device).manual_seed(seed)
-    order = torch.randperm(n_lines, device=words.device, generator=g)
-    base = words.data_ptr() + 8 * word
-    grid = words[: n_lines * LINE_WORDS].view(n_lines, LINE_WORDS)
-    grid[order, word] = base + torch.roll(order, -1) * LINE_BYTES
-    return int(base + int(order[0]) * LINE_BYTES)
-
-
-class Flusher:
-    """Evicts the L2 by reading a buffer of 4x its size (and keeps that buffer for the suite's lifetime)."""
-
-    def __init__(self, ctx: Context):
-        import torch
-
-        self.buf = torch.ones(4 * ctx.l2_bytes // 4, dtype=torch.float32, device=ctx.device)
-
-    def __call__(self):
-        import torch
-
-        self.buf.sum()
-        torch.cuda.synchronize(self.buf.device)
-
-
-def _cold_buffer(ctx: Context, nbytes: int):
-    """Memory never touched by a kernel since allocation (torch.empty writes nothing), pages already mapped."""
-    import torch
-
-    return torch.empty(nbytes, dtype=torch.uint8, device=ctx.device)
-
-
 # ---- experiments -----------------------------------------------------------------------------------------
 FIRST_TOUCH_K = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 512, 1024, 2048, 4096)
 FIRST_TOUCH_BEFORE = (-64, -40, -32, -8)  # from a first load at byte 64 of a line: which earlier bytes came in
@@ -205,7 +82,7 @@ def first_touch(ctx: Context, flush: Flusher, budget: Budget, quick: bool) -> di
     reps = 4 if quick else 16
     cases = [(0, k) for k in FIRST_TOUCH_K] + [(64, k) for k in FIRST_TOUCH_BEFORE]
     order = np.random.default_rng(1).permutation(np.repeat(np.arange(len(cases)), reps))
-    buf = _cold_buffer(ctx, (order.size + 1) * REGION)
+    buf = cold_buffer(ctx, (order.size + 1) * REGION)
     base = buf.data_ptr()
     offs = []
     for region, c in enumerate(order):
@@ -213,8 +90,8 @@ def first_touch(ctx: Context, flush: Flusher, budget: Budget, quick: bool) -> di
         offs += [region * REGION + 2048 + a, region * REGION + 2048 + a + k]
     offs = np.array([offs])
     flush()
-    cold, _ = _run_offsets(ctx, base, offs, [0])
-    warm, _ = _run_offsets(ctx, base, offs, [0])
+    cold, _ = run_offsets(ctx, base, offs, [0])
+    warm, _ = run_offsets(ctx, base, offs, [0])
     second = cold[0, 1::2]
     med = {c: float(np.median(second[order == i])) for i, c in enumerate(cases)}
     after = [med[(0, k)] for k in FIRST_TOUCH_K]
@@ -225,7 +102,8 @@ def first_touch(ctx: Context, flush: Flusher, budget: Budget, quick: bool) -> di
             "warm_cycles_median": float(np.median(warm[0])), "reps": reps,
             "timing_overhead_cycles": float(np.median(warm[0]) - ctx.calibration.chain_cycles[0]),
             "granule_bytes": ext.granule, "hit_cycles": ext.hit, "miss_cycles": ext.miss, "found": ext.found,
-            "reason": ext.reason, "driver_max_l2_fetch_granularity": _driver_limit(5)}
+            "reason": ext.reason, "driver_max_l2_fetch_granularity":
+            driver.context_limit(driver.CU_LIMIT_MAX_L2_FETCH_GRANULARITY)}
 
 
 STRIDES_SWEEP = (8, 16, 32, 64, 128, 256, 512)  # 8 B at least: each load is one aligned 8-byte word
@@ -237,13 +115,13 @@ def stride_sweep(ctx: Context, flush: Flusher, budget: Budget, quick: bool) -> d
     misses."""
     n = 256 if quick else 1024
     region = max(STRIDES_SWEEP) * n + 16 * MB  # apart, so no sweep touches another's lines
-    buf = _cold_buffer(ctx, region * len(STRIDES_SWEEP))
+    buf = cold_buffer(ctx, region * len(STRIDES_SWEEP))
     flush()
     means, done = [], []
     for i, s in enumerate(STRIDES_SWEEP):
         if budget.over():
             break
-        c, _ = _run_offsets(ctx, buf.data_ptr(), [i * region + np.arange(n) * s], [0])
+        c, _ = run_offsets(ctx, buf.data_ptr(), [i * region + np.arange(n) * s], [0])
         means.append(float(c[0, 1:].mean()))
         done.append(s)
     sat = G.saturation(done, means) if len(done) >= 3 else G.Saturation(None, np.nan, np.nan, "budget")
@@ -290,7 +168,7 @@ def capacity(ctx: Context, flush: Flusher, budget: Budget, quick: bool) -> dict:
         view = buf[: f // 4]
         view.sum()
         view.sum()
-        c, _ = _run_offsets(ctx, buf.data_ptr(), offs, sms)
+        c, _ = run_offsets(ctx, buf.data_ptr(), offs, sms)
         c = c[:, 1:]
         h = homes[offs[:, 1:] // 256]
         near = (h == part_of[:, None])
@@ -330,16 +208,16 @@ def _self_warmed(ctx: Context, buf, groups: dict, flush: Flusher, budget: Budget
     sms = [g[0] for g in groups.values()]
     sizes = [16, 32, 48, 64, 96] if quick else [8, 16, 24, 28, 32, 36, 40, 48, 56, 64, 80, 96, 128]
     n_all = words.numel() // LINE_WORDS
-    start = _write_ring(words, n_all, 0, seed=0)
+    start = write_ring(words, n_all, 0, seed=0)
     flush()
-    cold = _run_ring(ctx, [start], sms[:1], 0, 4096)
+    cold = run_ring(ctx, [start], sms[:1], 0, 4096)
     out = {"footprint": [], "cycles": [], "sms": sms, "cold_cycles": float(cold[0, 0] / 4096)}
     for mb in sizes:
         if budget.over():
             break
         n = mb * MB // LINE_BYTES
-        starts = [_write_ring(words, n, w, seed=mb * 16 + w) for w in range(len(sms))]
-        r = _run_ring(ctx, starts, sms, n, n)
+        starts = [write_ring(words, n, w, seed=mb * 16 + w) for w in range(len(sms))]
+        r = run_ring(ctx, starts, sms, n, n)
         if not np.array_equal(r[:, 2], starts):
             raise ProbeError("self-warmed capacity: a chase did not return to its start after a whole pass")
         out["footprint"].append(mb * MB)
@@ -376,7 +254,7 @@ def prefetch(ctx: Context, flush: Flusher, budget: Budget, quick: bool) -> dict:
     strides = PREFETCH_STRIDES if quick else PREFETCH_STRIDES_FULL
     perm = lfsr_order(n)
     region = max(strides) * n + 16 * MB
-    buf = _cold_buffer(ctx, 2 * region * len(strides))
+    buf = cold_buffer(ctx, 2 * region * len(strides))
     out = {"strides": [], "cold_regular": [], "cold_random": [], "warm_regular": [], "warm_random": [], "n_loads": n}
     flush()
     for i, s in enumerate(strides):
@@ -384,8 +262,8 @@ def prefetch(ctx: Context, flush: Flusher, budget: Budget, quick: bool) -> dict:
             break
         for j, (name, order) in enumerate((("regular", np.arange(n)), ("random", perm))):
             offs = [(2 * i + j) * region + order * s]
-            cold, _ = _run_offsets(ctx, buf.data_ptr(), offs, [0])
-            warm, _ = _run_offsets(ctx, buf.data_ptr(), offs, [0])
+            cold, _ = run_offsets(ctx, buf.data_ptr(), offs, [0])
+            warm, _ = run_offsets(ctx, buf.data_ptr(), offs, [0])
             out[f"cold_{name}"].append(float(cold[0, 1:].mean()))
             out[f"warm_{name}"].append(float(warm[0, 1:].mean()))
         out["strides"].append(s)
@@ -396,20 +274,6 @@ def prefetch(ctx: Context, flush: Flusher, budget: Budget, quick: bool) -> dict:
             out[f"{t}_dips"] = {"strides": d.dips.tolist(), "effect_cycles": d.effect.tolist(),
                                 "threshold": d.threshold, "found": d.found, "reason": d.reason}
     return out
-
-
-def _slice_lines(ctx: Context, n_lines: int, repeats: int):
-    """A buffer of consecutive lines, each SM's latency to each (probes.run_lines), and the lines' slice
-    classes (slices.slice_classes on that matrix). Returns (buffer, matrix, classes)."""
-    from ..analysis.slices import slice_classes
-    from ..measure.probes import line_buffer, run_lines
-
-    lines = line_buffer(n_lines, ctx.device)
-    runs = run_lines(ctx.device, ctx.n_sm, n_lines, 2, 8, "triton", "waves", TIMEOUT_S, repeats, lines=lines)
-    stack = np.stack([r.cycles for r in runs])
-    m = np.median(stack, axis=0)
-    noise = float(np.median(stack.std(axis=0, ddof=1))) if repeats > 1 else 0.5
-    return lines, m, slice_classes(m, max(noise, 0.05))
 
 
 def address_bits(ctx: Context, flush: Flusher, budget: Budget, quick: bool) -> dict:
@@ -434,57 +298,23 @@ def address_bits(ctx: Context, flush: Flusher, budget: Budget, quick: bool) -> d
            "model_64KB_pages": G.held_out_accuracy(addr, pm.homes, 16),
            "patterns_2MB_pages": G.pattern_accuracy(addr, pm.homes, 21)}
     if not budget.over():
-        lines, _, classes = _slice_lines(ctx, 512, 3)
-        line_addr = lines.data_ptr() + np.arange(512, dtype=np.int64) * LINE_BYTES
-        sl = G.bit_flips(line_addr, classes.labels, np.arange(7, 16))
+        sl_lines = slice_lines(ctx)
+        classes = sl_lines.classes
+        sl = G.bit_flips(sl_lines.addresses, classes.labels, np.arange(7, 16))
         out.update({"slice_classes": classes.count, "slice_class_sizes": classes.sizes.tolist(),
                     "slice_bits": sl.bits.tolist(), "slice_flip": sl.flip.tolist(),
                     "slice_granularity_bytes": sl.granularity(), "slice_margin": classes.margin})
     return out
 
 
-def _rings(line_addr: np.ndarray, n_rows: int, lanes: int, seed: int):
-    """Word w of every line points to word w of the next line of ring w (a random order of the lines, one per
-    word). Returns (addresses, values) of the words to write, and after(steps): every lane's address after that
-    many steps from its start (after(0): the starts)."""
-    rng = np.random.default_rng(seed)
-    m = line_addr.size
-    at, val, orders = [], [], []
-    for w in range(LINE_WORDS):
-        order = rng.permutation(m)
-        orders.append(order)
-        at.append(line_addr[order] + 8 * w)
-        val.append(line_addr[np.roll(order, -1)] + 8 * w)
-    g = np.arange(n_rows * lanes)
-    w, pos = g % LINE_WORDS, (g // LINE_WORDS) % m
-
-    def after(steps):  # each lane's address after `steps` steps, (n_rows, lanes)
-        return np.array([line_addr[orders[wi][(pi + steps) % m]] + 8 * wi
-                         for wi, pi in zip(w, pos)]).reshape(n_rows, lanes)
-
-    return np.concatenate(at), np.concatenate(val), after
-
-
-def _write_words(buf, addresses: np.ndarray, values: np.ndarray) -> None:
-    import torch
-
-    from ..measure.probes import to_device
-
-    idx = (addresses - buf.data_ptr()) // 8
-    buf.view(-1)[to_device(idx, buf.device)] = to_device(values, buf.device)
-    torch.cuda.synchronize(buf.device)
-
-
 def contention(ctx: Context, flush: Flusher, budget: Budget, quick: bool) -> dict:
     """k SMs x LANES chases over M lines of one slice class ("one") or M lines of M different classes
     ("spread"): latency per load and requests per ns. Then the write-ups' pair detector: two independent
     loads from one SM, to two lines of one class or of two classes, timed together."""
-    lines, _, classes = _slice_lines(ctx, 512, 3)
-    addr = lines.data_ptr() + np.arange(512, dtype=np.int64) * LINE_BYTES
-    big = int(np.argmax(classes.sizes))
-    M = int(min(8, classes.sizes[big], classes.count))
-    sets = {"one": addr[classes.labels == big][:M],
-            "spread": np.array([addr[np.flatnonzero(classes.labels == c)[0]] for c in range(M)])}
+    sl = slice_lines(ctx)
+    lines, classes = sl.buffer, sl.classes
+    sets = dict(zip(("one", "spread"), sl.sets(8)))
+    M = len(sets["one"])
     ks = [1, 4, 16, 64, ctx.n_sm] if quick else [1, 2, 4, 8, 16, 32, 64, 96, ctx.n_sm]
     order = np.random.default_rng(3).permutation(ctx.n_sm)
     n_warm, n_timed = 16, 128 if quick else 512
@@ -495,9 +325,9 @@ def contention(ctx: Context, flush: Flusher, budget: Budget, quick: bool) -> dic
         if budget.over():
             break
         for name, s in sets.items():
-            at, val, after = _rings(s, k, LANES, seed=k)
-            _write_words(lines, at, val)
-            r = _run_lanes(ctx, after(0), order[:k], n_warm, n_timed)
+            at, val, after = rings(s, k, LANES, seed=k)
+            write_words(lines, at, val)
+            r = run_lanes(ctx, after(0), order[:k], n_warm, n_timed)
             if not np.array_equal(r[:, 4], np.bitwise_xor.reduce(after(n_warm + n_timed), axis=1)):
                 raise ProbeError("contention: a chase did not end where its ring says (a load returned wrong data)")
             span = r[:, 3].max() - r[:, 2].min()
@@ -509,7 +339,7 @@ def contention(ctx: Context, flush: Flusher, budget: Budget, quick: bool) -> dic
             sat = G.saturation(out["k"], out[f"{name}_requests_per_ns"])
             out[f"{name}_saturates_at_k"] = sat.at
             out[f"{name}_saturation_reason"] = sat.reason
-    out["pairs"] = _pair_detector(ctx, lines, addr, classes.labels, 8 if quick else 32)
+    out["pairs"] = _pair_detector(ctx, lines, sl.addresses, classes.labels, 8 if quick else 32)
     out["ncu"] = shutil.which("ncu")
     out["ncu_note"] = ("ncu found: run benchmarks/run_geometry.py --ncu-target under ncu for the counters"
                        if out["ncu"] else "ncu not on this machine: timing only")
@@ -525,15 +355,11 @@ def contention_for_profiler(device=None) -> None:
 
     ctx = make_context(device)
     with torch.cuda.device(ctx.index):
-        lines, _, classes = _slice_lines(ctx, 512, 3)
-        addr = lines.data_ptr() + np.arange(512, dtype=np.int64) * LINE_BYTES
-        big = int(np.argmax(classes.sizes))
-        m = int(min(8, classes.sizes[big], classes.count))
-        for s in (addr[classes.labels == big][:m],
-                  np.array([addr[np.flatnonzero(classes.labels == c)[0]] for c in range(m)])):
-            at, val, after = _rings(s, ctx.n_sm, LANES, seed=0)
-            _write_words(lines, at, val)
-            _run_lanes(ctx, after(0), np.arange(ctx.n_sm), 16, 512)
+        sl = slice_lines(ctx)
+        for s in sl.sets(8):
+            at, val, after = rings(s, ctx.n_sm, LANES, seed=0)
+            write_words(sl.buffer, at, val)
+            run_lanes(ctx, after(0), np.arange(ctx.n_sm), 16, 512)
 
 
 def _pair_detector(ctx: Context, lines, addr, labels, n_pairs: int) -> dict:
@@ -548,8 +374,8 @@ def _pair_detector(ctx: Context, lines, addr, labels, n_pairs: int) -> dict:
         d = rng.choice(np.flatnonzero(labels != c))
         for name, (x, y) in (("same", (a, b)), ("different", (a, d))):
             wa, wb = addr[x], addr[y] + 8  # words 0 and 1: never the same word
-            _write_words(lines, np.array([wa, wb]), np.array([wa, wb]))
-            r = _run_lanes(ctx, np.array([[wa, wb]]), [0], 8, 64, lanes=2)
+            write_words(lines, np.array([wa, wb]), np.array([wa, wb]))
+            r = run_lanes(ctx, np.array([[wa, wb]]), [0], 8, 64, lanes=2)
             res[name].append(float(r[0, 0] / 64))
     return {k: {"median_cycles": float(np.median(v)), "values": v} for k, v in res.items()}
 
@@ -562,18 +388,12 @@ CONFLICT_N = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)  
 CONFLICT_N_QUICK = (1, 4, 16, 32, 64)
 
 
-def _ring_through(buf, addrs: np.ndarray) -> int:
-    """Word at addrs[i] of `buf` points to addrs[i + 1], the last to the first. Returns the start address."""
-    _write_words(buf, addrs, np.roll(addrs, -1))
-    return int(addrs[0])
-
-
 def _steady_chase(ctx: Context, buf, addrs: np.ndarray) -> float:
     """Cycles per load of SM 0's chase around the ring through `addrs`: 4 passes to warm, then at least 8 passes
     and 512 loads timed (a replacement policy that is not LRU needs a few passes to settle)."""
     n = addrs.size
     n_warm, n_timed = 4 * n, max(8 * n, 512)
-    r = _run_ring(ctx, [_ring_through(buf, addrs)], [0], n_warm, n_timed)
+    r = run_ring(ctx, [ring_through(buf, addrs)], [0], n_warm, n_timed)
     if r[0, 2] != addrs[(n_warm + n_timed) % n]:
         raise ProbeError("conflict sets: a chase did not end where its ring says (a load returned wrong data)")
     return float(r[0, 0] / n_timed)
@@ -595,7 +415,7 @@ def conflict_sets(ctx: Context, flush: Flusher, budget: Budget, quick: bool) -> 
     buf = torch.empty(int(ns.max()) * max(strides) // 8, dtype=torch.int64, device=ctx.device)
     base = buf.data_ptr()
     flush()
-    cold = _run_ring(ctx, [_write_ring(buf, 256 * MB // LINE_BYTES, 0, seed=7)], [0], 0, 4096)
+    cold = run_ring(ctx, [write_ring(buf, 256 * MB // LINE_BYTES, 0, seed=7)], [0], 0, 4096)
     rng = np.random.default_rng(8)
     out = {"strides": [], "n_lines": ns.tolist(), "aligned_cycles": [], "control_cycles": [],
            "miss_cycles": float(cold[0, 0] / 4096)}
@@ -627,28 +447,6 @@ FIX_BLOCK_R = 128  # rows per step of a program: 4 warps, one 16-byte load per t
 BURST_LINES = 8    # lines per SM in the burst fix: one load at a time vs 8 at once
 
 
-def _timed_launches(ctx: Context, variants: dict, rounds: int, per_sample: int = 4) -> dict:
-    """{name: launch()}: after one warm-up launch each, `rounds` rounds of every variant in turn (the order
-    alternates, so drift does not favour one). A sample: per_sample launches back to back between two CUDA
-    events (later launches queue while the first runs, so the host's launch time is not counted but once),
-    divided by per_sample. Returns {name: [ms per launch, ...]}."""
-    import torch
-
-    for f in variants.values():
-        f()
-    times = {k: [] for k in variants}
-    for i in range(rounds):
-        for name in (list(variants) if i % 2 == 0 else list(variants)[::-1]):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(per_sample):
-                variants[name]()
-            end.record()
-            torch.cuda.synchronize(ctx.device)
-            times[name].append(float(start.elapsed_time(end)) / per_sample)
-    return times
-
-
 def _effect(times: dict, fixed: str, plain: str) -> dict:
     e = G.fix_effect(times[fixed], times[plain])
     return {"ratio": e.ratio, "spread": e.spread, "verdict": e.verdict, "with": times[fixed],
@@ -660,6 +458,7 @@ def _column_fixes(ctx: Context, rounds: int, reps: int) -> dict:
     import torch
 
     from ..measure.launch import launch_triton
+    from ..measure.timing import interleaved
     from ..triton_kernels.geometry import column_read_kernel
 
     pad = LINE_BYTES // 16  # structs in one line
@@ -671,9 +470,11 @@ def _column_fixes(ctx: Context, rounds: int, reps: int) -> dict:
         return lambda: launch_triton(column_read_kernel, FIX_COLS, (table, out, FIX_ROWS, pitch, reps), num_warps=4,
                                      constexprs={"COLS": FIX_COLS, "SWIZZLE": swizzle, "BLOCK_R": FIX_BLOCK_R})
 
-    times = _timed_launches(ctx, {"plain": read("plain", FIX_COLS, False),
-                                  "padded": read("padded", FIX_COLS + pad, False),
-                                  "swizzled": read("swizzled", FIX_COLS, True)}, rounds)
+    # one warm-up launch each, then alternating rounds; a sample: 4 launches back to back, waited for, so that
+    # the host's launch time counts once in 4 (interleaved)
+    measured = interleaved({"plain": read("plain", FIX_COLS, False), "padded": read("padded", FIX_COLS + pad, False),
+                            "swizzled": read("swizzled", FIX_COLS, True)}, rounds, per_sample=4, wait_each=True)
+    times = {name: list(m.times) for name, m in measured.items()}
     for name, out in sums.items():  # every program summed its whole column (of ones)
         if not torch.all(out == FIX_ROWS * 4 * reps):
             raise ProbeError(f"layout fixes: a {name} column read summed the wrong number of structs")
@@ -688,25 +489,22 @@ def _burst_fix(ctx: Context, rounds: int, steps: int) -> dict:
     chasing its own ring (a warp-wide burst), the same number of loads; on lines of one slice class
     (conflicting) and on lines of m classes (not). Times: the kernel's globaltimer span (ns), first start to
     last end over all SMs, in alternating rounds."""
-    lines, _, classes = _slice_lines(ctx, 512, 3)
-    addr = lines.data_ptr() + np.arange(512, dtype=np.int64) * LINE_BYTES
-    big = int(np.argmax(classes.sizes))
-    m = int(min(BURST_LINES, classes.sizes[big], classes.count))
-    m = 1 << (m.bit_length() - 1)  # lanes: a power of two (tl.arange)
-    sets = {"one_class": addr[classes.labels == big][:m],
-            "spread": np.array([addr[np.flatnonzero(classes.labels == c)[0]] for c in range(m)])}
+    sl = slice_lines(ctx)
+    lines = sl.buffer
+    sets = dict(zip(("one_class", "spread"), sl.sets(BURST_LINES, power_of_two=True)))
+    m = len(sets["one_class"])
     sms = np.arange(ctx.n_sm)
     out = {"lines": m, "steps_per_lane": steps, "unit": "ns"}
     for name, s in sets.items():
-        at, val, _ = _rings(s, ctx.n_sm, 1, seed=9)  # the rings of every word: the same for any lane count
-        _write_words(lines, at, val)
+        at, val, _ = rings(s, ctx.n_sm, 1, seed=9)  # the rings of every word: the same for any lane count
+        write_words(lines, at, val)
         runs = {"one_by_one": (1, m * steps), "burst": (m, steps)}
-        plans = {k: (lanes, n, _rings(s, ctx.n_sm, lanes, seed=9)[2]) for k, (lanes, n) in runs.items()}
+        plans = {k: (lanes, n, rings(s, ctx.n_sm, lanes, seed=9)[2]) for k, (lanes, n) in runs.items()}
         times = {k: [] for k in runs}
         for i in range(rounds):
             for k in (list(runs) if i % 2 == 0 else list(runs)[::-1]):
                 lanes, n, after = plans[k]
-                r = _run_lanes(ctx, after(0), sms, 16, n, lanes=lanes)
+                r = run_lanes(ctx, after(0), sms, 16, n, lanes=lanes)
                 if not np.array_equal(r[:, 4], np.bitwise_xor.reduce(after(16 + n), axis=1)):
                     raise ProbeError("layout fixes: a chase did not end where its ring says")
                 times[k].append(float(r[:, 3].max() - r[:, 2].min()))
@@ -728,53 +526,7 @@ def layout_fixes(ctx: Context, flush: Flusher, budget: Budget, quick: bool) -> d
     return out
 
 
-# ---- persisting L2 through the driver API (libcuda, ctypes: no extra dependency) ----------------------------
-class _Window(ctypes.Structure):
-    _fields_ = [("base_ptr", ctypes.c_void_p), ("num_bytes", ctypes.c_size_t), ("hitRatio", ctypes.c_float),
-                ("hitProp", ctypes.c_int), ("missProp", ctypes.c_int)]
-
-
-class _AttrValue(ctypes.Union):
-    _fields_ = [("accessPolicyWindow", _Window), ("pad", ctypes.c_char * 64)]
-
-
-CU_LIMIT_PERSISTING_L2_CACHE_SIZE = 0x06
-CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW = 1
-CU_ACCESS_PROPERTY_NORMAL, CU_ACCESS_PROPERTY_STREAMING, CU_ACCESS_PROPERTY_PERSISTING = 0, 1, 2
-CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE = 108
-CU_DEVICE_ATTRIBUTE_MAX_ACCESS_POLICY_WINDOW_SIZE = 109
-
-
-def _libcuda():
-    return ctypes.CDLL("libcuda.so.1")
-
-
-def _check(rc: int, what: str) -> None:
-    if rc != 0:
-        raise ProbeError(f"{what} failed with CUresult {rc}: the persisting-L2 experiment cannot run here")
-
-
-def _driver_limit(limit: int):
-    """cuCtxGetLimit(limit) of the current context, or None where the driver library is unavailable."""
-    try:
-        v = ctypes.c_size_t()
-        return int(v.value) if _libcuda().cuCtxGetLimit(ctypes.byref(v), limit) == 0 else None
-    except OSError:
-        return None
-
-
-def _device_attr(attr: int, index: int) -> int:
-    v = ctypes.c_int()
-    _check(_libcuda().cuDeviceGetAttribute(ctypes.byref(v), attr, index), "cuDeviceGetAttribute")
-    return int(v.value)
-
-
-def _set_window(stream_handle: int, ptr: int, nbytes: int, hit_ratio: float) -> None:
-    val = _AttrValue()
-    val.accessPolicyWindow = _Window(ptr, nbytes, hit_ratio, CU_ACCESS_PROPERTY_PERSISTING,
-                                     CU_ACCESS_PROPERTY_STREAMING)
-    _check(_libcuda().cuStreamSetAttribute(ctypes.c_void_p(stream_handle), CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW,
-                                           ctypes.byref(val)), "cuStreamSetAttribute(access policy window)")
+# ---- persisting L2 through the driver API (driver.py) ------------------------------------------------------
 
 
 def persisting(ctx: Context, flush: Flusher, budget: Budget, quick: bool) -> dict:
@@ -783,9 +535,8 @@ def persisting(ctx: Context, flush: Flusher, budget: Budget, quick: bool) -> dic
     loads under the L2/DRAM midpoint, and the copy's time; against the same without a window."""
     import torch
 
-    lib = _libcuda()
-    max_persist = _device_attr(CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE, ctx.index)
-    max_window = _device_attr(CU_DEVICE_ATTRIBUTE_MAX_ACCESS_POLICY_WINDOW_SIZE, ctx.index)
+    max_persist = driver.device_attribute(driver.CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE, ctx.index)
+    max_window = driver.device_attribute(driver.CU_DEVICE_ATTRIBUTE_MAX_ACCESS_POLICY_WINDOW_SIZE, ctx.index)
     sizes = [8 * MB] if quick else [4 * MB, 16 * MB, 32 * MB, 48 * MB]  # 48 MB: over the persisting maximum
     ratios = [1.0] if quick else [0.5, 1.0]
     stream = torch.cuda.Stream(ctx.device)  # a stream of our own: torch's default is the NULL stream
@@ -797,12 +548,10 @@ def persisting(ctx: Context, flush: Flusher, budget: Budget, quick: bool) -> dic
     with torch.cuda.stream(stream):
         refs = _hit_miss_reference(ctx, flush, hot, n)
         try:
-            _persisting_runs(ctx, flush, budget, lib, stream, hot, src, dst, sizes, ratios, max_persist, max_window,
-                             n, runs)
+            _persisting_runs(ctx, flush, budget, stream, hot, src, dst, sizes, ratios, max_persist, max_window, n,
+                             runs)
         finally:
-            _set_window(stream.cuda_stream, 0, 0, 0.0)
-            lib.cuCtxResetPersistingL2Cache()
-            lib.cuCtxSetLimit(CU_LIMIT_PERSISTING_L2_CACHE_SIZE, ctypes.c_size_t(0))
+            driver.release_persisting(stream.cuda_stream)
     threshold = (refs["hit_cycles"] + refs["miss_cycles"]) / 2
     for r in runs:
         r["hit_fraction"] = float(np.mean(r.pop("samples") < threshold))
@@ -814,14 +563,16 @@ def _hit_miss_reference(ctx: Context, flush: Flusher, hot, n: int) -> dict:
     """Median latency of a chase over the hot buffer right after a flush (DRAM) and again at once (L2 hits)."""
     offs = np.random.default_rng(6).integers(0, hot.numel() * 4 // LINE_BYTES, size=(1, n)) * LINE_BYTES
     flush()
-    cold, _ = _run_offsets(ctx, hot.data_ptr(), offs, [0])
-    warm, _ = _run_offsets(ctx, hot.data_ptr(), offs, [0])
+    cold, _ = run_offsets(ctx, hot.data_ptr(), offs, [0])
+    warm, _ = run_offsets(ctx, hot.data_ptr(), offs, [0])
     return {"miss_cycles": float(np.median(cold[0, 1:])), "hit_cycles": float(np.median(warm[0, 1:]))}
 
 
-def _persisting_runs(ctx, flush, budget, lib, stream, hot, src, dst, sizes, ratios, max_persist, max_window, n,
+def _persisting_runs(ctx, flush, budget, stream, hot, src, dst, sizes, ratios, max_persist, max_window, n,
                      runs) -> None:
     import torch
+
+    from ..measure.timing import Interval
 
     rng = np.random.default_rng(5)
     for size in sizes:
@@ -829,42 +580,24 @@ def _persisting_runs(ctx, flush, budget, lib, stream, hot, src, dst, sizes, rati
             if budget.over():
                 return
             window = ratio > 0
-            _check(lib.cuCtxSetLimit(CU_LIMIT_PERSISTING_L2_CACHE_SIZE,
-                                     ctypes.c_size_t(min(size, max_persist) if window else 0)), "cuCtxSetLimit")
-            _set_window(stream.cuda_stream, hot.data_ptr(), min(size, max_window) if window else 0, ratio)
+            driver.set_persisting_limit(min(size, max_persist) if window else 0)
+            driver.set_access_window(stream.cuda_stream, hot.data_ptr(), min(size, max_window) if window else 0, ratio)
             flush()
             hot[: size // 4].sum()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            dst.copy_(src)
-            end.record()
+            with Interval() as copy:
+                dst.copy_(src)
             torch.cuda.synchronize(ctx.device)
             offs = rng.integers(0, size // LINE_BYTES, size=(1, n)) * LINE_BYTES
-            c, _ = _run_offsets(ctx, hot.data_ptr(), offs, [0])
+            c, _ = run_offsets(ctx, hot.data_ptr(), offs, [0])
             runs.append({"hot_bytes": size, "hit_ratio": ratio, "window": window,
                          "latency_cycles": float(c[0, 1:].mean()), "samples": c[0, 1:],
-                         "stream_copy_ms": float(start.elapsed_time(end))})
-            _check(lib.cuCtxResetPersistingL2Cache(), "cuCtxResetPersistingL2Cache")
+                         "stream_copy_ms": copy.ms()})
+            driver.reset_persisting()
 
 
 EXPERIMENTS = {"first_touch": first_touch, "stride_sweep": stride_sweep, "capacity": capacity,
                "prefetch": prefetch, "address_bits": address_bits, "contention": contention,
                "persisting": persisting, "conflict_sets": conflict_sets, "layout_fixes": layout_fixes}
-
-
-def make_context(device=None) -> Context:
-    import torch
-
-    from ..analysis.labels import sm_labels
-    from ..device import device_info, resolve_device
-    from ..measure.calibration import calibrate
-
-    index = resolve_device(device)
-    info = device_info(index)
-    topo = calibrate(index)
-    return Context(index=index, device=torch.device("cuda", index), n_sm=info.sm_count, l2_bytes=info.l2_bytes,
-                   sm_partition=sm_labels(topo).partition, clock_ghz=float(np.median(topo.sm_clock_ghz)),
-                   calibration=topo)
 
 
 def run_suite(quick: bool = False, device=None, only=None) -> dict:
@@ -901,78 +634,3 @@ def run_suite(quick: bool = False, device=None, only=None) -> dict:
     return {"quick": quick, "device_index": ctx.index, "n_sm": ctx.n_sm, "l2_bytes": ctx.l2_bytes,
             "clock_ghz": ctx.clock_ghz, "experiments": results, "times_s": times,
             "total_s": time.perf_counter() - t0}
-
-
-def _fmt(v, unit="") -> str:
-    return "n/a" if v is None or (isinstance(v, float) and not np.isfinite(v)) else f"{v:.0f}{unit}"
-
-
-def summary_lines(result: dict) -> list[str]:
-    """A few lines per experiment: the derived numbers (the JSON has the curves)."""
-    e = result["experiments"]
-    out = [f"L2 geometry ({'quick' if result['quick'] else 'full'}): {result['n_sm']} SMs, "
-           f"L2 {result['l2_bytes'] / MB:.0f} MB, {result['clock_ghz']:.3f} GHz, {result['total_s']:.1f} s"]
-    for name, r in e.items():
-        if "error" in r:
-            out.append(f"{name}: ERROR {r['error']}")
-        elif name == "first_touch":
-            out.append(f"first touch: granule {_fmt(r['granule_bytes'], ' B')} (hit {r['hit_cycles']:.0f}, miss "
-                       f"{r['miss_cycles']:.0f} cycles){'' if r['found'] else ' not found: ' + r['reason']}; "
-                       f"driver's max L2 fetch granularity {r['driver_max_l2_fetch_granularity']}")
-        elif name == "stride_sweep":
-            out.append(f"cold stride sweep: levels off at {_fmt(r['line_bytes'], ' B')} "
-                       f"({', '.join(f'{s}:{c:.0f}' for s, c in zip(r['strides'], r['mean_cycles']))})")
-        elif name == "capacity":
-            out.append(f"capacity: effective {_fmt((r.get('effective_capacity_bytes') or np.nan) / MB, ' MB')} "
-                       f"(all SMs warm the footprint)")
-            sw = r.get("self_warmed")
-            if sw:
-                curve = ", ".join(f"{f // MB}:{np.mean(c):.0f}" for f, c in zip(sw["footprint"], sw["cycles"]))
-                out.append(f"capacity, one SM per partition warming its own ring (MB:cycles): {curve}; cold "
-                           f"{sw['cold_cycles']:.0f}; effective "
-                           f"{_fmt((sw.get('effective_capacity_bytes') or np.nan) / MB, ' MB')}")
-            for key in ("p0", "p1", "near", "far"):
-                reg = r.get(f"regimes_{key}")
-                if reg:
-                    knees = ", ".join(f"{k['mid'] / MB:.1f} MB ({k['low']:.0f}->{k['high']:.0f})" for k in reg["knees"])
-                    out.append(f"capacity [{key}]: levels {', '.join(f'{v:.0f}' for v in reg['levels'])} cycles; "
-                               f"knees {knees or 'none: ' + reg['reason']}")
-        elif name == "prefetch":
-            for t in ("cold", "warm"):
-                d = r.get(f"{t}_dips")
-                if d:
-                    out.append(f"prefetch {t}: dips at {d['strides'] or 'no stride'} (threshold {d['threshold']:.0f}"
-                               f" cycles; regular-random max {max(d['effect_cycles']):.0f})")
-        elif name == "address_bits":
-            m = r["model_2MB_pages"]
-            out.append(f"home partition: changes at {_fmt(r['partition_granularity_bytes'], ' B')}; XOR bits "
-                       f"{m['bits']} (2 MB pages) held-out accuracy {m['accuracy']:.4f}; ambiguous bits "
-                       f"{m['ambiguous_bits']}")
-            pat = r.get("patterns_2MB_pages")
-            if pat:
-                out.append(f"home partition, page-pattern model: held-out accuracy {pat['accuracy']:.4f} from "
-                           f"{pat['distinct_patterns']} distinct patterns in {pat['n_train_pages']} training pages")
-            if "slice_classes" in r:
-                out.append(f"slices: {r['slice_classes']} latency classes in 512 lines; class changes at "
-                           f"{_fmt(r['slice_granularity_bytes'], ' B')}")
-        elif name == "contention" and r.get("k"):
-            out.append(f"contention at k={r['k'][-1]} SMs: one class {r['one_requests_per_ns'][-1]:.2f} req/ns "
-                       f"({r['one_latency_cycles'][-1]:.0f} cycles), spread {r['spread_requests_per_ns'][-1]:.2f} "
-                       f"req/ns ({r['spread_latency_cycles'][-1]:.0f} cycles); pairs same "
-                       f"{r['pairs']['same']['median_cycles']:.0f} vs different "
-                       f"{r['pairs']['different']['median_cycles']:.0f} cycles; {r['ncu_note']}")
-        elif name == "conflict_sets" and "verdict" in r:
-            out.append(f"conflict sets: {r['verdict']} (hit {r['hit_cycles']:.0f}, miss {r['miss_cycles']:.0f} "
-                       f"cycles; largest aligned {np.max(r['aligned_cycles']):.0f}, control "
-                       f"{np.max(r['control_cycles']):.0f})")
-        elif name == "layout_fixes":
-            fixes = [(k, r["columns"][k]) for k in ("padding", "swizzle")]
-            fixes += [(f"bursts ({k})", r["bursts"][k]) for k in ("one_class", "spread") if "bursts" in r]
-            out.append("layout fixes, time with / without: " + "; ".join(
-                f"{k} {f['ratio']:.3f} ({f['verdict']}, spread {f['spread']:.3f})" for k, f in fixes))
-        elif name == "persisting":
-            for run in r["runs"]:
-                out.append(f"persisting: hot {run['hot_bytes'] / MB:.0f} MB ratio {run['hit_ratio']}: "
-                           f"{run['latency_cycles']:.0f} cycles, hits {run['hit_fraction']:.2f}, "
-                           f"copy {run['stream_copy_ms']:.3f} ms")
-    return out

@@ -47,9 +47,10 @@ class Localizer:
     l2_signature a kernel measures on the chosen lines of that buffer.
 
     The SM labels (partition, TPC, and GPC where the calibration has cluster ground truth: calibrate(gpc=True))
-    come from `topology`, default calibrate(device, backend=backend), cached. Pass `lines` and `chosen` to
-    your kernel (Triton: l2_signature(lines, chosen, pid, K, 2, 8); CUDA: l2_signature(lines, chosen, k, 2, 8,
-    start, out)), divide its cycle counts by SIGNATURE_TIMED and hand them to locate().
+    come from `topology` (refused with CalibrationMismatch if it is of another GPU model or SM count), default
+    calibrate(device, backend=backend), cached. Pass `lines` and `chosen` to your kernel (Triton:
+    l2_signature(lines, chosen, pid, K, 2, 8); CUDA: l2_signature(lines, chosen, k, 2, 8, start, out)), divide
+    its cycle counts by SIGNATURE_TIMED and hand them to locate().
     classifier.resolvable says which levels the chosen lines can tell apart.
     """
 
@@ -58,8 +59,8 @@ class Localizer:
         import torch
 
         from ..analysis.labels import sm_labels
-        from ..device import device_info, resolve_device
-        from ..measure.calibration import calibrate, measuring
+        from ..device import resolve_device
+        from ..measure.calibration import calibration_for, measuring
         from ..measure.probes import line_buffer, run_lines, warm_clocks
         from .localize import SMClassifier
 
@@ -67,10 +68,8 @@ class Localizer:
         index = resolve_device(device)
         self.device = torch.device("cuda", index)
         self.backend = backend
-        n_sm = device_info(index).sm_count
-        topology = topology if topology is not None else calibrate(index, backend=backend)
-        if topology.n_sm != n_sm:
-            raise ValueError(f"the calibration covers {topology.n_sm} SMs, cuda:{index} has {n_sm}")
+        topology = calibration_for(index, topology, backend=backend)
+        n_sm = topology.n_sm  # the device's: calibration_for checked it
         self.labels = sm_labels(topology)
         with measuring(index), torch.cuda.device(self.device):
             warm_clocks(self.device, 50)

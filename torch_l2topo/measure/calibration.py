@@ -1,16 +1,18 @@
-"""calibrate(): measure the per-SM L2 map of a GPU (checked by trust.py), or load it from the cache."""
+"""calibrate(): measure the per-SM L2 map of a GPU (checked by trust.py), or load it from the cache; and
+calibration_for(): the one way every use gets "this device's calibration" (a given one, checked, or calibrate())."""
 from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
 import logging
 import time
+from collections.abc import Mapping
 from contextlib import contextmanager
 
 import numpy as np
 
-from ..device import board_serial_hash, device_info, device_uuid, resolve_device
-from ..errors import CalibrationDisturbed, ProbeError, check_choice
+from ..device import DeviceInfo, board_serial_hash, device_info, device_uuid, resolve_device
+from ..errors import CalibrationDisturbed, CalibrationMismatch, ProbeError, check_choice
 from ..files import exclusive
 from ..topology import Topology
 from ..version import __version__
@@ -83,6 +85,42 @@ def calibrate(device=None, *, backend: str = "auto", mode: str = DEFAULT_MODE, f
         if use_cache and topo.meta["trust"]["trusted"]:
             cache.store(topo, key)
     return topo
+
+
+def calibration_for(device=None, topology: Topology | None = None, **options) -> Topology:
+    """This device's calibration: `topology` when one is given, after check_calibration says it is of this
+    device's GPU model and SM count; else calibrate(device, **options) (measured, or loaded from the cache).
+    Every use that takes an optional calibration (placement, partition maps, green contexts, the Localizer,
+    the geometry suite) gets it here, so all of them refuse another GPU's map the same way."""
+    index = resolve_device(device)
+    if topology is None:
+        return calibrate(index, **options)
+    check_calibration(topology, index)
+    return topology
+
+
+def check_calibration(topo: Topology, device) -> None:
+    """Raise CalibrationMismatch unless `topo` is a calibration of `device`'s GPU model with its SM count.
+
+    device: a CUDA device (index, "cuda:N", torch.device), or a description of one (a device.DeviceInfo or a
+    mapping with "name" and "sm_count"). A calibration of another model would name the wrong SMs (a plan for
+    them, their labels, their pairs): that must be a clear error, never a wrong answer.
+    """
+    name, sm_count = _device_identity(device)
+    topo_name = topo.meta.get("device", {}).get("name")
+    if topo_name != name or topo.n_sm != sm_count:
+        raise CalibrationMismatch(f"the calibration is of {topo_name or 'an unnamed device'} with {topo.n_sm} SMs "
+                                  f"but the device is {name} with {sm_count} SMs: calibrate this device "
+                                  "(torch_l2topo.calibrate) instead of reusing another GPU's map")
+
+
+def _device_identity(device) -> tuple[str, int]:
+    if isinstance(device, DeviceInfo):
+        return device.name, device.sm_count
+    if isinstance(device, Mapping):
+        return str(device["name"]), int(device["sm_count"])
+    info = device_info(resolve_device(device))
+    return info.name, info.sm_count
 
 
 def _checked_measure(index: int, info, cfg: ProbeConfig, backend: str, mode: str, check: bool, attempts: int,

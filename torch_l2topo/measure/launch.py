@@ -39,7 +39,13 @@ KERNELS = {
     "capped_chase": Kernel(None, "capped_chase"),
     "latency_oracle": Kernel("oracle:latency_oracle_kernel", None),
     "partition_probe": Kernel("partition_probe:partition_probe_kernel", None),
+    "partition_reprobe": Kernel("partition_probe:partition_reprobe_kernel", None),
     "sm_census": Kernel("whereami:sm_census_kernel", None),
+    "offsets_chase": Kernel("geometry:offsets_chase_kernel", None),
+    "ring_chase": Kernel("geometry:ring_chase_kernel", None),
+    # LANES chases per measuring SM: the starts (n_rows x LANES) over the output's rows
+    "lanes_chase": Kernel("geometry:lanes_chase_kernel", None,
+                          constexprs=lambda args: {"LANES": args[1].numel() // args[3].shape[0]}),
 }
 
 

@@ -1,7 +1,7 @@
 """One Python API over both probe backends (Triton and the CUDA extension): buffers in, raw arrays out.
 
 The kernels live in triton_kernels/l2_probes.py and cuda_ext/l2_probes.cu; this module builds their
-buffers from a plan (probe_plans.py), launches them (launch.py), waits with a host-side deadline, decodes
+buffers from a plan (rings.py), launches them (launch.py), waits with a host-side deadline, decodes
 the control block into clear errors, and checks the invariants the kernels report (every SM claimed once,
 every chase back where it started).
 """
@@ -152,32 +152,47 @@ def host_deadline(per_sm_loads: int, n_sm: int, wave: int, timeout_s: float) -> 
 
 
 def to_device(a: np.ndarray, device):
-    # Pinned and non-blocking: a pageable copy would block the host behind any work queued on the GPU,
-    # and the host-side deadline could never fire.
+    """A host array as a tensor on `device`. To a GPU: pinned and non-blocking, since a pageable copy would
+    block the host behind any work queued on the GPU, and the host-side deadline could never fire. Any other
+    device (host-side tests, classification on the CPU): a plain copy."""
     import torch
 
-    return torch.from_numpy(np.ascontiguousarray(a)).pin_memory().to(device, non_blocking=True)
+    t = torch.from_numpy(np.ascontiguousarray(a))
+    if torch.device(device).type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
 
 
-def checked_launches(device, backend: str, kind: str, n_sm: int, wave: int, timeout_s: float,
-                      per_sm_loads: int, repeats: int, kernel_args):
-    """Launch the `kind` probe `repeats` times on one control block; yield each launch's host wall time
-    once it finished within its deadline and its control block shows every SM measured without error.
-    kernel_args(r): the kernel's arguments between the control block and (n_sm, wave, timeout_ns) for
-    launch r (a tuple, the same for every launch)."""
+def checked_launches(device, kernel: str, backend: str, n_sm: int, wave: int, timeout_s: float,
+                     per_sm_loads: int, repeats: int, kernel_args, *, measuring_sms: int | None = None):
+    """Launch `kernel` (a name in launch.KERNELS on the claim protocol: its arguments are a control block, the
+    kernel's own, then n_sm, wave, timeout_ns) `repeats` times on one control block; yield each launch's host
+    wall time once it finished within its deadline and its control block shows every SM claimed without
+    error. kernel_args(r): the kernel's own arguments for launch r (or a tuple, the same for every launch).
+    per_sm_loads: dependent loads of one measuring SM (the host deadline); measuring_sms: how many SMs measure
+    (default n_sm), in waves of `wave`. The one launch-and-check sequence of every probe."""
     import torch
 
     ctrl = torch.zeros(L.control_words(n_sm), dtype=torch.int64, device=device)
-    deadline = host_deadline(per_sm_loads, n_sm, wave, timeout_s)
+    deadline = host_deadline(per_sm_loads, n_sm if measuring_sms is None else measuring_sms, wave, timeout_s)
+    what = kernel.removesuffix("_probe")
     for r in range(repeats):
         args = kernel_args(r) if callable(kernel_args) else kernel_args
         ctrl.zero_()
         t0 = time.perf_counter()
-        launch(f"{kind}_probe", backend, GRID_FACTOR * n_sm, ctrl, *args, n_sm, wave, int(timeout_s * 1e9))
-        wait_with_deadline(device, deadline, kind)
+        launch(kernel, backend, GRID_FACTOR * n_sm, ctrl, *args, n_sm, wave, int(timeout_s * 1e9))
+        wait_with_deadline(device, deadline, what)
         elapsed = time.perf_counter() - t0
-        check_control(ctrl.cpu().numpy(), n_sm, timeout_s, kind)
+        check_control(ctrl.cpu().numpy(), n_sm, timeout_s, what)
         yield elapsed
+
+
+def checked_launch(device, kernel: str, backend: str, n_sm: int, wave: int, timeout_s: float, per_sm_loads: int,
+                   kernel_args: tuple, *, measuring_sms: int | None = None) -> float:
+    """One launch of checked_launches: its host wall time."""
+    elapsed, = checked_launches(device, kernel, backend, n_sm, wave, timeout_s, per_sm_loads, 1, kernel_args,
+                                measuring_sms=measuring_sms)
+    return elapsed
 
 
 def run_chain(device, n_sm: int, plan: ChainPlan, backend: str, mode: str, timeout_s: float,
@@ -207,8 +222,8 @@ def run_chain(device, n_sm: int, plan: ChainPlan, backend: str, mode: str, timeo
     def args(r):
         return starts, out, plan.n_lines, plan.n_lines if r == 0 else settle, n_first, settle
 
-    for elapsed in checked_launches(device, backend, "chain", n_sm, wave, timeout_s, 2 * plan.n_lines, repeats,
-                                     args):
+    for elapsed in checked_launches(device, "chain_probe", backend, n_sm, wave, timeout_s, 2 * plan.n_lines,
+                                    repeats, args):
         o = out.view(n_sm, L.OUT_WORDS).cpu().numpy()
         broken = np.flatnonzero(o[:, 2] != 0).tolist()
         if broken:
@@ -251,8 +266,9 @@ def run_lines(device, n_sm: int, n_lines: int, n_warm: int, n_timed: int, backen
     cycles = torch.zeros(n_sm * n_lines, dtype=torch.int64, device=device)
     per_sm = torch.zeros(n_sm * L.OUT_WORDS, dtype=torch.int64, device=device)
     results = []
-    for elapsed in checked_launches(device, backend, "line", n_sm, wave, timeout_s, n_lines * (n_warm + n_timed),
-                                     repeats, (lines, cycles, per_sm, n_lines, n_warm, n_timed)):
+    for elapsed in checked_launches(device, "line_probe", backend, n_sm, wave, timeout_s,
+                                    n_lines * (n_warm + n_timed), repeats, (lines, cycles, per_sm, n_lines, n_warm,
+                                                                            n_timed)):
         s = per_sm.view(n_sm, L.OUT_WORDS).cpu().numpy()
         broken = np.flatnonzero(s[:, 2] != 0).tolist()
         if broken:

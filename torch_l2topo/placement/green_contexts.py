@@ -239,15 +239,13 @@ def select(n_sm: int, *, near: int | None = None, topology=None, device=None) ->
 
 def _select(index: int, n_sm: int, near: int | None, topology) -> Selection:
     from ..analysis.labels import sm_labels
+    from ..measure.calibration import calibration_for
 
     try:
         groups = sm_groups(index)
     except GreenUnavailable as exc:
         return Selection((), None, None, str(exc))
-    if topology is None:
-        from ..measure.calibration import calibrate
-
-        topology = calibrate(index)
+    topology = calibration_for(index, topology)  # a given one checked: another GPU's ranking would pick wrong SMs
     partition = sm_labels(topology).partition if near is not None else None
     chosen = choose_groups(groups, topology.chain_cycles, n_sm, partition=partition, near=near)
     try:
@@ -264,9 +262,10 @@ def on_sms(n_sm: int, *, near: int | None = None, topology=None, device=None):
         with torch_l2topo.on_sms(32, near=0) as sel:   # 4 groups of the H200 that lie in partition 0
             y = torch.index_select(table, 0, rows)     # any op; it runs on sel.sms only
 
-    Best: lowest mean chain latency of the calibration (topology, default calibrate(device)); with near=p,
-    groups in L2 partition p first (sm_labels' partition indices, as partition_map's homes). The green stream
-    waits for the work queued before the block, and the caller's stream waits for the block's work after it.
+    Best: lowest mean chain latency of the calibration (topology, default calibrate(device); another GPU's is
+    refused); with near=p, groups in L2 partition p first (sm_labels' partition indices, as partition_map's
+    homes). The green stream waits for the work queued before the block, and the caller's stream waits for the
+    block's work after it.
     Where green contexts are unavailable it warns once per reason and yields a Selection with sms=None.
     """
     import torch

@@ -1,9 +1,9 @@
-"""The host side of placement: plan tensors at fixed addresses, their statistics, and the calibration check.
+"""The host side of placement: plan tensors at fixed addresses and their statistics.
 
 Owns PlanSlot (one device's int32 plan tensor and int64 state tensor, in layout.py's formats, for kernels
-built on triton_kernels/placement.py or cuda_ext/placement.cuh) and check_topology (a plan is only built
-from a calibration of the device it runs on). Plans themselves come from plans.py; launching is
-launch.py's; the choice of a plan per workload is sm_aware.py's.
+built on triton_kernels/placement.py or cuda_ext/placement.cuh). Plans themselves come from plans.py;
+launching is launch.py's; the choice of a plan per workload is sm_aware.py's; a plan is only built from a
+calibration of the device it runs on (measure/calibration.py's calibration_for).
 
 Fixed addresses are what makes CUDA graphs work: a captured launch keeps reading the tensors it was captured
 with, so a plan is written into its slot's tensor (never into a new one) outside capture, and the kernels
@@ -12,7 +12,6 @@ plan()/run() split, Inductor's ZERO_PER_GRAPH convention).
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,32 +36,6 @@ MAX_SLOTS = PLAN_MAX_SLOTS
 
 CAPTURE_MESSAGE = ("a placement plan cannot be built or loaded during CUDA graph capture; launch the kernel once "
                    "with this workload before capturing")
-
-
-def check_topology(topo, device) -> None:
-    """Raise PlacementError unless `topo` is a calibration of `device`'s GPU model with its SM count.
-
-    device: a CUDA device (index, "cuda:N", torch.device), or a description of one (a device.DeviceInfo or a
-    mapping with "name" and "sm_count"). A calibration of another model would give a plan for the wrong SMs:
-    that must be a clear error, never a wrong plan.
-    """
-    name, sm_count = _device_identity(device)
-    topo_name = topo.meta.get("device", {}).get("name")
-    if topo_name != name or topo.n_sm != sm_count:
-        raise PlacementError(f"the calibration is of {topo_name or 'an unnamed device'} with {topo.n_sm} SMs but "
-                             f"the device is {name} with {sm_count} SMs: calibrate this device "
-                             f"(torch_l2topo.calibrate) instead of reusing another GPU's map")
-
-
-def _device_identity(device) -> tuple[str, int]:
-    from ..device import DeviceInfo, device_info, resolve_device
-
-    if isinstance(device, DeviceInfo):
-        return device.name, device.sm_count
-    if isinstance(device, Mapping):
-        return str(device["name"]), int(device["sm_count"])
-    info = device_info(resolve_device(device))
-    return info.name, info.sm_count
 
 
 def plan_capacity(capacity: int, needed: int, capturing: bool) -> int:

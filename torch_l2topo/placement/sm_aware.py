@@ -62,7 +62,7 @@ from ..errors import DeviceError, PlacementError, check_choice
 from . import choice
 from .choice import Candidate, Decision
 from .plans import POLICIES, POLICY_TABLE, SpeedModel, Workload, make_plan
-from .slots import CAPTURE_MESSAGE, PlanSlot, StatsSnapshot, check_topology
+from .slots import CAPTURE_MESSAGE, PlanSlot, StatsSnapshot
 
 AUTO = "auto"
 POLICY_CHOICES = (*POLICIES, AUTO)
@@ -337,10 +337,9 @@ class Placement:
     # ---- plans -------------------------------------------------------------------------------------------
     def _device(self, index: int):
         if index not in self._devices:
-            from ..measure.calibration import calibrate
+            from ..measure.calibration import calibration_for
 
-            topo = self.topology if self.topology is not None else calibrate(index)
-            check_topology(topo, index)
+            topo = calibration_for(index, self.topology)
             self._devices[index] = (topo, SpeedModel.from_topology(topo))
         return self._devices[index]
 

@@ -133,7 +133,7 @@ def write_report(data, out_dir, noise=None, other=None, geometry=None) -> Path:
 def render_geometry(result: dict, out_dir, with_figures: bool) -> str:
     """The report's L2 geometry section: the suite's derived numbers and, with matplotlib, its figures."""
     from ..geometry.figures import draw_geometry_figures
-    from ..geometry.suite import summary_lines
+    from ..geometry.summary import summary_lines
 
     out = ["", "## L2 geometry", "", "```", *summary_lines(result), "```", ""]
     if with_figures:
