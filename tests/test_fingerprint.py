@@ -221,7 +221,7 @@ def test_untrusted_calibrations_are_screened_out(collection):
 
 def test_raw_repeats_enter_the_chain_map_comparison_only(collection):
     """bench_noise's two GPUs of one session (uuid hashes 5dcc71..., 62ec90...) have chain maps as close as
-    two calibrations of one GPU: recorded as found, for the serial to settle (README, fingerprints)."""
+    two calibrations of one GPU: recorded as found, for the serial to settle (docs/fingerprints.md)."""
     from torch_l2topo.identity import evaluation as fe
 
     reps = {r.key: r for r in collection if r.signature is None and r.trusted}

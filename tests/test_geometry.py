@@ -202,7 +202,7 @@ def test_the_recorded_curves_are_there():
 
 @pytest.mark.parametrize("path", RECORDED, ids=lambda p: p.stem)
 def test_recorded_h200_curves(path):
-    """The detectors' verdicts on the full suite's recorded curves: the numbers the README quotes."""
+    """The detectors' verdicts on the full suite's recorded curves: the numbers docs/geometry.md quotes."""
     d = np.load(path)
     assert G.hit_extent(d["ft_k"], d["ft_cycles"]).granule == 64             # first touch
     assert G.saturation(d["stride"], d["stride_cycles"]).at == 64           # cold stride sweep

@@ -92,9 +92,10 @@ def test_on_sms_falls_back_with_one_warning_per_reason(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(gc, "_warned", set())
     x = torch.arange(4.0)
-    with pytest.warns(RuntimeWarning, match="no CUDA device; the ops run on all SMs"):
+    with pytest.warns(RuntimeWarning, match="no CUDA device; the ops run on all SMs") as record:
         with gc.on_sms(8) as sel:
             y = x * 2
+    assert record[0].filename == __file__  # the warning points at the caller's `with`, not at contextlib
     assert sel.sms is None and sel.stream is None and sel.reason == "no CUDA device"
     torch.testing.assert_close(y, torch.tensor([0.0, 2, 4, 6]))
     with warnings.catch_warnings():

@@ -23,8 +23,12 @@ def _with_meta(topo: Topology, **meta) -> Topology:
 def test_registry_round_trip_and_identify(tmp_path, sigs, topos):
     reg = Registry(tmp_path / "reg")
     assert reg.names() == []
+    with pytest.raises(RegistryError, match="no registry at .*reg: enroll a GPU first"):
+        reg.identify(sigs["h200-d557bc-cuda-waves"])  # a mistyped directory is not "no match"
+    (tmp_path / "reg").mkdir()
     empty = reg.identify(sigs["h200-d557bc-cuda-waves"])
-    assert (empty.verdict, empty.name, empty.distance, empty.margin) == ("no match", None, math.inf, 0.0)
+    assert (empty.verdict, empty.name, empty.nearest, empty.distance, empty.margin) == \
+        ("no match", None, None, math.inf, 0.0)
     assert "no entry of this GPU model" in empty.explain()
     reg.add("gpu-a", topos["h200-d557bc-cuda-waves"])
     reg.add("gpu-b", topos["h200-f78934-cuda-waves"])
@@ -48,7 +52,8 @@ def test_registry_round_trip_and_identify(tmp_path, sigs, topos):
     reg.remove("gpu-b")
     found = reg.identify(sigs["h200-f78934-triton-concurrent"])
     assert found.verdict == "no match" and found.distance > DEFAULT_THRESHOLD * AMBIGUITY_FACTOR
-    assert found.margin > 1.9 and "no match" in found.explain()
+    assert found.name is None and found.nearest in reg.names()  # no entry was identified; the nearest is named
+    assert found.margin > 1.9 and f"no match: the nearest entry {found.nearest!r}" in found.explain()
     with pytest.raises(RegistryError, match="no registry entry named 'gpu-b'"):
         reg.remove("gpu-b")
     with pytest.raises(RegistryError, match="no registry entry named 'gpu-b'"):
@@ -203,13 +208,13 @@ def test_cli_enroll_and_identify_say_same_gpu_new_uuid_and_ambiguous(tmp_path, t
     assert main(["identify", files["h200-d557bc-triton-serialized"], "--registry", reg]) == 0
     out = capsys.readouterr().out
     assert out.startswith("match: 'gpu-a'") and "same GPU, new UUID" in out
-    assert main(["identify", files["h200-f78934-cuda-waves"], "--registry", reg, "--json"]) == 0
+    assert main(["identify", files["h200-f78934-cuda-waves"], "--registry", reg, "--json"]) == 1  # no match
     doc = json.loads(capsys.readouterr().out)
     assert doc["verdict"] == "no match" and doc["runner_up_distance"] is None
     # the same board enrolled again under its new uuid: enroll says so, and identify then has two candidates
     assert main(["enroll", "gpu-a-again", files["h200-d557bc-triton-serialized"], "--registry", reg]) == 0
     assert "same GPU, new UUID" in capsys.readouterr().out
-    assert main(["identify", files["h200-d557bc-cuda-waves"], "--registry", reg]) == 0
+    assert main(["identify", files["h200-d557bc-cuda-waves"], "--registry", reg]) == 3  # ambiguous
     out = capsys.readouterr().out
     assert out.startswith("ambiguous: two entries") and "'gpu-a'" in out and "'gpu-a-again'" in out
     assert main(["enroll", "gpu-a", files["h200-d557bc-cuda-waves"], "--registry", reg]) == 2  # name taken

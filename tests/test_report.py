@@ -41,6 +41,87 @@ def test_report_on_bundled_data_with_a_second_calibration(tmp_path):
     assert not (tmp_path / "gpc_vs_truth.png").exists()
 
 
+def _captions(text: str) -> dict:
+    """{png: the line under it} for every figure of a report.md."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    return {line.split("](")[1].rstrip(")"): lines[i + 1] for i, line in enumerate(lines) if line.startswith("![")}
+
+
+def test_every_report_figure_has_a_title_axis_labels_a_legend_and_a_caption(tmp_path):
+    """Rendered on the bundled H200 calibration (partitions and GPC ground truth: every figure), read back as
+    matplotlib objects: what each figure says is checked against the calibration itself."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_rgba
+
+    from torch_l2topo.report.figures import FIGURES, PARTITION_COLORS, build_figures
+
+    topo = torch_l2topo.load_example("h200")
+    figures = build_figures(analyze(topo))
+    try:
+        assert set(figures) == set(FIGURES)
+        for key, fig in figures.items():
+            ax = fig.axes[0]
+            assert ax.get_title() and ax.get_xlabel() and ax.get_ylabel(), key
+            if key in ("heatmap", "truth"):  # images: the colour bar is the legend
+                assert len(fig.axes) == 2 and fig.axes[1].get_ylabel(), key
+            else:
+                assert ax.get_legend() is not None and ax.get_legend().get_texts(), key
+
+        # sm_map: bar height = chain latency above the fastest SM, colour = the SM's partition, named in the legend
+        ax = figures["sm_map"].axes[0]
+        bars = ax.patches
+        np.testing.assert_allclose([b.get_height() for b in bars], topo.chain_cycles - topo.chain_cycles.min(),
+                                   atol=1e-4)
+        side = topo.to_frame("sm")["partition"].to_numpy()
+        assert [b.get_facecolor() for b in bars] == [to_rgba(PARTITION_COLORS[int(s)]) for s in side]
+        assert [t.get_text() for t in ax.get_legend().get_texts()] == \
+            [f"near partition {k} ({int(np.sum(side == k))} SMs)" for k in (0, 1)]
+        assert "fastest SM" in ax.get_ylabel() and f"{topo.chain_cycles.min():.1f}" in ax.get_ylabel()
+
+        heat = figures["heatmap"]
+        assert heat.axes[1].get_ylabel() == "cycles per load"
+        assert [t.get_text() for t in heat.axes[0].get_yticklabels()] == \
+            [f"SMs near\npartition {k}\n({int(np.sum(side == k))})" for k in (0, 1)]
+
+        assert len(figures["r2"].axes[0].get_legend().get_texts()) == 3  # R^2, the noise line, the residual
+        assert [t.get_text().split(":")[0] for t in figures["hist"].axes[0].get_legend().get_texts()] == \
+            ["near", "far"]
+
+        # gpc_vs_truth says what its axis counts: groups of the ground truth, GPCs and lone TPCs apart
+        sizes = np.bincount(topo.extras["gpc_truth"][topo.extras["gpc_truth"] >= 0])
+        sizes = sizes[sizes > 0]
+        xlabel = figures["truth"].axes[0].get_xlabel()
+        assert f"{len(sizes)} groups = {int(np.sum(sizes > 2))} GPCs + {int(np.sum(sizes == 2))} TPCs" in xlabel
+        assert len(figures["truth"].axes[0].get_xticklabels()) == len(sizes)
+    finally:
+        for fig in figures.values():
+            plt.close(fig)
+
+    text = write_report(topo, tmp_path).read_text()
+    assert _captions(text) == {name: f"*{caption}*" for name, caption in FIGURES.values()}
+
+
+def test_a_map_without_structure_draws_no_partition_figure(tmp_path):
+    """Negative fixture: a flat map has no partitions, so no near/far histogram and every SM undecided."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from torch_l2topo.report.figures import build_figures
+
+    rng = np.random.default_rng(0)
+    flat = 300 + rng.normal(0, NOISE, (64, 128))
+    figures = build_figures(analyze(flat, NOISE))
+    try:
+        assert set(figures) == {"sm_map", "heatmap", "r2"}
+        assert [t.get_text() for t in figures["sm_map"].axes[0].get_legend().get_texts()] == ["undecided (64 SMs)"]
+        assert figures["sm_map"].axes[0].get_title() == "per-SM mean latency over the probed lines, coloured by " \
+                                                         "L2 partition"
+    finally:
+        for fig in figures.values():
+            plt.close(fig)
+
+
 def test_report_compares_gpc_clusters_with_ground_truth(tmp_path):
     pytest.importorskip("matplotlib")
     text = write_report(planted_topology(), tmp_path).read_text()
@@ -111,8 +192,11 @@ def test_report_with_a_recorded_geometry_run_adds_its_section_and_figures(tmp_pa
         import matplotlib  # noqa: F401
     except ImportError:
         return
-    pngs = [line for line in section.splitlines() if line.startswith("![")]
-    assert len(pngs) >= 6 and all((tmp_path / line.split("(")[1].rstrip(")")).exists() for line in pngs)
+    from torch_l2topo.report.markdown import GEOMETRY_CAPTIONS
+
+    captions = _captions(section)
+    assert len(captions) >= 6 and all((tmp_path / png).exists() for png in captions)
+    assert sorted(captions.values()) == sorted(f"*{GEOMETRY_CAPTIONS[png[len('geometry_'):-4]]}*" for png in captions)
 
 
 def test_report_refuses_a_file_that_is_not_a_geometry_result(tmp_path):

@@ -4,9 +4,11 @@ import zipfile
 
 import numpy as np
 import pytest
+from test_structure import NOISE, planted
 
 import torch_l2topo
 from torch_l2topo import Topology, TopologyFormatError
+from torch_l2topo.labelings import best_match_agreement
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +99,58 @@ def test_damaged_files_are_rejected_with_a_clear_error(h200, tmp_path, damage):
         _rewrite_member(path, "meta_json.npy", edit_meta)
     with pytest.raises(TopologyFormatError):
         Topology.load(path)
+
+
+@pytest.mark.parametrize("content", ["pickled", "garbage"])
+def test_a_foreign_or_corrupt_npz_is_not_a_readable_calibration_and_no_pickle_advice(tmp_path, content):
+    """numpy's own message advises allow_pickle=, unsafe and useless here: the error must not pass it on."""
+    path = tmp_path / "x.npz"
+    if content == "pickled":
+        np.savez(path, a=np.array([{"an": "object"}], dtype=object))
+    else:
+        path.write_bytes(b"\x80\x04 not an npz")  # a pickle protocol header: numpy would offer to unpickle it
+    with pytest.raises(TopologyFormatError) as info:
+        Topology.load(path)
+    assert "is not a readable calibration" in str(info.value) and "pickle" not in str(info.value)
+
+
+def test_source_names_where_a_calibration_was_read_and_is_never_saved(h200, tmp_path):
+    assert h200.source == "bundled example h200-1e5731-cuda-waves"
+    assert h200.summary().endswith("source: bundled example h200-1e5731-cuda-waves")
+    path = h200.save(tmp_path / "copy.npz")
+    again = Topology.load(path)
+    assert again.source == str(path) and "bundled example" not in again.summary()
+    assert "source" not in again.meta
+    assert Topology.from_bytes(path.read_bytes()).source is None
+
+
+def test_repr_is_one_line(h200):
+    text = repr(h200)
+    assert "\n" not in text and len(text) < 250
+    assert text.startswith("Topology(NVIDIA H200, 132 SMs, cuda/waves, measured 2026-11-30T05:53:26+00:00")
+    c = h200.chain_cycles
+    assert f"{c.min():.1f}/{np.median(c):.1f}/{c.max():.1f} cycles" in text
+    model = torch_l2topo.fit_nuca(h200)
+    assert "\n" not in repr(model) and len(repr(model)) < 250 and "132 SMs x 512 lines" in repr(model)
+
+
+def _planted_topology(repeats: int) -> tuple[Topology, dict]:
+    m, truth = planted()
+    n = m.shape[0]
+    return Topology(chain_cycles=m.mean(axis=1), chain_ns=m.mean(axis=1) / 1.98, line_cycles=m.astype(np.float32),
+                    line_addresses=truth["addresses"], chain_noise=np.zeros(n),
+                    line_noise=np.full(n, NOISE * 0.953873 / 0.707107), sm_clock_ghz=np.full(n, 1.98),
+                    meta={"config": {"repeats": repeats}}), truth
+
+
+def test_sm_frame_carries_each_sms_partition():
+    """On a planted map whose partitions are known, the frame's column is the planted side of every SM."""
+    topo, truth = _planted_topology(repeats=2)
+    column = topo.to_frame("sm")["partition"].to_numpy()
+    assert best_match_agreement(column, truth["side"]) == (1.0, {0: 0, 1: 1})
+    # one repeat: no repeat noise to tell structure from, so no SM is decided
+    single, _ = _planted_topology(repeats=1)
+    assert (single.to_frame("sm")["partition"] == -1).all()
 
 
 def test_missing_file_is_file_not_found(tmp_path):

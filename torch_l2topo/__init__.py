@@ -12,7 +12,7 @@ The package has one folder per role (tests/test_import_graph.py states what each
 that need torch at import time (sm_aware, partition_map) load on first use, so `import torch_l2topo` needs
 neither torch's CUDA side nor Triton.
 """
-from .analysis.labels import sm_labels
+from .analysis.labels import partition_column, sm_labels
 from .analysis.nuca import fit_nuca
 from .analysis.summary import analyze
 from .bundled import list_examples, load_example
@@ -35,8 +35,11 @@ from .measure.calibration import calibrate
 from .measure.probes import ProbeConfig
 from .placement.green_contexts import on_sms
 from .report.markdown import write_report
-from .topology import Topology
+from .topology import Topology, register_sm_column
 from .version import __version__
+
+# Topology sits below analysis/ and may not import it: its per-SM frame gets the partition column from here.
+register_sm_column("partition", partition_column)
 
 # name -> (module, attribute), imported on first access (PEP 562)
 _LAZY = {

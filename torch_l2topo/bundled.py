@@ -29,9 +29,20 @@ def example_path(name: str = DEFAULT_EXAMPLE) -> Path:
 
 
 def load_example(name: str = DEFAULT_EXAMPLE) -> Topology:
-    topo = Topology.load(example_path(name))
-    topo.meta.setdefault("source", f"bundled example {example_path(name).stem}")
+    """A bundled calibration; its `source` (shown by summary(), never saved) names the example."""
+    path = example_path(name)
+    topo = Topology.load(path)
+    topo.source = f"bundled example {path.stem}"
     return topo
+
+
+def describe_example(name: str) -> str:
+    """One line about a bundled calibration: device, uuid hash, backend and mode, date, GPC ground truth."""
+    topo = load_example(name)
+    m = topo.meta
+    return (f"{m['device']['name']} (uuid-hash {m.get('uuid_hash', '?')}), {m.get('backend', '?')} backend, "
+            f"{m.get('mode', '?')} mode, {m.get('config', {}).get('repeats', '?')} repeats, measured "
+            f"{m.get('date', '?')[:10]}" + (", with GPC ground truth" if "gpc_truth" in topo.extras else ""))
 
 
 def load_topology(spec) -> Topology:

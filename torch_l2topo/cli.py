@@ -1,15 +1,31 @@
-"""Command line: `python -m torch_l2topo [calibrate|show|report|examples|geometry] ...`. Thin: parse, call the
-library, print. Every failure the library reports on purpose is one line on stderr and exit status 2."""
+"""Command line: `python -m torch_l2topo [calibrate|show|report|examples|geometry|enroll|identify] ...` (also
+installed as `torch-l2topo`). Thin: parse, call the library, print.
+
+Exit statuses (EXIT_STATUS, shown by --help): 0 done (identify: a match); 1 identify: no match; 3 identify:
+ambiguous; 2 an error, as one line on stderr (bad arguments: argparse's usage message); 141 standard output
+closed early (piped into `head`), quietly, as a command stopped by SIGPIPE.
+"""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
-from .bundled import DEFAULT_EXAMPLE, list_examples, load_example, load_topology
-from .errors import L2TopoError
+from .bundled import DEFAULT_EXAMPLE, describe_example, example_path, list_examples, load_example, load_topology
+from .errors import L2TopoError, RegistryError
 from .measure.cache import cache_dir
 from .measure.launch import BACKEND_CHOICES
 from .measure.probes import DEFAULT_MODE, MODES
+from .version import __version__
+
+EXIT_ERROR = 2
+EXIT_NO_MATCH = 1
+EXIT_AMBIGUOUS = 3
+EXIT_PIPE_CLOSED = 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader went away
+EXIT_STATUS = ("exit status: 0 done (identify: match), 1 identify: no match, 3 identify: ambiguous, 2 error "
+               "(one line on stderr), 141 output pipe closed early")
+NEXT_STEP = ("next: `python -m torch_l2topo report` writes l2topo-report/report.md, the analysis of this map "
+             "with figures")
 
 
 def _emit(topo, as_json: bool) -> None:
@@ -45,6 +61,9 @@ def cmd_enroll(args) -> int:
     from .identity.registry import Registry
 
     reg = Registry(args.registry)
+    path = reg.path_of(args.name)  # a bad name fails before any calibration or identify runs
+    if path.exists() and not args.replace:
+        raise RegistryError(f"registry entry {args.name!r} exists ({path}); pass --replace to overwrite it")
     topo = _calibration_of(args)
     if reg.names():  # say first whether this GPU is already there, perhaps under another uuid
         print("before enrolling: " + reg.identify(topo).explain())
@@ -60,23 +79,38 @@ def cmd_identify(args) -> int:
 
     from .identity.registry import Registry
 
-    found = Registry(args.registry).identify(_calibration_of(args))
+    registry = Registry(args.registry)
+    registry.check_exists()  # before calibrating: a mistyped path must not cost a calibration
+    found = registry.identify(_calibration_of(args))
     print(json.dumps(found.to_dict(), indent=1) if args.json else found.explain())
-    return 0
+    return {"match": 0, "no match": EXIT_NO_MATCH}.get(found.verdict, EXIT_AMBIGUOUS)
 
 
 def cmd_report(args) -> int:
+    from .analysis.summary import same_gpu
     from .report.markdown import write_report
 
     topo = load_topology(args.file or args.example)
+    other = load_topology(args.compare) if args.compare else None
     geometry = None
     if args.geometry:
         from .geometry.figures import load_geometry
 
         geometry = load_geometry(args.geometry)
-    path = write_report(topo, args.out_dir, other=load_topology(args.compare) if args.compare else None,
-                        geometry=geometry)
+    if other is not None and same_gpu(topo, other) is False:
+        print(f"note: {args.compare} is a calibration of another GPU (uuid-hash {other.meta.get('uuid_hash')}, "
+              f"this one {topo.meta.get('uuid_hash')}): the comparison shows how two GPUs differ")
+    path = write_report(topo, args.out_dir, other=other, geometry=geometry)
     print(f"wrote {path}")
+    return 0
+
+
+def cmd_examples(args) -> int:
+    names = list_examples()
+    default = example_path(DEFAULT_EXAMPLE).stem
+    width = max(map(len, names))
+    for name in names:
+        print(f"{name:{width}}  {describe_example(name)}" + ("  [default]" if name == default else ""))
     return 0
 
 
@@ -115,25 +149,31 @@ def cmd_main_job(args) -> int:
     import torch
 
     if torch.cuda.is_available():
-        return cmd_calibrate(argparse.Namespace(device=None, backend="auto", mode=DEFAULT_MODE, force=False,
-                                                gpc=False, out=None, json=False, no_check=False))
-    topo = load_example(DEFAULT_EXAMPLE)
-    dev = topo.meta["device"]
-    print(f"No CUDA GPU on this machine: showing bundled data, a real calibration of an {dev['name']} "
-          f"(uuid-hash {topo.meta['uuid_hash']}) measured {topo.meta['date']} "
-          f"[{topo.meta['backend']}, {topo.meta['mode']}].\n")
-    print(topo.summary())
+        cmd_calibrate(argparse.Namespace(device=None, backend="auto", mode=DEFAULT_MODE, force=False, gpc=False,
+                                         out=None, json=False, no_check=False))
+    else:
+        topo = load_example(DEFAULT_EXAMPLE)
+        dev = topo.meta["device"]
+        print(f"No CUDA GPU on this machine: showing bundled data, a real calibration of an {dev['name']} "
+              f"(uuid-hash {topo.meta['uuid_hash']}) measured {topo.meta['date']} "
+              f"[{topo.meta['backend']}, {topo.meta['mode']}].\n")
+        print(topo.summary())
+    print(f"\n{NEXT_STEP}")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m torch_l2topo",
                                 description="Per-SM L2 latency maps of NVIDIA GPUs. Without a command: "
-                                            "calibrate the local GPU, or show bundled H200 data without one.")
+                                            "calibrate the local GPU, or show bundled H200 data without one.",
+                                epilog=EXIT_STATUS)
+    p.add_argument("--version", action="version", version=f"torch_l2topo {__version__}")
     sub = p.add_subparsers(dest="command")
     c = sub.add_parser("calibrate", help="measure (or load from the cache) this GPU's map and summarize it")
     c.add_argument("--device", type=int, default=None, help="CUDA device index (default: current)")
-    c.add_argument("--backend", choices=BACKEND_CHOICES, default="auto")
+    c.add_argument("--backend", choices=BACKEND_CHOICES, default="auto",
+                   help="probe kernels: triton, cuda (C++ extension, built on first use) or auto (default: "
+                        "triton where installed, else cuda)")
     c.add_argument("--mode", choices=MODES, default=DEFAULT_MODE,
                    help="SMs measuring at once: waves of 16 (default), serialized (1), concurrent (all)")
     c.add_argument("--force", action="store_true", help="measure even if a cached calibration exists")
@@ -148,14 +188,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("file", nargs="?", help="a saved calibration (.npz); default: a bundled example")
     s.add_argument("--example", default=DEFAULT_EXAMPLE,
                    help=f"bundled calibration to show (default {DEFAULT_EXAMPLE}); see `examples`")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true",
+                   help="print JSON (metadata, per-SM chain latency and clock, per-line mean) instead of the summary")
     s.set_defaults(func=cmd_show)
     r = sub.add_parser("report", help="analyse a calibration: Markdown report with PNG figures")
     r.add_argument("file", nargs="?", help="a saved calibration (.npz); default: a bundled example")
     r.add_argument("--example", default=DEFAULT_EXAMPLE,
                    help=f"bundled calibration to analyse (default {DEFAULT_EXAMPLE}); see `examples`")
-    r.add_argument("--compare", help="a second calibration of the same GPU (.npz path or bundled name): "
-                                     "adds how partitions, clusters and slice classes hold between the two")
+    r.add_argument("--compare", help="a second calibration (.npz path or bundled name), usually of the same GPU: "
+                                     "adds how partitions, clusters and slice classes hold between the two "
+                                     "(another GPU's is compared too, and said to be another GPU)")
     r.add_argument("--geometry", help="a result of `geometry --out` (or benchmarks/run_geometry.py): adds the L2 "
                                       "geometry section with its figures")
     r.add_argument("-o", "--out-dir", default="l2topo-report", help="output directory (default l2topo-report)")
@@ -167,6 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
         if verb == "enroll":
             f.add_argument("name", help="entry name (letters, digits, '.', '_', '-')")
             f.add_argument("--replace", action="store_true", help="overwrite an entry of that name")
+        else:
+            f.epilog = "exit status: 0 match, 1 no match, 3 ambiguous, 2 error"
         f.add_argument("file", nargs="?", help="a saved calibration (.npz) or bundled name; default: calibrate "
                                                "this machine's GPU")
         f.add_argument("--device", type=int, default=None, help="CUDA device index when calibrating")
@@ -175,8 +219,8 @@ def build_parser() -> argparse.ArgumentParser:
         if verb == "identify":
             f.add_argument("--json", action="store_true", help="print the evidence as JSON")
         f.set_defaults(func=func)
-    e = sub.add_parser("examples", help="list the bundled calibrations")
-    e.set_defaults(func=lambda args: print("\n".join(list_examples())) or 0)
+    e = sub.add_parser("examples", help="list the bundled calibrations (real H200 maps), one line each")
+    e.set_defaults(func=cmd_examples)
     g = sub.add_parser("geometry", help="measure the L2 geometry: line, capacity knees, hashing, contention, "
                                         "prefetching, persisting L2 (a GPU; quick: <= 20 s)")
     g.add_argument("--quick", action="store_true", help="short sweeps (<= 20 s on an H200; full: <= 3 min)")
@@ -189,14 +233,31 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _os_error_line(exc: OSError) -> str:
+    """A file the command could not read or write, in one line (no errno, no traceback)."""
+    if isinstance(exc, FileExistsError):
+        return f"{exc.filename} exists and is not a directory"
+    return f"{exc.filename}: {exc.strerror}" if exc.filename is not None and exc.strerror else str(exc)
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     func = getattr(args, "func", cmd_main_job)
     try:
-        return func(args)
-    except (L2TopoError, ValueError, FileNotFoundError) as exc:
+        status = func(args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
+        return status
+    except BrokenPipeError:
+        # The reader went away (`... | head`): stop quietly. Python flushes stdout again at exit; point it at
+        # /dev/null so that this flush cannot fail too.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_PIPE_CLOSED
+    except (L2TopoError, ValueError) as exc:
         print(f"torch_l2topo: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_ERROR
+    except OSError as exc:
+        print(f"torch_l2topo: error: {_os_error_line(exc)}", file=sys.stderr)
+        return EXIT_ERROR
 
 
 if __name__ == "__main__":

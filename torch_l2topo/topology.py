@@ -12,6 +12,7 @@ import json
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -21,6 +22,14 @@ from .files import atomic_write
 FORMAT_VERSION = 1
 _META_KEY = "meta_json"
 _PER_SM = ("chain_cycles", "chain_ns", "chain_noise", "line_noise", "sm_clock_ghz")
+# Per-SM columns that layers above this module add to to_frame("sm"): name -> function of the Topology.
+# The package's __init__ registers "partition" (analysis/labels.py), which this root module may not import.
+_SM_COLUMNS: dict[str, Callable] = {}
+
+
+def register_sm_column(name: str, compute: Callable) -> None:
+    """Add a per-SM column to every to_frame("sm"): compute(topology) returns an (n_sm,) array."""
+    _SM_COLUMNS[name] = compute
 
 
 @dataclass
@@ -33,6 +42,8 @@ class Topology:
     chain_noise: per SM, max - min of chain_cycles over the repeats. line_noise: per SM, median over lines
     of max - min over the repeats. sm_clock_ghz: clock64 cycles / globaltimer ns while probing.
     extras: further named arrays recorded with the calibration by later probes (e.g. cluster ground truth).
+    source: where this object was read from (a file path, a bundled example); set by load(), never saved, so a
+    copy saved elsewhere names its own file.
     """
 
     chain_cycles: np.ndarray
@@ -44,9 +55,18 @@ class Topology:
     sm_clock_ghz: np.ndarray
     meta: dict
     extras: dict = field(default_factory=dict)
+    source: str | None = None
 
     def __post_init__(self):
         self.validate()
+
+    def __repr__(self) -> str:
+        """One line: device, SMs, backend and mode, date, chain min/median/max (summary() has the rest)."""
+        m, c = self.meta, self.chain_cycles
+        return (f"Topology({m.get('device', {}).get('name', '?')}, {self.n_sm} SMs, {m.get('backend', '?')}/"
+                f"{m.get('mode', '?')}, measured {m.get('date', '?')}, chain min/median/max "
+                f"{c.min():.1f}/{np.median(c):.1f}/{c.max():.1f} cycles"
+                + (f", from {self.source})" if self.source else ")"))
 
     # ---- shape and sanity -------------------------------------------------------------------------
     @property
@@ -104,7 +124,9 @@ class Topology:
             raise
         except OSError as exc:  # a directory, no permission
             raise TopologyFormatError(f"{path} cannot be read: {exc.strerror or exc}") from None
-        return cls.from_bytes(data, source=str(path))
+        topo = cls.from_bytes(data, source=str(path))
+        topo.source = str(path)
+        return topo
 
     @classmethod
     def from_bytes(cls, data: bytes, source: str = "calibration bytes") -> "Topology":
@@ -114,8 +136,10 @@ class Topology:
         try:
             with np.load(io.BytesIO(data), allow_pickle=False) as z:
                 arrays = {k: z[k] for k in z.files}
-        except (OSError, ValueError, zipfile.BadZipFile, EOFError, KeyError) as exc:
-            raise TopologyFormatError(f"{source} is not a readable calibration: {exc}") from None
+        except (OSError, ValueError, zipfile.BadZipFile, EOFError, KeyError):
+            # numpy's own message would advise allow_pickle=, which is unsafe and would not help
+            raise TopologyFormatError(f"{source} is not a readable calibration (Topology.save writes an .npz of "
+                                      f"plain numeric arrays; this is not one)") from None
         except Exception as exc:  # zlib.error and friends from a damaged member
             raise TopologyFormatError(f"{source} is damaged: {type(exc).__name__}: {exc}") from None
         if _META_KEY not in arrays:
@@ -148,12 +172,14 @@ class Topology:
 
     # ---- views -------------------------------------------------------------------------------------
     def to_frame(self, kind: str = "sm"):
-        """Tidy pandas views. kind="sm": one row per SM. kind="lines": one row per (SM, line)."""
+        """Tidy pandas views. kind="sm": one row per SM, with its L2 partition (0/1, -1 undecided: sm_labels).
+        kind="lines": one row per (SM, line)."""
         import pandas as pd
 
         if kind == "sm":
             return pd.DataFrame({"sm": np.arange(self.n_sm), **{name: getattr(self, name) for name in _PER_SM},
-                                 "line_mean_cycles": self.line_cycles.mean(axis=1)})
+                                 "line_mean_cycles": self.line_cycles.mean(axis=1),
+                                 **{name: compute(self) for name, compute in _SM_COLUMNS.items()}})
         if kind == "lines":
             sm, line = np.meshgrid(np.arange(self.n_sm), np.arange(self.n_lines), indexing="ij")
             return pd.DataFrame({"sm": sm.ravel(), "line": line.ravel(),
@@ -198,8 +224,8 @@ class Topology:
             lines.append("NOT TRUSTED (failed its self-checks; not cached): " + "; ".join(verdict.get("problems", [])))
         for note in (verdict or {}).get("notes", []):
             lines.append(f"note: {note}")
-        if m.get("source"):
-            lines.append(f"source: {m['source']}")
+        if self.source:
+            lines.append(f"source: {self.source}")
         return "\n".join(lines)
 
 

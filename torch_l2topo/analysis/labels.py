@@ -232,3 +232,11 @@ def sm_labels(data, noise=None, gpc_truth=None) -> SMLabels:
                     tpc=tpc_labels(model.n_sm), gpc=gpc, near_cycles=near, far_cycles=far,
                     gap_cycles=partition_gap(m, parts), partitions=parts)
 
+
+
+def partition_column(topo) -> np.ndarray:
+    """Each SM's L2 partition (0/1, -1 undecided), the "partition" column of Topology.to_frame("sm"). A
+    calibration of a single repeat has no repeat noise to tell structure from, so every SM is undecided."""
+    if int(topo.meta.get("config", {}).get("repeats", 2)) < 2:
+        return np.full(topo.n_sm, -1)
+    return sm_labels(topo).partition

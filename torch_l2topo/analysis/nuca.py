@@ -147,6 +147,13 @@ class NucaModel:
     significant_rank: int
     rank_threshold: float
 
+    def __repr__(self) -> str:
+        """One line: shape, mean, how many terms stand above the noise and the R^2 they reach."""
+        k = self.significant_rank
+        return (f"NucaModel({self.n_sm} SMs x {self.n_lines} lines, mu {self.mu:.2f} cycles, R^2 additive "
+                f"{self.r2[0]:.3f}, {k} significant interaction terms -> R^2 {self.r2[k]:.4f}, noise "
+                f"{self.noise_sigma:.3f} cycles)")
+
     @property
     def n_sm(self) -> int:
         return self.matrix.shape[0]

@@ -21,12 +21,15 @@ _PAGE_BYTES = 2 << 20
 
 @dataclass
 class Comparison:
-    """One calibration against a second one of the same GPU (or another GPU): how the structure holds."""
+    """One calibration against a second one of the same GPU (or another GPU): how the structure holds.
+    same_gpu: False when the two name different GPUs (board serial hashes where both have one, else uuid
+    hashes), None when that is unknown."""
 
     name: str
     partitions: dict
     slices: SliceStability | None
     gpc_ari: float
+    same_gpu: bool | None = None
 
 
 @dataclass
@@ -65,7 +68,7 @@ class Analysis:
             out["gpc_truth"] = {k: getattr(self.gpc_truth, k) for k in ("matched_fraction", "purity", "ari")}
         if self.versus:
             v = self.versus
-            out["versus"] = {"name": v.name, **v.partitions, "gpc_ari": v.gpc_ari,
+            out["versus"] = {"name": v.name, "same_gpu": v.same_gpu, **v.partitions, "gpc_ari": v.gpc_ari,
                              "slice_counts": [v.slices.count_a, v.slices.count_b] if v.slices else None,
                              "slice_ari": v.slices.ari if v.slices else None}
         return out
@@ -73,8 +76,20 @@ class Analysis:
 
 def _name(data) -> str:
     if isinstance(data, Topology):
-        return data.meta.get("source") or data.meta.get("uuid_hash", "calibration")
+        return data.source or data.meta.get("source") or data.meta.get("uuid_hash", "calibration")
     return "matrix"
+
+
+def same_gpu(a, b) -> bool | None:
+    """Whether two calibrations come from one GPU by their hashed identifiers: the board serials where both
+    carry one, else the uuids; None when either is unknown (a bare matrix, a calibration without hashes)."""
+    if not (isinstance(a, Topology) and isinstance(b, Topology)):
+        return None
+    for key in ("serial_hash", "uuid_hash"):
+        x, y = a.meta.get(key), b.meta.get(key)
+        if x and y:
+            return x == y
+    return None
 
 
 def analyze(data, noise=None, other=None) -> Analysis:
@@ -100,6 +115,6 @@ def analyze(data, noise=None, other=None) -> Analysis:
         versus = Comparison(_name(other), compare_partitions(parts, sm_labels(model_b).partitions),
                             slice_stability(slices, slice_classes(model_b)) if same_lines else None,
                             adjusted_rand_index(gpcs.labels, gpcs_b.labels) if gpcs.found and gpcs_b.found
-                            else float("nan"))
+                            else float("nan"), same_gpu(data, other))
     return Analysis(_name(data), topo, model, parts, find_twins(model), gpcs, truth, sm_symmetry(model), slices,
                     granularity, versus)

@@ -53,12 +53,14 @@ class Entry:
 class Identification:
     """What identify() found. verdict: "match", "no match" or "ambiguous" (fingerprint.decide()).
 
-    name/distance: the nearest compatible entry (None/inf without one). runner_up/runner_up_distance: the
-    nearest entry not known to be the same device as `name`. threshold and factor: the decision band
-    [threshold / factor, threshold * factor]. margin: how far the nearest distance clears the threshold, as a
-    factor (>1 on the side it falls; 0 without entries). uuid_changed: the matched entry was enrolled under
-    another uuid (None when either uuid is unknown). serial_conflict: the map matches but the board serials
-    differ (the map cannot tell these boards apart). notes: further evidence in words.
+    name: the entry the calibration was identified with, or may be ("match", "ambiguous"); None on "no match".
+    nearest/distance: the nearest compatible entry, whatever the verdict (None/inf without one).
+    runner_up/runner_up_distance: the nearest entry not known to be the same device as `nearest`.
+    threshold and factor: the decision band [threshold / factor, threshold * factor]. margin: how far the
+    nearest distance clears the threshold, as a factor (>1 on the side it falls; 0 without entries).
+    uuid_changed: the matched entry was enrolled under another uuid (None when either uuid is unknown).
+    serial_conflict: the map matches but the board serials differ (the map cannot tell these boards apart).
+    notes: further evidence in words.
     """
 
     verdict: str
@@ -74,12 +76,13 @@ class Identification:
     query_uuid_hash: str | None = None
     entry_uuid_hash: str | None = None
     notes: tuple = field(default_factory=tuple)
+    nearest: str | None = None
 
     def explain(self) -> str:
         """The verdict in plain words, with the evidence (for the CLI and logs)."""
         band = f"threshold {self.threshold:.3g}, undecided between {self.threshold / self.factor:.3g} and " \
                f"{self.threshold * self.factor:.3g}"
-        if self.name is None:
+        if self.nearest is None:
             text = "no match: the registry holds no entry of this GPU model"
         elif self.serial_conflict:
             text = (f"ambiguous: the map matches {self.name!r} (distance {self.distance:.3g}; {band}) but the board "
@@ -97,7 +100,7 @@ class Identification:
             text = (f"ambiguous: the nearest entry {self.name!r} is at distance {self.distance:.3g}, too close to "
                     f"the threshold to call ({band})")
         else:
-            text = f"no match: the nearest entry {self.name!r} is at distance {self.distance:.3g} ({band})"
+            text = f"no match: the nearest entry {self.nearest!r} is at distance {self.distance:.3g} ({band})"
         return "\n".join([text, *self.notes])
 
     def to_dict(self) -> dict:
@@ -112,17 +115,26 @@ class Registry:
     """A directory of known signatures, one `<name>.json` per entry (plain JSON, no pickle).
 
     Writes are atomic (temporary file in the same directory, then os.replace), so a reader never sees
-    half an entry. An entry that cannot be read or validated raises RegistryError naming its file.
+    half an entry. An entry that cannot be read or validated raises RegistryError naming its file, and so
+    does identify() on a directory that does not exist (add() creates it).
     """
 
     def __init__(self, directory):
         self.directory = Path(directory).expanduser()
 
-    def _path(self, name: str) -> Path:
+    def path_of(self, name: str) -> Path:
+        """The file of entry `name`; raises RegistryError when the name is not a valid entry name."""
         if not isinstance(name, str) or not _NAME.fullmatch(name) or name.endswith(".json"):
             raise RegistryError(f"registry names are 1-128 characters of letters, digits, '.', '_', '-' "
                                 f"starting with a letter or digit (and not ending in .json), got {name!r}")
         return self.directory / f"{name}.json"
+
+    def check_exists(self) -> None:
+        """Raise RegistryError unless the registry directory exists: a mistyped path must not read as "no
+        match"."""
+        if not self.directory.is_dir():
+            raise RegistryError(f"no registry at {self.directory}: enroll a GPU first (Registry.add, or "
+                                f"`python -m torch_l2topo enroll NAME`)")
 
     def _entries(self) -> list[Path]:
         if not self.directory.is_dir():
@@ -141,20 +153,20 @@ class Registry:
         """Enroll a Topology (its signature, uuid hash and serial hash from its metadata) or a DeviceSignature
         (hashes as given, else unknown) under `name`; an existing name is an error unless replace=True."""
         sig, uuid_hash, serial_hash = _query(calibration, uuid_hash, serial_hash)
-        path = self._path(name)
+        path = self.path_of(name)
         if path.exists() and not replace:
             raise RegistryError(f"registry entry {name!r} exists ({path}); pass replace=True to overwrite")
         doc = dict(sig.to_dict(), identity={"uuid_hash": uuid_hash, "serial_hash": serial_hash})
         return atomic_write(path, json.dumps(doc).encode())
 
     def remove(self, name: str) -> None:
-        path = self._path(name)
+        path = self.path_of(name)
         if not path.exists():
             raise RegistryError(f"no registry entry named {name!r} in {self.directory}")
         path.unlink()
 
     def get(self, name: str) -> Entry:
-        path = self._path(name)
+        path = self.path_of(name)
         if not path.exists():
             raise RegistryError(f"no registry entry named {name!r} in {self.directory}")
         return self._read(path)
@@ -183,6 +195,7 @@ class Registry:
         sig, q_uuid, q_serial = _query(calibration, uuid_hash, serial_hash)
         if not threshold > 0 or not factor >= 1:
             raise ValueError(f"need threshold > 0 and factor >= 1, got {threshold!r}, {factor!r}")
+        self.check_exists()
         ranked = sorted(((distance(sig, e.signature), e) for e in map(self._read, self._entries())
                          if compatible(sig, e.signature)), key=lambda pair: pair[0])
         if not ranked:
@@ -207,10 +220,11 @@ class Registry:
                          if q_serial and q_serial == best.serial_hash else
                          "no board serial on both sides: this rests on the map alone")
         margin = best_d / threshold if best_d > threshold else threshold / best_d if best_d > 0 else math.inf
-        return Identification(verdict, best.name, best_d, runner.name if runner else None, runner_d, threshold,
-                              factor, margin,
+        return Identification(verdict, None if verdict == NO_MATCH else best.name, best_d,
+                              runner.name if runner else None, runner_d, threshold, factor, margin,
                               uuid_changed=uuid_changed if verdict == MATCH else None, serial_conflict=conflict,
-                              query_uuid_hash=q_uuid, entry_uuid_hash=best.uuid_hash, notes=tuple(notes))
+                              query_uuid_hash=q_uuid, entry_uuid_hash=best.uuid_hash, notes=tuple(notes),
+                              nearest=best.name)
 
 
 def _checked_hash(value, what: str) -> str | None:

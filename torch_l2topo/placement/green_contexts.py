@@ -213,7 +213,8 @@ def group_stream(groups, device=None):
 def _warn_once(reason: str) -> None:
     if reason not in _warned:
         _warned.add(reason)
-        warnings.warn(f"torch_l2topo.on_sms: {reason}; the ops run on all SMs", RuntimeWarning, stacklevel=3)
+        # 4: past this function, on_sms's generator and contextlib's __enter__, to the caller's `with` line
+        warnings.warn(f"torch_l2topo.on_sms: {reason}; the ops run on all SMs", RuntimeWarning, stacklevel=4)
 
 
 def select(n_sm: int, *, near: int | None = None, topology=None, device=None) -> Selection:

@@ -1,4 +1,5 @@
-"""The topology report: an Analysis (analysis.py) written up as Markdown, with figures (figures.py).
+"""The topology report: an Analysis (analysis/summary.py) written up as Markdown, with figures (figures.py),
+each under a one-line caption.
 
 Figures need matplotlib (the `plots` extra); without it the report is text-only and says so.
 """
@@ -9,7 +10,20 @@ from pathlib import Path
 import numpy as np
 
 from ..analysis.summary import Analysis, analyze
-from .figures import draw_figures
+from .figures import FIGURES, draw_figures, truth_groups
+
+# The L2 geometry suite's figures (geometry/figures.py), by experiment: the caption under each in report.md.
+GEOMETRY_CAPTIONS = {
+    "capacity": "Latency against footprint: where the L2 stops holding a working set (near and far lines, and "
+                "one SM per partition on its own ring).",
+    "strides": "Cold stride sweep and first touch: the bytes one miss brings into the L2.",
+    "prefetch": "Regular against random order of the same addresses: a prefetcher would make regular faster.",
+    "contention": "Requests per ns as more SMs chase lines of one slice class or of many: where the L2 saturates.",
+    "persisting": "Hot-buffer hits after a streaming copy, with and without a persisting-L2 window.",
+    "conflict_sets": "Chases over n lines at power-of-two strides, and a control off the stride: a set conflict "
+                     "would show as a miss band on the left only.",
+    "layout_fixes": "Time with each layout fix over time without it (below 1: the fix helps).",
+}
 
 
 def _ranges(ids) -> str:
@@ -28,7 +42,7 @@ def _ranges(ids) -> str:
 def render_markdown(a: Analysis, figures: dict | None, figure_note: str = "") -> str:
     m, p, tw, g, sl = a.model, a.partitions, a.twins, a.gpcs, a.slices
     def fig(key, alt):
-        return f"\n![{alt}]({figures[key]})\n" if figures and key in figures else ""
+        return f"\n![{alt}]({figures[key]})\n\n*{FIGURES[key][1]}*\n" if figures and key in figures else ""
 
     out = [f"# L2 topology report: {a.name}", ""]
     if a.topology is not None:
@@ -79,7 +93,10 @@ def render_markdown(a: Analysis, figures: dict | None, figure_note: str = "") ->
         out += [f"| {int(k)} | {i:.3f} | {o:.3f} | {gap:.2f} |" for k, i, o, gap in g.levels[:6]]
         if a.gpc_truth:
             t = a.gpc_truth
-            out += ["", f"Against the cluster co-residence ground truth ({t.n_gpcs} GPCs, {t.n_compared} SMs): "
+            groups = truth_groups(a.topology.extras["gpc_truth"])
+            lone = sum(len(sms) <= 2 for _, sms in groups)
+            what = f"{len(groups) - lone} GPCs" + (f" and {lone} TPCs never co-resident with another" if lone else "")
+            out += ["", f"Against the cluster co-residence ground truth ({what}, {t.n_compared} SMs): "
                     f"{100 * t.matched_fraction:.1f}% matched after the best one-to-one matching, purity "
                     f"{100 * t.purity:.1f}% (clusters inside one GPC), ARI {t.ari:.3f}.", fig("truth", "GPC vs truth")]
         else:
@@ -99,8 +116,10 @@ def render_markdown(a: Analysis, figures: dict | None, figure_note: str = "") ->
         out.append("One class: every line is seen alike by every SM, within the resolution.")
     if a.versus:
         v = a.versus
-        out += ["", f"Against {v.name}: partition sides agree for {100 * v.partitions['sm_agreement']:.1f}% of SMs "
-                f"and {100 * v.partitions['line_agreement']:.1f}% of lines; GPC clusters ARI {v.gpc_ari:.3f}"
+        other_gpu = " (another GPU)" if v.same_gpu is False else ""
+        out += ["", f"Against {v.name}{other_gpu}: partition sides agree for "
+                f"{100 * v.partitions['sm_agreement']:.1f}% of SMs and {100 * v.partitions['line_agreement']:.1f}% "
+                f"of lines; GPC clusters ARI {v.gpc_ari:.3f}"
                 + (f"; slice classes {v.slices.count_a} vs {v.slices.count_b}, ARI {v.slices.ari:.3f}." if v.slices
                    else "; slices not compared (different lines probed).")]
     out += ["", "## Figures", ""]
@@ -137,5 +156,6 @@ def render_geometry(result: dict, out_dir, with_figures: bool) -> str:
 
     out = ["", "## L2 geometry", "", "```", *summary_lines(result), "```", ""]
     if with_figures:
-        out += [f"![{key}]({name})" for key, name in draw_geometry_figures(result, out_dir).items()]
+        for key, name in draw_geometry_figures(result, out_dir).items():
+            out += [f"![geometry: {key}]({name})", "", f"*{GEOMETRY_CAPTIONS.get(key, key)}*", ""]
     return "\n".join(out) + "\n"

@@ -1,0 +1,128 @@
+"""README.md and docs/*.md: the first screen keeps its shape, every link and cited file exists, and the output
+the README shows is what the commands print today."""
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+FIRST_SCREEN_LINES = 40
+
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+CODE = re.compile(r"`([^`\n]+)`")
+# A cited repository path: starts at one of the repository's top-level folders or files
+CITED = re.compile(r"^(?:benchmarks|docs|examples|tests|torch_l2topo|triton_kernels|cuda_ext|\.ci)/[\w./*<>-]*$"
+                   r"|^(?:README\.md|pyproject\.toml)$")
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a Markdown heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[`*_]", "", heading.strip().lower())
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def _anchors(page: Path) -> set:
+    return {_slug(line.lstrip("#")) for line in page.read_text().splitlines() if line.startswith("#")}
+
+
+def _prose(page: Path) -> str:
+    """The page without its fenced code blocks (commands there name files that runs create)."""
+    return re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_every_relative_link_resolves(page):
+    for target in LINK.findall(_prose(page)):
+        if re.match(r"[a-z]+:", target):
+            continue  # an absolute URL: not checked offline
+        path, _, anchor = target.partition("#")
+        file = (page.parent / path).resolve() if path else page
+        assert file.exists(), f"{page.name}: link to a missing file {target}"
+        if anchor:
+            assert file.suffix == ".md" and anchor in _anchors(file), f"{page.name}: no heading for #{anchor}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_every_cited_file_exists(page):
+    for path in [c for c in CODE.findall(_prose(page)) if CITED.match(c)]:
+        if "<" in path:
+            continue  # a pattern such as results/noise_h200_<uuid>.json
+        assert list(ROOT.glob(path)) if "*" in path else (ROOT / path).exists(), f"{page.name} cites {path}"
+
+
+def test_the_checks_above_can_fail(tmp_path):
+    """Negative fixture: a page with a broken link, a missing anchor and a missing cited file."""
+    page = tmp_path / "page.md"
+    page.write_text("# Title\n[gone](nothing/here.md) [self](#title) [bad](#nope) `benchmarks/results/none.json`\n")
+    targets = LINK.findall(_prose(page))
+    assert targets == ["nothing/here.md", "#title", "#nope"]
+    assert not (page.parent / targets[0]).exists() and "title" in _anchors(page) and "nope" not in _anchors(page)
+    assert [c for c in CODE.findall(_prose(page)) if CITED.match(c)] == ["benchmarks/results/none.json"]
+    assert not (ROOT / "benchmarks/results/none.json").exists()
+
+
+def test_readme_starts_with_the_two_commands_ci_runs():
+    lines = README.read_text().splitlines()
+    assert lines[0].startswith("# ") and lines[1] == "" and lines[2] == "```bash" and lines[5] == "```"
+    main_job, tests = lines[3], lines[4]
+    assert main_job.endswith("python3 -m pip install -e . && python3 -m torch_l2topo")
+    assert tests.endswith("python3 -m pytest -q")
+    assert tests in (ROOT / ".ci" / "run").read_text().splitlines(), ".ci/run must run the README's test command"
+
+
+def test_first_screen_has_purpose_commands_picture_and_five_measured_results():
+    lines = README.read_text().splitlines()
+    tour = next(i for i, line in enumerate(lines) if line.startswith("## "))
+    assert tour <= FIRST_SCREEN_LINES, f"the first screen takes {tour} lines"
+    screen = "\n".join(lines[:tour])
+    pictures = re.findall(r"!\[[^\]]+\]\(([^)]+\.png)\)", screen)
+    assert len(pictures) == 1 and (ROOT / pictures[0]).exists()
+    results = [line for line in lines[:tour] if line.startswith("- **")]
+    assert len(results) == 5
+    for line in results:
+        assert re.search(r"\d", line.split(":**", 1)[1]), f"no measured number: {line}"
+        cited = re.findall(r"\]\((benchmarks/results/[^)]+\.json)\)", line)
+        assert cited and all((ROOT / c).exists() for c in cited), f"no result file cited: {line}"
+
+
+def _block_after(marker: str) -> list[str]:
+    """The lines of the first ```text block that starts with `marker` in the README."""
+    text = README.read_text()
+    start = text.index("```text\n" + marker) + len("```text\n")
+    return text[start:text.index("```", start)].rstrip("\n").splitlines()
+
+
+def test_readme_shows_what_the_main_job_prints_without_a_gpu(capsys, monkeypatch):
+    import torch
+
+    from torch_l2topo.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main([]) == 0
+    shown = _block_after("$ python3 -m torch_l2topo\n")
+    assert shown[0] == "$ python3 -m torch_l2topo" and shown[1:] == capsys.readouterr().out.rstrip("\n").splitlines()
+
+
+def test_readme_shows_what_the_placement_example_prints_without_a_gpu(capsys, monkeypatch):
+    import importlib.util
+
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    spec = importlib.util.spec_from_file_location("plan_placement", ROOT / "examples" / "plan_placement.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main()
+    printed = capsys.readouterr().out.rstrip("\n").splitlines()
+    assert _block_after(printed[0]) == printed
+
+
+def test_readme_report_line_is_what_report_prints(tmp_path, capsys, monkeypatch):
+    from torch_l2topo.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["report"]) == 0
+    printed = capsys.readouterr().out.strip()
+    assert f"prints `{printed}`" in " ".join(README.read_text().split())
