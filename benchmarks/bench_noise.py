@@ -1,5 +1,8 @@
 """Repeat noise of the default calibration on the local GPU, both backends, and where it comes from.
 
+Each calibration puts every SM at its wave's clock before combining its repeats (measure/repeats.py); the JSON
+says per calibration how many SM repeats had a clock off their wave's and what the correction moved.
+
 Calibrates `--rounds` times per backend and variant, backends interleaved (so a slow drift of the GPU shows
 in both alike), without the cache; one serialized calibration per backend is the reference. Records every
 calibration's raw repeats (per-SM chain cycles and ns per load, the start time of each SM's timed pass,
@@ -24,6 +27,11 @@ from common import quantiles, write_result
 
 BACKENDS = ("triton", "cuda")
 VARIANTS = {"default": {}, "repeats5": {"repeats": 5}}
+
+
+def _clock(topo) -> np.ndarray:
+    """(repeats, n_sm) SM clock of each chain repeat, GHz."""
+    return topo.extras["repeat_chain_cycles"] / topo.extras["repeat_chain_ns"]
 
 
 def pair_figures(maps: list[np.ndarray], wave: int) -> dict:
@@ -57,6 +65,7 @@ def main(argv=None) -> dict:
     import torch_l2topo
     from torch_l2topo.analysis.compare import compare_maps
     from torch_l2topo.measure.probes import wave_size
+    from torch_l2topo.measure.repeats import wave_clock
 
     dev = args.device
     torch.cuda.set_device(dev)
@@ -91,6 +100,10 @@ def main(argv=None) -> dict:
             "cold_s": quantiles(walls[backend, variant]),
             "vs_serialized": compare_maps(serialized[backend].chain_cycles, np.median(maps, axis=0)),
             "trusted": [bool(t.meta["trust"]["trusted"]) for t in topos],
+            # SMs whose clock fell off their wave's (a TPC clock dip) and what putting them back moved
+            "clock_dips": [int((np.abs(_clock(t) - wave_clock(_clock(t), wave_size("waves", n_sm))) > 1e-3).sum())
+                           for t in topos],
+            "clock_correction": [t.meta.get("clock_correction") for t in topos],
             "clock_ghz": [t.meta["trust"]["figures"]["clock_ghz_median"] for t in topos]}
     figures["serialized_backend_offset"] = compare_maps(serialized["cuda"].chain_cycles,
                                                         serialized["triton"].chain_cycles)

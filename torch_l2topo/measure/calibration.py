@@ -19,7 +19,7 @@ from ..version import __version__
 from . import cache, trust
 from .launch import BACKEND_CHOICES, resolve_backend
 from .probes import DEFAULT_MODE, MODES, ProbeConfig, measure, wave_size
-from .repeats import Repeats, combine
+from .repeats import Repeats, align_levels, at_wave_clock, clock_model, combine, wave_clock
 
 CALIBRATION_LOCK_TIMEOUT_S = 120.0  # another process calibrating the same GPU takes well under this
 ATTEMPTS = 3             # measurements before a disturbed calibration is refused
@@ -181,11 +181,20 @@ def _measure(index: int, info, cfg: ProbeConfig, backend: str, mode: str) -> Top
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "wall_s": wall, "probe_s": {"chain": [c.elapsed_s for c in chains], "lines": [r.elapsed_s for r in lines]},
     }
-    return Topology(  # aligned medians over the repeats (repeats.py): one disturbed repeat does not move the map
-        chain_cycles=combine(repeats.chain_cycles, wave), chain_ns=combine(repeats.chain_ns, wave),
+    # Each SM at its wave's clock, then aligned medians over the repeats (repeats.py): a TPC whose clock dipped in
+    # one repeat, or one disturbed repeat, does not move the map. The raw repeats stay in extras.
+    fixed_ns, source = clock_model(repeats, wave, info.cc)
+    chain = at_wave_clock(repeats.chain_cycles, repeats.clock_ghz, wave, fixed_ns)
+    line_clock = np.stack([r.sm_clock_ghz for r in lines])
+    line_cycles = at_wave_clock(line_cycles, line_clock, wave, fixed_ns)
+    meta["clock_correction"] = {"fixed_ns": fixed_ns, "source": source,
+                                "max_shift_cycles": float(np.abs(chain - repeats.chain_cycles).max())}
+    return Topology(
+        chain_cycles=combine(chain, wave), chain_ns=combine(chain / wave_clock(repeats.clock_ghz, wave), wave),
         line_cycles=combine(line_cycles, wave).astype(np.float32), line_addresses=lines[0].line_addresses,
-        chain_noise=np.ptp(repeats.chain_cycles, axis=0), line_noise=np.median(np.ptp(line_cycles, axis=0), axis=1),
-        sm_clock_ghz=np.stack([r.sm_clock_ghz for r in lines]).mean(axis=0), meta=meta, extras=repeats.to_extras())
+        chain_noise=np.ptp(chain - align_levels(chain, wave), axis=0),
+        line_noise=np.median(np.ptp(line_cycles, axis=0), axis=1),
+        sm_clock_ghz=line_clock.mean(axis=0), meta=meta, extras=repeats.to_extras())
 
 
 def _triton_version() -> str | None:
