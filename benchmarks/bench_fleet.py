@@ -107,39 +107,38 @@ def gather_part(args) -> dict | None:
     import torch
     import torch.distributed as dist
 
-    from torch_l2topo.distributed import gather_fleet
+    from torch_l2topo.distributed import gather_fleet, torchrun_group
 
     os.environ.setdefault("TORCH_L2TOPO_CACHE", tempfile.mkdtemp(prefix="l2topo-fleet-"))
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    on_gpu = torch.cuda.is_available()
-    if on_gpu:
-        torch.cuda.set_device(local)
-    dist.init_process_group("nccl" if on_gpu else "gloo")
-    try:
+    with torchrun_group() as joined:
+        if not joined:
+            raise SystemExit("run the gather part under torchrun: torchrun --nproc_per_node=N bench_fleet.py gather")
         rank, world = dist.get_rank(), dist.get_world_size()
         runs = {}
+        # cold: every rank measures; store: measures and caches; cached: every rank loads its cache
         for name, options in (("cold", {"use_cache": False}), ("store", {}), ("cached", {})):
             dist.barrier()
             t0 = time.perf_counter()
             fleet = gather_fleet(timeout_s=args.timeout, **options)
             runs[name] = {"wall_s": time.perf_counter() - t0, "fleet": fleet}
-        mine = fleet.table.set_index("rank").loc[rank].to_dict()
+        sm_count = fleet.table.set_index("rank").loc[rank, "sm_count"]
         sent = {"rank": rank, "record_bytes": len(pickle.dumps(_record_of(fleet, rank))),
-                "signature_bytes": 8 * int(mine.get("sm_count") or 0) * 2,
+                "signature_bytes": 8 * 2 * int(sm_count) if sm_count == sm_count and sm_count else 0,
                 "wall_s": {k: v["wall_s"] for k, v in runs.items()},
                 "calibrate_s": {k: float(v["fleet"].table.set_index("rank").loc[rank, "calibrate_s"])
                                 for k, v in runs.items()}}
         everyone = [None] * world
         dist.all_gather_object(everyone, sent)
-    finally:
-        dist.destroy_process_group()
+        backend = dist.get_backend()
+        device = torch.cuda.current_device() if torch.cuda.is_available() else None
     if rank != 0:
         return None
-    figures = {"world": world, "backend": "nccl" if on_gpu else "gloo", "per_rank": everyone,
+    figures = {"world": world, "backend": backend, "per_rank": everyone,
                "fleet_cold": runs["cold"]["fleet"].to_dict(), "fleet_cached": runs["cached"]["fleet"].to_dict()}
     print(runs["cold"]["fleet"].summary())
-    if on_gpu:
-        write_result(args.out, figures, local)
+    print(json.dumps(everyone, indent=1))
+    if device is not None:
+        write_result(args.out, figures, device)
     else:
         write_json(args.out, figures, cpu_environment())
     return figures
@@ -211,6 +210,7 @@ def paper_part(args) -> dict:
     figures["distance_per_pair_s"] = per_pair
     figures["fleet_build"] = build
     figures["calibration_per_rank_s"] = recorded_calibration_times()
+    figures["load_average_1_5_15"] = os.getloadavg()  # this machine is shared: timings above are under this load
     write_json(args.out, figures, cpu_environment())
     print(json.dumps({"peer_limits": limits, "bytes_per_rank": figures["bytes_per_rank"]}, indent=1))
     return figures
