@@ -8,9 +8,10 @@ Three parts, one command each (results under benchmarks/results/, with the usual
 
 calibrate-all (a GPU machine; every visible GPU): wall time of calibrating 1, 2, ... N GPUs, uncached, three
 ways side by side in one run: one after the other with calibrate() (what a user would write instead), and
-calibrate_all() with each mechanism (threads, spawned processes). The ratio N GPUs / 1 GPU per mechanism
-decides measure/multi.py's DEFAULT_MECHANISM (target <= 1.2); the concurrent maps are compared with the
-sequential ones (a calibration must not disturb its neighbour's).
+calibrate_all() with each mechanism (threads, spawned processes); in this process after a warm-up, and as the
+first call of a new process (what the command line costs). The ratio N GPUs / 1 GPU per mechanism decides
+measure/multi.py's DEFAULT_MECHANISM (target <= 1.2); the concurrent maps are compared with the sequential
+ones (a calibration must not disturb its neighbour's).
 
 gather (under torchrun, NCCL on GPUs, gloo without): the fleet of the job, cold (each rank measures) and
 cached, with each rank's calibration and gather time and the bytes it sent. Rank 0 writes the file.
@@ -27,6 +28,8 @@ import json
 import math
 import os
 import pickle
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -59,7 +62,8 @@ def calibrate_all_part(args) -> dict:
     print(f"{n_gpus} GPU(s); warming up (compiles the probes once)", flush=True)
     torch_l2topo.calibrate_all(use_cache=False)
     figures: dict = {"n_gpus": n_gpus, "counts": counts, "reps": args.reps, "process_reps": args.process_reps,
-                     "wall_s": {}, "agreement": {}}
+                     "fresh_reps": args.fresh_reps, "wall_s": {}, "fresh_process_s": {}, "agreement": {},
+                     "trusted": {}}
 
     def sequential(devices):
         return {i: torch_l2topo.calibrate(i, use_cache=False) for i in devices}
@@ -78,28 +82,57 @@ def calibrate_all_part(args) -> dict:
                 t0 = time.perf_counter()
                 maps[name] = run(devices)
                 figures["wall_s"].setdefault(f"{n}gpu/{name}", []).append(time.perf_counter() - t0)
-        for name in ("threads", "processes"):
+        for name in ("threads", "processes") if len(maps) == len(ways) else ():
             figures["agreement"][f"{n}gpu/{name}_vs_sequential"] = {
                 f"cuda:{i}": compare_maps(maps["sequential"][i].chain_cycles, maps[name][i].chain_cycles)
                 for i in devices}
-        figures["trusted"] = {name: all(t.meta["trust"]["trusted"] for t in m.values()) for name, m in maps.items()}
-        print(f"{n} GPU(s): " + ", ".join(f"{w} p50 {np.median(figures['wall_s'][f'{n}gpu/{w}']):.2f} s" for w in ways),
-              flush=True)
+        figures["trusted"][f"{n}gpu"] = {name: all(t.meta["trust"]["trusted"] for t in m.values())
+                                         for name, m in maps.items()}
+        timed = {w: figures["wall_s"][f"{n}gpu/{w}"] for w in ways if f"{n}gpu/{w}" in figures["wall_s"]}
+        print(f"{n} GPU(s): " + ", ".join(f"{w} p50 {np.median(t):.2f} s" for w, t in timed.items()), flush=True)
+        for rep in range(args.fresh_reps):  # what a user's first call costs: a new process, Python and torch included
+            for name in ways:
+                figures["fresh_process_s"].setdefault(f"{n}gpu/{name}", []).append(_fresh_process(name, n))
     figures["wall_s"] = {k: quantiles(v) | {"all": v} for k, v in figures["wall_s"].items()}
-    figures["decision"] = decide_mechanism(figures["wall_s"], counts)
+    figures["fresh_process_s"] = {k: quantiles(v) | {"all": v} for k, v in figures["fresh_process_s"].items()}
+    figures["decision"] = decide_mechanism(figures["wall_s"], figures["fresh_process_s"], counts)
     print(json.dumps(figures["decision"], indent=1))
     write_result(args.out, figures, 0)
     return figures
 
 
-def decide_mechanism(wall: dict, counts) -> dict:
-    """The mechanism with the lowest median wall time at the largest GPU count, and each one's ratio to 1 GPU."""
+FRESH = {"sequential": "[torch_l2topo.calibrate(i, use_cache=False) for i in range(torch.cuda.device_count())]",
+         "threads": "torch_l2topo.calibrate_all(mechanism='threads', use_cache=False)",
+         "processes": "torch_l2topo.calibrate_all(mechanism='processes', use_cache=False)"}
+
+
+def _fresh_process(way: str, n: int) -> float:
+    """Seconds a new Python process takes to import torch_l2topo and calibrate GPUs 0..n-1 `way` (its first
+    calibration in a process: Triton loads the probes from its disk cache, threads take turns on it)."""
+    code = f"import torch, torch_l2topo\nif __name__ == '__main__':\n    {FRESH[way]}"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    first = visible.split(",")[:n] if visible else [str(i) for i in range(n)]
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(first))
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
+    return time.perf_counter() - t0
+
+
+def decide_mechanism(wall: dict, fresh: dict, counts) -> dict:
+    """Per timing (warm: in this process after a warm-up; fresh: a new process's first call), the mechanism with
+    the lowest median at the largest GPU count, and each mechanism's ratio of that count to 1 GPU."""
     top = max(counts)
-    ratios = {m: wall[f"{top}gpu/{m}"]["p50"] / wall[f"1gpu/{m}"]["p50"] for m in ("threads", "processes")
-              if f"1gpu/{m}" in wall}
-    best = min(("threads", "processes"), key=lambda m: wall[f"{top}gpu/{m}"]["p50"])
-    return {"gpus": top, "fastest": best, "ratio_to_1gpu": ratios, "target_ratio": 1.2,
-            "decided": top >= 2, "note": None if top >= 2 else "one GPU only: the mechanism cannot be decided here"}
+    out = {"gpus": top, "target_ratio": 1.2, "decided": top >= 2,
+           "note": None if top >= 2 else "one GPU only: the mechanism cannot be decided here"}
+    for name, timing in (("warm", wall), ("fresh_process", fresh)):
+        ways = [m for m in ("threads", "processes", "sequential")
+                if f"{top}gpu/{m}" in timing and f"1gpu/{m}" in timing]
+        mechanisms = [m for m in ways if m != "sequential"]
+        if mechanisms:
+            out[name] = {"fastest": min(mechanisms, key=lambda m: timing[f"{top}gpu/{m}"]["p50"]),
+                         "ratio_to_1gpu": {m: timing[f"{top}gpu/{m}"]["p50"] / timing[f"1gpu/{m}"]["p50"]
+                                           for m in ways}}
+    return out
 
 
 # ---- gather --------------------------------------------------------------------------------------------------
@@ -256,6 +289,7 @@ def main(argv=None):
     c = sub.add_parser("calibrate-all", help="calibrate_all() on 1..N local GPUs, both mechanisms, vs sequential")
     c.add_argument("--reps", type=int, default=5, help="timed repeats of the sequential and threads ways")
     c.add_argument("--process-reps", type=int, default=3, help="timed repeats of the processes way (~5 s each)")
+    c.add_argument("--fresh-reps", type=int, default=2, help="timed new processes per way and count (~5-10 s each)")
     c.add_argument("--counts", type=int, nargs="*", help="GPU counts to time (default 1..all)")
     g = sub.add_parser("gather", help="the fleet of this torchrun job: cold and cached")
     g.add_argument("--timeout", type=float, default=120.0, help="gather_fleet's per-rank calibration timeout (s)")

@@ -5,7 +5,10 @@ Two mechanisms, switchable because which one is faster is a measurement on a mul
 - "threads" (the default): one thread per device in this process, each calling calibrate(index). Every
   probe runs on its device's own current stream (calibrate() makes the device current in its thread; the
   current device is per thread), and the host waits of one device release the GIL for the others. No
-  process start-up: the simplest correct choice.
+  process start-up. The first calibration of each device in a process runs alone: a Triton kernel's first
+  launch on a device compiles or loads it, and that is not thread-safe (triton-lang/triton#5933, open:
+  concurrent first launches from threads on several GPUs fail at random; the usual workaround is one pass
+  before going parallel). Later calibrations of that device run concurrently.
 - "processes": one spawned process per device (never fork: the parent may hold CUDA state), each calling
   calibrate(index) and sending the saved form back (Topology.to_bytes: no pickle of numpy objects). Host work
   of the devices runs truly in parallel, at the price of a Python, torch and CUDA start-up per device.
@@ -16,6 +19,7 @@ second call is served from the cache in milliseconds. Progress: one line per fin
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from typing import Callable
@@ -75,10 +79,23 @@ def visible_devices() -> list:
     return list(range(torch.cuda.device_count()))
 
 
+_first_launch = threading.Lock()  # held by a device's first calibration in this process (module docstring)
+_launched: set = set()            # devices calibrated in this process at least once
+
+
+def _calibrate_in_thread(index: int, options: dict) -> Topology:
+    if index in _launched:
+        return calibration.calibrate(index, **options)
+    with _first_launch:
+        topo = calibration.calibrate(index, **options)
+        _launched.add(index)
+    return topo
+
+
 def _in_threads(indices, options):
     """(index, Topology or exception) as each device's thread finishes."""
     with ThreadPoolExecutor(max_workers=len(indices), thread_name_prefix="torch_l2topo-calibrate") as pool:
-        futures = {pool.submit(calibration.calibrate, index, **options): index for index in indices}
+        futures = {pool.submit(_calibrate_in_thread, index, options): index for index in indices}
         for future in as_completed(futures):
             yield futures[future], _outcome(future)
 
