@@ -244,6 +244,7 @@ def paper_part(args) -> dict:
     figures["fleet_build"] = build
     figures["calibration_per_rank_s"] = recorded_calibration_times()
     figures["load_average_1_5_15"] = os.getloadavg()  # this machine is shared: timings above are under this load
+    figures["openblas_num_threads"] = os.environ.get("OPENBLAS_NUM_THREADS")  # 1 on a 2-core machine (see docs)
     write_json(args.out, figures, cpu_environment())
     print(json.dumps({"peer_limits": limits, "bytes_per_rank": figures["bytes_per_rank"]}, indent=1))
     return figures

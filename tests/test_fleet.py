@@ -20,6 +20,7 @@ from torch_l2topo.identity.evaluation import read_manifest
 from torch_l2topo.identity.fingerprint import distance, signature
 from torch_l2topo.measure import calibration, trust
 
+# two real H200s (recorded.TEST_GPUS) and a second calibration of the first one, by another process
 A, A2, B = "h200-1e5731-cuda-waves", "h200-1e5731-cuda-waves-restart", "h200-d00e55-cuda-waves"
 
 
@@ -279,3 +280,16 @@ def test_a_map_of_another_gpu_of_the_same_model_is_refused():
                       total_memory=141 * 2**30, driver="580.159.04", mig=False)
     with pytest.raises(PlacementError):
         check_topology(_topo(B), mine)
+
+
+# ---- the command line, outside torchrun ------------------------------------------------------------------------
+def test_the_fleet_command_alone_is_a_fleet_of_one_and_says_so(tmp_path, capsys, monkeypatch):
+    from torch_l2topo.cli import main
+
+    monkeypatch.delenv("RANK", raising=False)
+    out = tmp_path / "fleet.json"
+    assert main(["fleet", "--file", B, "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("not under torchrun: the fleet of this process alone")
+    assert "uuid-hash d00e55adfd8e: Pass" in text and f"wrote {out}" in text
+    assert [row["uuid_hash"] for row in json.loads(out.read_text())["table"]] == ["d00e55adfd8e"]

@@ -80,8 +80,8 @@ def pairwise_distances(vectors, sm_count: int) -> np.ndarray:
     """fingerprint.distance() of every pair of signature vectors of one model, as a symmetric matrix.
 
     The same formula (per block: the difference minus its median, RMS over all entries), evaluated one row
-    against all later rows at a time: at 1,000 GPUs a loop over distance() takes minutes (0.18 ms a pair, half a
-    million pairs), this a few seconds (benchmarks/bench_fleet.py, `paper`).
+    against all later rows at a time: at 1,000 GPUs (half a million pairs) a loop over distance() took an
+    estimated 99 s on a shared 2-core machine, this 5 s (benchmarks/results/fleet_h200_cpu.json).
     """
     v = np.asarray(vectors, dtype=np.float64)
     n = len(v)
