@@ -33,7 +33,8 @@ def main(out_dir: str) -> None:
 
         calibration.calibrate = watched
         try:
-            grid = Placement(policy="weighted").grid()  # this rank's device: the one torchrun_group made current
+            # a persistent grid of one CTA per SM on the current device (torchrun_group set it): takes its calibration
+            grid = Placement(policy="dynamic", ctas_per_sm=1).grid(n_items=4096)
         finally:
             calibration.calibrate = real
         current = torch.cuda.current_device()

@@ -91,7 +91,8 @@ def placement(rank: int) -> dict:
 
     calibration.calibrate = watched
     try:
-        grid = Placement(policy="weighted").grid()  # builds this rank's device entry from its calibration
+        # a persistent grid of one CTA per SM: it takes the calibration of this rank's device
+        grid = Placement(policy="dynamic", ctas_per_sm=1).grid(n_items=4096)
     finally:
         calibration.calibrate = real
     return {"calls": calls, "grid": grid, "own_uuid_hash": SCENARIOS["placement"][rank].info(rank).uuid_hash,
