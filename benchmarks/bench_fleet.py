@@ -61,7 +61,10 @@ def calibrate_all_part(args) -> dict:
         torch.zeros(1, device=f"cuda:{i}")  # CUDA contexts are not calibration cost
     print(f"{n_gpus} GPU(s); warming up (compiles the probes once)", flush=True)
     torch_l2topo.calibrate_all(use_cache=False)
-    figures: dict = {"n_gpus": n_gpus, "counts": counts, "reps": args.reps, "process_reps": args.process_reps,
+    from torch_l2topo.device import device_info
+
+    figures: dict = {"n_gpus": n_gpus, "uuid_hashes": [device_info(i).uuid_hash for i in range(n_gpus)],
+                     "counts": counts, "reps": args.reps, "process_reps": args.process_reps,
                      "fresh_reps": args.fresh_reps, "wall_s": {}, "fresh_process_s": {}, "agreement": {},
                      "trusted": {}}
 
