@@ -3,6 +3,11 @@ import os
 
 import pytest
 
+# One BLAS thread: on a 2-core CI machine OpenBLAS's default threads oversubscribe the cores under pytest (one
+# 132 x 512 SVD took 2.4 s instead of 0.01 s); set before numpy loads its BLAS.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 def _have_gpu() -> bool:
     try:

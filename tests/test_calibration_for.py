@@ -7,15 +7,33 @@ from torch_l2topo import CalibrationMismatch, load_example
 from torch_l2topo.device import DeviceInfo
 from torch_l2topo.measure import calibration
 
-
-def _info(name="NVIDIA H200", sm_count=132):
-    return DeviceInfo(index=0, name=name, uuid="GPU-fake", cc=(9, 0), sm_count=sm_count, l2_bytes=62914560,
-                      total_memory=150109880320, driver="580.159.04", mig=False)
+BUNDLED_UUID_HASH = load_example("h200").meta["uuid_hash"]
 
 
-def test_the_bundled_h200_calibration_fits_an_h200():
+class _BundledGpu(DeviceInfo):
+    """The H200 the bundled calibration was measured on (its raw uuid is not shipped, only the hash)."""
+
+    @property
+    def uuid_hash(self) -> str:
+        return BUNDLED_UUID_HASH
+
+
+def _info(name="NVIDIA H200", sm_count=132, same_board=True):
+    cls = _BundledGpu if same_board else DeviceInfo
+    return cls(index=0, name=name, uuid="GPU-fake", cc=(9, 0), sm_count=sm_count, l2_bytes=62914560,
+               total_memory=150109880320, driver="580.159.04", mig=False)
+
+
+def test_the_bundled_h200_calibration_fits_the_h200_it_was_measured_on():
     calibration.check_calibration(load_example("h200"), _info())
-    calibration.check_calibration(load_example("h200"), {"name": "NVIDIA H200", "sm_count": 132})
+    calibration.check_calibration(load_example("h200"), {"name": "NVIDIA H200", "sm_count": 132})  # no uuid known
+    calibration.check_calibration(load_example("h200"), {"name": "NVIDIA H200", "sm_count": 132,
+                                                         "uuid_hash": BUNDLED_UUID_HASH})
+
+
+def test_a_calibration_of_another_h200_is_refused():
+    with pytest.raises(CalibrationMismatch, match="another NVIDIA H200"):
+        calibration.check_calibration(load_example("h200"), _info(same_board=False))
 
 
 @pytest.mark.parametrize("device", [_info(name="NVIDIA H100 80GB HBM3"), _info(sm_count=114),

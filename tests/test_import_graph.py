@@ -12,6 +12,7 @@ The package has one folder per role, and each folder may import only the folders
     report/      the Markdown report and figures: root, analysis, geometry
     profiler/    the torch.profiler hook: root, measure, analysis, placement
     ops/         latency-bound ops for model code: root, measure, analysis, placement
+    distributed/ fleets of a torch.distributed job, their health view: root, measure, analysis, identity
     entry points (__init__, __main__, cli)   anything
 
 The kernel folders import only the layout module from the package; nobody imports another module's private
@@ -37,6 +38,7 @@ MAY_IMPORT = {
     "report": {"root", "analysis", "geometry"},
     "profiler": {"root", "measure", "analysis", "placement"},
     "ops": {"root", "measure", "analysis", "placement"},
+    "distributed": {"root", "measure", "analysis", "identity"},
 }
 KERNEL_FOLDERS = {"triton_kernels", "cuda_ext"}
 

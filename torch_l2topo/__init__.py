@@ -5,7 +5,8 @@ one; load_example() returns a bundled real H200 calibration; sm_labels() labels 
 fit_nuca() and analyze() explain it; write_report() writes it up; Localizer tells a kernel where it runs;
 signature() and Registry fingerprint a device; sm_aware places a kernel's work items on SMs by the map;
 partition_map() says which L2 partition each block of a tensor is homed in; on_sms() runs unmodified ops
-on the SMs a calibration ranks best (green contexts).
+on the SMs a calibration ranks best (green contexts). calibrate_all() calibrates every local GPU at once;
+torch_l2topo.distributed gathers the maps of every GPU of a torch.distributed job into a fleet table.
 
 The package has one folder per role (tests/test_import_graph.py states what each may import): measure/
 (kernels launched to measure), analysis/ (CPU only), placement/, identity/, geometry/, report/. The verbs
@@ -32,6 +33,7 @@ from .identity.fingerprint import signature
 from .identity.registry import Registry
 from .identity.selfloc import Localizer
 from .measure.calibration import calibrate
+from .measure.multi import calibrate_all
 from .measure.probes import ProbeConfig
 from .placement.green_contexts import on_sms
 from .report.markdown import write_report
@@ -47,7 +49,8 @@ _LAZY = {
     "partition_map": ("torch_l2topo.placement.partition_map", "partition_map"),
 }
 
-__all__ = ["calibrate", "Topology", "ProbeConfig", "load_example", "list_examples", "sm_labels", "fit_nuca",
+__all__ = ["calibrate", "calibrate_all", "Topology", "ProbeConfig", "load_example", "list_examples", "sm_labels",
+           "fit_nuca",
            "analyze", "write_report", "Localizer", "signature", "Registry", "sm_aware", "partition_map", "on_sms",
            "L2TopoError", "DeviceError", "BackendUnavailable", "ProbeError", "ProbeTimeout", "CalibrationDisturbed",
            "CalibrationMismatch", "TopologyFormatError", "RegistryError", "PlacementError", "__version__"]

@@ -1,4 +1,4 @@
-"""Command line: `python -m torch_l2topo [calibrate|show|report|examples|geometry|enroll|identify] ...` (also
+"""Command line: `python -m torch_l2topo [calibrate|show|report|examples|geometry|enroll|identify|fleet] ...` (also
 installed as `torch-l2topo`). Thin: parse, call the library, print.
 
 Exit statuses (EXIT_STATUS, shown by --help): 0 done (identify: a match); 1 identify: no match; 3 identify:
@@ -10,8 +10,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from .bundled import DEFAULT_EXAMPLE, describe_example, example_path, list_examples, load_example, load_topology
+from .distributed.gather import DEFAULT_TIMEOUT_S
 from .errors import L2TopoError, RegistryError
 from .measure.cache import cache_dir
 from .measure.launch import BACKEND_CHOICES
@@ -144,6 +146,32 @@ def cmd_geometry(args) -> int:
     return 0
 
 
+def cmd_fleet(args) -> int:
+    """Under torchrun: every rank calibrates its GPU (or reads --file), the job gathers the fleet, rank 0 prints it."""
+    from .distributed import gather_fleet, torchrun_group
+
+    with torchrun_group() as joined:
+        import torch.distributed as dist
+
+        rank = dist.get_rank() if joined else 0
+        topology = load_topology(args.file.format(rank=rank, local_rank=os.environ.get("LOCAL_RANK", "0"))) \
+            if args.file else None
+        fleet = gather_fleet(topology, timeout_s=args.timeout, identifiers=args.identifiers, backend=args.backend,
+                             mode=args.mode, force=args.force,
+                             progress=lambda line: print(line, file=sys.stderr, flush=True))
+    if rank == 0:
+        if not joined:
+            print("not under torchrun: the fleet of this process alone (`torchrun --nproc_per_node=N -m "
+                  "torch_l2topo fleet` gathers every rank)\n")
+        print(fleet.summary())
+        if args.out:
+            from .files import atomic_write
+
+            atomic_write(Path(args.out), (fleet.to_json() + "\n").encode())
+            print(f"\nwrote {args.out}")
+    return 0
+
+
 def cmd_main_job(args) -> int:
     """No subcommand: calibrate the local GPU; without one, show the bundled H200 calibration and say so."""
     import torch
@@ -230,6 +258,20 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--from", dest="from_file", metavar="FILE",
                    help="summarize (and with --figures draw) a recorded geometry JSON instead of measuring")
     g.set_defaults(func=cmd_geometry)
+    f = sub.add_parser("fleet", help="every GPU of a torchrun job: each rank calibrates its own, the job gathers one "
+                                     "table with fingerprint distances and DCGM-style health lines "
+                                     "(`torchrun --nproc_per_node=N -m torch_l2topo fleet`)")
+    f.add_argument("--file", help="a saved calibration for this rank instead of calibrating ({rank} and {local_rank} "
+                                  "are replaced: --file 'cal-{rank}.npz')")
+    f.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                   help=f"seconds a rank may calibrate before it reports a timeout instead (default "
+                        f"{DEFAULT_TIMEOUT_S:g})")
+    f.add_argument("--identifiers", action="store_true", help="put raw GPU uuids and host names in the table")
+    f.add_argument("--backend", choices=BACKEND_CHOICES, default="auto")
+    f.add_argument("--mode", choices=MODES, default=DEFAULT_MODE)
+    f.add_argument("--force", action="store_true", help="measure even if a cached calibration exists")
+    f.add_argument("--out", help="rank 0 also writes the fleet (table, distances, findings, health) to this JSON file")
+    f.set_defaults(func=cmd_fleet)
     return p
 
 

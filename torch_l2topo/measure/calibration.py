@@ -100,27 +100,35 @@ def calibration_for(device=None, topology: Topology | None = None, **options) ->
 
 
 def check_calibration(topo: Topology, device) -> None:
-    """Raise CalibrationMismatch unless `topo` is a calibration of `device`'s GPU model with its SM count.
+    """Raise CalibrationMismatch unless `topo` is a calibration of `device`: its GPU model and SM count, and,
+    where both are known, the very GPU (uuid hash).
 
     device: a CUDA device (index, "cuda:N", torch.device), or a description of one (a device.DeviceInfo or a
-    mapping with "name" and "sm_count"). A calibration of another model would name the wrong SMs (a plan for
-    them, their labels, their pairs): that must be a clear error, never a wrong answer.
+    mapping with "name", "sm_count" and optionally "uuid_hash"). A calibration of another model would name the
+    wrong SMs (a plan for them, their labels, their pairs); one of another GPU of the same model has another
+    map (partition layouts differ between H200s: 66/66 and 64/68 SMs). Either must be a clear error, never a
+    wrong answer.
     """
-    name, sm_count = _device_identity(device)
+    name, sm_count, uuid_hash = _device_identity(device)
     topo_name = topo.meta.get("device", {}).get("name")
     if topo_name != name or topo.n_sm != sm_count:
         raise CalibrationMismatch(f"the calibration is of {topo_name or 'an unnamed device'} with {topo.n_sm} SMs "
                                   f"but the device is {name} with {sm_count} SMs: calibrate this device "
                                   "(torch_l2topo.calibrate) instead of reusing another GPU's map")
+    theirs = topo.meta.get("uuid_hash")
+    if uuid_hash and theirs and theirs != uuid_hash:
+        raise CalibrationMismatch(f"the calibration is of another {name} (uuid hash {theirs}, this GPU's is "
+                                  f"{uuid_hash}): each GPU has its own map; calibrate this device "
+                                  "(torch_l2topo.calibrate)")
 
 
-def _device_identity(device) -> tuple[str, int]:
+def _device_identity(device) -> tuple[str, int, str | None]:
     if isinstance(device, DeviceInfo):
-        return device.name, device.sm_count
+        return device.name, device.sm_count, device.uuid_hash
     if isinstance(device, Mapping):
-        return str(device["name"]), int(device["sm_count"])
+        return str(device["name"]), int(device["sm_count"]), device.get("uuid_hash")
     info = device_info(resolve_device(device))
-    return info.name, info.sm_count
+    return info.name, info.sm_count, info.uuid_hash
 
 
 def _checked_measure(index: int, info, cfg: ProbeConfig, backend: str, mode: str, check: bool, attempts: int,
