@@ -170,13 +170,19 @@ def _pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
+def tile_config(n_indices: int, n_bags: int, dim: int) -> tuple:
+    """(ROWS, BLOCK_D, num_warps) of the kernel: a chunk of ROWS rows covers a typical bag in one step, up to
+    TILE_ELEMENTS per tile, with one warp per ELEMENTS_PER_WARP elements (at most 8)."""
+    block_d = _pow2(dim)
+    mean_rows = max(1, -(-n_indices // max(n_bags, 1)))
+    rows = min(_pow2(mean_rows), max(1, TILE_ELEMENTS // block_d))
+    return rows, block_d, min(8, max(1, rows * block_d // ELEMENTS_PER_WARP))
+
+
 def launch_kernel(input, offsets, weight, per_sample_weights, out, mode: int, padding_idx: int) -> None:
     """The forward kernel over every bag of `out` (a plain launch: program p takes bag p)."""
     n_bags, dim = out.shape
-    block_d = _pow2(dim)
-    mean_rows = -(-input.numel() // max(n_bags, 1))  # ceil: a chunk of ROWS covers a typical bag in one step
-    rows = min(_pow2(max(mean_rows, 1)), max(1, TILE_ELEMENTS // block_d))
-    num_warps = min(8, max(1, rows * block_d // ELEMENTS_PER_WARP))
+    rows, block_d, num_warps = tile_config(input.numel(), n_bags, dim)
     psw = per_sample_weights if per_sample_weights is not None else out  # never read when HAS_PSW is off
     torch.library.wrap_triton(embedding_bag_kernel)[(n_bags,)](
         input, offsets, weight, psw, out, input.numel(), offsets.numel(), weight.size(0), dim, weight.stride(0),

@@ -86,17 +86,23 @@ def _pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
+def work_split(n_samples: int, n_trees: int, n_sm: int) -> tuple:
+    """(BLOCK_S, BLOCK_T, sample blocks, tree chunks, trees per chunk): LANES walks per program; the trees cut
+    into chunks (whole BLOCK_T tiles) until there are ITEMS_PER_SM items per SM, or one tile per chunk."""
+    block_s = min(MAX_BLOCK_S, _pow2(max(n_samples, 1)))
+    block_t = LANES // block_s
+    n_blocks = -(-n_samples // block_s)
+    wanted = -(-ITEMS_PER_SM * n_sm // n_blocks)
+    n_chunks = max(1, min(wanted, -(-n_trees // block_t)))
+    trees_per_chunk = -(-n_trees // (n_chunks * block_t)) * block_t
+    return block_s, block_t, n_blocks, -(-n_trees // trees_per_chunk), trees_per_chunk
+
+
 def launch_kernel(nodes, values, roots, groups, base, x, depth: int, n_sm: int) -> torch.Tensor:
     """The kernel over every (sample block, tree chunk) item: the raw sums (n_samples, n_outputs), float32."""
     n, n_features = x.shape
     n_trees, n_outputs = roots.numel(), base.numel()
-    block_s = min(MAX_BLOCK_S, _pow2(n))
-    block_t = LANES // block_s
-    n_blocks = -(-n // block_s)
-    wanted = -(-ITEMS_PER_SM * n_sm // n_blocks)
-    n_chunks = max(1, min(wanted, -(-n_trees // block_t)))
-    trees_per_chunk = -(-n_trees // (n_chunks * block_t)) * block_t
-    n_chunks = -(-n_trees // trees_per_chunk)
+    block_s, block_t, n_blocks, n_chunks, trees_per_chunk = work_split(n, n_trees, n_sm)
     partial = torch.empty((n_chunks, n, n_outputs), dtype=torch.float32, device=x.device)
     torch.library.wrap_triton(forest_kernel)[(n_blocks * n_chunks,)](
         nodes, values, roots, groups, base, x, partial, n, n_features, n_trees, trees_per_chunk, n_chunks, depth,
