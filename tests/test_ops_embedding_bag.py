@@ -4,6 +4,8 @@ argument checks (the same exception type and message for the same bad call), gra
 checked in Triton's interpreter and compiled for sm_90 in tests/test_ops_kernels.py; on a GPU in
 tests/test_ops_gpu.py.
 """
+import importlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -12,6 +14,7 @@ from torch_l2topo.errors import PlacementError
 from torch_l2topo.ops import embedding_bag
 
 N_ROWS, DIM = 20, 6
+bags = importlib.import_module("torch_l2topo.ops.embedding_bag")  # the module (the package exports the function)
 
 
 @pytest.fixture
@@ -62,6 +65,21 @@ def test_matches_torch(case, dtype, table):
     tol = TOLERANCE[dtype]
     torch.testing.assert_close(ours.double(), _call(F.embedding_bag, case, table, dtype, compute=torch.float64),
                                rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("dtype", list(TOLERANCE), ids=str)
+def test_reference_path_matches_torch(case, dtype, table):
+    # the PyTorch-ops path (fp64 tables on a GPU, include_last_offset in fp64; the backward's bag assignment)
+    def reference(input, weight, offsets, mode="mean", per_sample_weights=None, padding_idx=None,
+                  include_last_offset=False):
+        padding = -1 if padding_idx is None else padding_idx % N_ROWS
+        return bags.reference_bags(input, offsets, weight, per_sample_weights, bags.MODES[mode], padding,
+                                   include_last_offset)
+
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(_call(reference, case, table, dtype).double(),
+                               _call(F.embedding_bag, case, table, dtype, compute=torch.float64), rtol=tol, atol=tol)
 
 
 def test_padding_cases_have_padding_entries():
@@ -174,9 +192,13 @@ def test_decreasing_offsets_are_a_clear_error(table):
 
 
 def test_unchecked_call_still_fails_clearly_on_the_cpu(table):
-    # check_indices=False skips the wrapper's data checks (for GPU speed); on the CPU the indexing still fails
-    with pytest.raises(IndexError, match="99"):
+    # check_indices=False skips the wrapper's data checks (for GPU speed); on the CPU torch's op (or the
+    # reference's indexing, in fp64 with include_last_offset) still refuses the index
+    with pytest.raises(RuntimeError, match="99"):
         embedding_bag(torch.tensor([1, 99]), table, torch.tensor([0]), check_indices=False)
+    with pytest.raises(IndexError, match="99"):
+        embedding_bag(torch.tensor([1, 99]), table, torch.tensor([0, 2]), include_last_offset=True,
+                      check_indices=False)
 
 
 def _bag_by_bag(input, weight, offsets, mode="sum", per_sample_weights=None, padding_idx=None,

@@ -10,9 +10,10 @@ compares them on the CPU). Backward (sum and mean) gives the dense weight gradie
 per_sample_weights gradient, as torch does.
 
 Where it runs: fp32, bf16 and fp16 tables on a CUDA device through the Triton kernel
-(triton_kernels/embedding_bag.py); anything else (CPU tensors, fp64 tables) through `reference_bags`, the same
-semantics in PyTorch ops (an implementation of its own, so the CPU tests against torch's op test the semantics
-the kernel implements, and the backward shares its bag assignment). The op is
+(triton_kernels/embedding_bag.py); CPU tensors through torch's own CPU op; where torch's op means something else
+(fp64 with include_last_offset: torch 2.13's fp64 CPU path ignores offsets[-1]) and for fp64 tables on a GPU,
+through `reference_bags`, the kernel's semantics in PyTorch ops (tested against torch's op, and sharing its bag
+assignment with the backward). The op is
 `torch.ops.torch_l2topo.embedding_bag`, a torch.library.triton_op: its body calls only PyTorch ops and the
 wrapped kernel (mutates nothing: the output is allocated inside), so torch.compile(fullgraph=True) traces into
 it and CUDA graphs capture it.
@@ -219,11 +220,16 @@ def reference_bags(input, offsets, weight, per_sample_weights, mode: int, paddin
         return out.masked_fill_(out == float("-inf"), 0).to(weight.dtype)
     if per_sample_weights is not None:
         rows = rows * per_sample_weights.to(acc)[:, None]
-    out = torch.zeros(shape, dtype=acc, device=weight.device).index_add_(0, bag, rows * keep[:, None])
+    # scatter_add_ adds entry after entry (and is far faster than index_add_ on the CPU)
+    out = torch.zeros(shape, dtype=acc, device=weight.device).scatter_add_(0, bag[:, None].expand_as(rows),
+                                                                             rows * keep[:, None])
     if mode == MODES["mean"]:
-        count = torch.zeros(n_bags, dtype=acc, device=weight.device).index_add_(0, bag, keep.to(acc))
-        out = out / count.clamp(min=1)[:, None]
+        out = out / _bag_counts(bag, keep, n_bags, acc).clamp(min=1)[:, None]
     return out.to(weight.dtype)
+
+
+def _bag_counts(bag, keep, n_bags: int, dtype) -> torch.Tensor:
+    return torch.zeros(n_bags, dtype=dtype, device=bag.device).scatter_add_(0, bag, keep.to(dtype))
 
 
 @torch.library.triton_op("torch_l2topo::embedding_bag", mutates_args=())
@@ -235,6 +241,10 @@ def _embedding_bag_op(input: torch.Tensor, offsets: torch.Tensor, weight: torch.
     if n_bags == 0 or input.numel() == 0 or weight.size(1) == 0:
         return weight.new_zeros((n_bags, weight.size(1)))
     if not _runs_on_triton(weight):
+        if weight.is_cpu and not (include_last_offset and weight.dtype == torch.float64):
+            padding = None if padding_idx == NO_PADDING else padding_idx  # torch's own CPU op: the same semantics
+            return torch.embedding_bag(weight, input, offsets, False, mode, False, per_sample_weights,
+                                       include_last_offset, padding)[0]
         return reference_bags(input, offsets, weight, per_sample_weights, mode, padding_idx, include_last_offset)
     out = weight.new_empty((n_bags, weight.size(1)))
     if weight.stride(1) != 1:
@@ -269,14 +279,15 @@ def _backward(ctx, grad):
     acc = torch.promote_types(grad.dtype, torch.float32)
     scale = keep.to(acc)
     if ctx.mode == MODES["mean"]:
-        count = torch.zeros(n_bags, device=grad.device, dtype=acc).index_add_(0, bag, scale)
-        scale = scale / count.clamp(min=1)[bag]
+        scale = scale / _bag_counts(bag, keep, n_bags, acc).clamp(min=1)[bag]
     elif per_sample_weights is not None:
         scale = scale * per_sample_weights.to(acc)
     grad_rows = grad.to(acc)[bag]
     if ctx.needs_input_grad[2]:
+        grad_rows_scaled = grad_rows * scale[:, None]
         grad_weight = torch.zeros(ctx.weight_shape, device=grad.device, dtype=acc)
-        grad_weight = grad_weight.index_add_(0, input, grad_rows * scale[:, None]).to(grad.dtype)
+        grad_weight = grad_weight.scatter_add_(0, input.long()[:, None].expand_as(grad_rows_scaled),
+                                               grad_rows_scaled).to(grad.dtype)
     if per_sample_weights is not None and ctx.needs_input_grad[3]:
         grad_psw = ((grad_rows * weight[input].to(acc)).sum(1) * keep).to(per_sample_weights.dtype)
     return None, None, grad_weight, grad_psw, None, None, None
