@@ -93,3 +93,26 @@ def test_forest_rows_with_hummingbird(on_cpu, monkeypatch):
     (row,) = bench_ops.forest_rows("random_forest", 4, 3, x, (32,), reps=2, label="test")
     assert row["reference"].startswith("hummingbird_") and row["vs_reference"] > 0
     assert all("p50" in row["impl"][f"hummingbird_{s}"] for s in bench_ops.HUMMINGBIRD_STRATEGIES)
+
+
+def test_report_renders_tables_and_figures(on_cpu, monkeypatch, tmp_path):
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("sklearn")
+    import json
+
+    import report_ops
+    import torch
+
+    bag_rows = [r for batch in (1, 64) for r in bench_ops.bag_rows(16, 64, "float32", 32, batch, "sum", reps=2)]
+    monkeypatch.setattr(bench_ops, "_fit", _small_fit)
+    monkeypatch.setattr(bench_ops, "_hummingbird", lambda model, trees, depth: {
+        s: "skipped: not on this machine" for s in bench_ops.HUMMINGBIRD_STRATEGIES})
+    x = torch.zeros(16, bench_ops.N_FEATURES)
+    forest_rows = bench_ops.forest_rows("random_forest", 3, 2, x, (1, 16), reps=2, label="test")
+    path = tmp_path / "ops.json"
+    path.write_text(json.dumps({"command": "python benchmarks/bench_ops.py", "env": {"gpu": "test"},
+                                "figures": {"embedding_bag": bag_rows, "forest": forest_rows}}))
+    text = report_ops.main(["--from", str(path), "--figures", str(tmp_path / "figures")])
+    assert text.count("| 16 MB | 64 x float32 | 32 x ") == 4  # two batches, eager and graph
+    assert "| random_forest 3 x d2 |" in text and "n/a" in text  # no Hummingbird here: no reference ratio
+    assert sorted(p.name for p in (tmp_path / "figures").iterdir()) == ["ops_embedding_bag.png", "ops_forest.png"]
