@@ -110,6 +110,10 @@ def test_int32_indices_two_d_input_and_default_mode(table):
 
 
 def test_non_contiguous_inputs(table):
+    psw = torch.rand(60, dtype=torch.float64)[::3]          # strided per-sample weights
+    assert torch.equal(embedding_bag(torch.arange(20), table, torch.tensor([0, 7]), mode="sum", per_sample_weights=psw),
+                       F.embedding_bag(torch.arange(20), table, torch.tensor([0, 7]), mode="sum",
+                                       per_sample_weights=psw))
     wide = torch.randn(N_ROWS, 2 * DIM, dtype=torch.float64)
     weight = wide[:, ::2]                                   # strided columns
     input = torch.randint(0, N_ROWS, (40,))[::2]            # strided indices

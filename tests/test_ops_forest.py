@@ -262,6 +262,8 @@ def test_layout_and_tree_errors():
         Forest.from_trees([leaf], [0], [0.0], 1, layout="zigzag")
     with pytest.raises(ValueError, match="output"):
         Forest.from_trees([leaf], [1], [0.0], 1)
+    with pytest.raises(ValueError, match="whole output rows"):
+        Forest.from_trees([leaf._replace(value=np.ones((1, 2)))], [0], [0.0, 0.0, 0.0], 1)
     cycle = leaf._replace(feature=np.zeros(3, np.int32), threshold=np.zeros(3, np.float32),
                           default_left=np.zeros(3, bool), left=np.array([1, 0, -1], np.int32),
                           right=np.array([2, 0, -1], np.int32), value=np.ones((3, 1)))

@@ -6,6 +6,7 @@ of a module using both ops (Inductor, forward and backward); opcheck on CUDA.
 
     python -m pytest -q -m gpu tests/test_ops_gpu.py
 """
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -65,6 +66,7 @@ def test_embedding_bag_layouts_of_the_arguments():
     input, offsets = _bag_case(5, 100, 20)
     two_d = torch.randint(0, N_ROWS, (32, 50), device="cuda").t()  # a transposed bag matrix
     last = torch.cat([offsets, torch.tensor([input.numel()], device="cuda")])
+    psw = torch.rand(2 * input.numel(), device="cuda")
     for got, expected in [
         (embedding_bag(input.repeat_interleave(2)[::2], weight, offsets, mode="sum"),  # strided indices
          _oracle(input, weight, offsets, mode="sum")),
@@ -72,6 +74,8 @@ def test_embedding_bag_layouts_of_the_arguments():
         (embedding_bag(input, weight, last, mode="sum", include_last_offset=True),
          _oracle(input, weight, last, mode="sum", include_last_offset=True)),
         (embedding_bag(input[:0], weight, torch.zeros(3, dtype=torch.int64, device="cuda")), torch.zeros(3, 64)),
+        (embedding_bag(input, weight, offsets, mode="sum", per_sample_weights=psw[::2]),  # strided weights
+         _oracle(input, weight, offsets, mode="sum", per_sample_weights=psw[::2])),
     ]:
         torch.testing.assert_close(got.cpu().double(), expected.double(), rtol=1e-5, atol=1e-5)
 
@@ -102,6 +106,7 @@ def test_embedding_bag_gradients_match_torch(mode):
         torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
 
 
+@functools.lru_cache(maxsize=1)
 def _sklearn_models():
     ensemble = pytest.importorskip("sklearn.ensemble")
     rng = np.random.default_rng(0)

@@ -96,6 +96,8 @@ def embedding_bag(input: torch.Tensor, weight: torch.Tensor, offsets: Optional[t
         raise RuntimeError("include_last_offset: number of offset should be at least 1")
     if check_indices and not torch.compiler.is_compiling() and not _capturing(weight):
         _check_values(input, offsets, weight.size(0))
+    if per_sample_weights is not None:
+        per_sample_weights = per_sample_weights.contiguous()
     return torch.ops.torch_l2topo.embedding_bag(input.contiguous(), offsets.contiguous(), weight,
                                                 per_sample_weights, MODES[mode], padding, include_last_offset)
 

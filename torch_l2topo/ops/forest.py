@@ -83,7 +83,8 @@ class Forest:
     @classmethod
     def from_trees(cls, trees: list, groups, base, n_features: int, *, layout: str = "bfs",
                    dtype: torch.dtype = torch.float64, **meta) -> Forest:
-        """A forest of TreeArrays (tree t adds its leaf rows to output groups[t] onwards), laid out."""
+        """A forest of TreeArrays, laid out: leaves of one value add it to output groups[t] of their tree t;
+        wider leaves are whole output rows (groups all 0)."""
         check_choice("layout", layout, LAYOUTS)
         if not trees:
             raise ValueError("a forest needs at least one tree")
@@ -92,9 +93,11 @@ class Forest:
             raise ValueError(f"every tree needs leaves of one width; got widths {widths}")
         base = np.atleast_1d(np.asarray(base, dtype=np.float64))
         groups = np.asarray(groups, dtype=np.int32)
-        if groups.shape != (len(trees),) or groups.min() < 0 or groups.max() + widths[0] > base.size:
-            raise ValueError(f"groups must give each of the {len(trees)} trees an output in [0, {base.size}) for "
-                             "its whole leaf row")
+        if groups.shape != (len(trees),) or groups.min() < 0 or groups.max() >= base.size:
+            raise ValueError(f"groups must give each of the {len(trees)} trees an output in [0, {base.size})")
+        if widths[0] > 1 and (widths[0] != base.size or groups.any()):
+            raise ValueError(f"leaves of {widths[0]} values are whole output rows: they need {widths[0]} outputs "
+                             f"(got {base.size}) and group 0 for every tree")
         records, values, roots, depth = [], [], [], 0
         n_slots = n_leaves = 0
         for tree in trees:
