@@ -190,6 +190,11 @@ def test_errors_are_torchs(name):
     assert _error(embedding_bag, input, weight, offsets, **kwargs) == theirs
 
 
+def test_tensors_on_another_device_are_a_clear_error(table):
+    with pytest.raises(RuntimeError, match="offsets is on meta and weight on cpu"):
+        embedding_bag(torch.tensor([1, 2]), table, torch.tensor([0], device="meta"))
+
+
 def test_decreasing_offsets_are_a_clear_error(table):
     with pytest.raises(RuntimeError, match="non-decreasing"):
         embedding_bag(torch.tensor([1, 2, 3, 4]), table, torch.tensor([0, 3, 2]))

@@ -91,6 +91,10 @@ def embedding_bag(input: torch.Tensor, weight: torch.Tensor, offsets: Optional[t
                                   "GitHub.")
     input, offsets = _promoted_indices(input, offsets)
     _check_types(weight, per_sample_weights)
+    for name, tensor in (("input", input), ("offsets", offsets), ("per_sample_weights", per_sample_weights)):
+        if tensor is not None and tensor.device != weight.device:
+            raise RuntimeError(f"Expected all tensors to be on the same device, but {name} is on {tensor.device} "
+                               f"and weight on {weight.device}")
     padding = _normalized_padding(padding_idx, weight.size(0))
     if include_last_offset and offsets.numel() < 1:
         raise RuntimeError("include_last_offset: number of offset should be at least 1")
