@@ -1,0 +1,335 @@
+"""The ops against what a PyTorch user runs instead, side by side on one GPU: the ops issue's figures.
+
+embedding_bag: torch_l2topo.ops.embedding_bag against torch.nn.functional.embedding_bag and nn.EmbeddingBag
+(same table, same indices: uniform random rows, so tables beyond the L2 read from DRAM), eager and inside a
+CUDA graph; "ours" is the default call (policy "auto", indices checked in eager: one reduction and one host
+sync), "ours_unchecked" the same without the check (what a graph replays), "plain" policy="plain". One more row
+times forward + backward (mode "sum") against torch.
+forest_predict: a fitted scikit-learn forest through forest_predict (each node layout), against Hummingbird's
+PyTorch backend on the same GPU with each of its tree strategies (gemm, tree_trav, perf_tree_trav; a strategy
+whose tensors would not fit is recorded as skipped), and against scikit-learn's own predict_proba on the CPU
+(n_jobs=-1).
+
+Every row: time_ms (median of --reps rounds, p20/p80 kept per implementation), vs_reference (ours over the best
+reference: torch's op / Hummingbird's best strategy), vs_plain (ours over the same kernel as a plain launch),
+auto_chose (the launch policy "auto" resolved to). In each round every implementation runs `inner` calls back to
+back between two CUDA events (interleaved, so drift touches all alike); results are checked against torch /
+scikit-learn once per row before timing. --grid full runs the issue's whole grid (tables 1 MB-4 GB, bags 1-256,
+batch 1-65,536; forests 10-2,000 trees, depth 4-12, batch 1-1M: ~15 min); the default grid (~3 min on an H200)
+keeps the target shape and one point per axis.
+
+    python benchmarks/bench_ops.py --out benchmarks/results/ops_h200.json [--grid full] [--only forest]
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from common import gpu_parser, quantiles, write_result
+
+# embedding_bag rows: (table MB, dim, dtype, rows per bag, bags, mode)
+TARGET = (16, 64, "float32", 32, 65536, "sum")  # the issue's target: >= 2x torch
+BAG_GRIDS = {
+    "default": [TARGET, (16, 64, "float32", 32, 65536, "mean"), (16, 64, "float32", 32, 65536, "max"),
+                (1024, 64, "float32", 32, 65536, "sum"), (16, 64, "float32", 1, 65536, "sum"),
+                (16, 64, "float32", 256, 4096, "sum"), (16, 64, "float32", 32, 1, "sum"),
+                (16, 64, "float32", 32, 1024, "sum"), (1024, 128, "bfloat16", 32, 65536, "sum"),
+                (16, 8, "float32", 32, 65536, "sum"), (16, 256, "float32", 32, 16384, "sum")],
+    "full": [(mb, 64, dtype, bag, batch, "sum") for mb in (1, 16, 256, 4096) for dtype in ("float32", "bfloat16")
+             for bag in (1, 8, 32, 256) for batch in (1, 64, 1024, 65536)]
+            + [(16, row_bytes // 4, "float32", 32, 65536, "sum") for row_bytes in (32, 128, 512, 1024)]
+            + [(16, 64, "float32", 32, 65536, m) for m in ("mean", "max")],
+}
+# forest rows: (model, trees, depth); batches per grid
+FOREST_GRIDS = {
+    "default": ([("random_forest", 10, 4), ("boosting", 100, 6), ("random_forest", 500, 8),
+                 ("random_forest", 500, 12)], (1, 132, 1024, 65536)),
+    "full": ([("random_forest", 10, 4), ("boosting", 100, 6), ("boosting", 500, 8), ("random_forest", 500, 8),
+              ("random_forest", 2000, 10), ("random_forest", 2000, 12)], (1, 16, 132, 1024, 16384, 262144, 1 << 20)),
+}
+N_FEATURES = 16
+HUMMINGBIRD_STRATEGIES = ("gemm", "tree_trav", "perf_tree_trav")
+GEMM_LIMIT_BYTES = 16 << 30  # Hummingbird's gemm holds (trees x leaves x internal nodes) floats: skip beyond this
+CPU_SECONDS = 5.0            # scikit-learn's predict on the CPU: at most this long per row (fewer rounds)
+TIMED_MS = 2.0               # each timed block of `inner` calls lasts about this long
+DEVICE = "cuda"              # tests/test_ops_bench.py runs the row functions on the CPU with a host timer
+
+
+def gpu_rounds(launches: dict, reps: int) -> dict:
+    """{name: quantiles of ms per call}: `inner` calls of each entry between two events, entries interleaved
+    within each of `reps` rounds (after one warm-up round); `inner` sized from one probe call."""
+    import torch
+
+    inner = {}
+    for name, launch in launches.items():
+        launch()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        launch()
+        end.record()
+        end.synchronize()
+        inner[name] = int(np.clip(TIMED_MS / max(start.elapsed_time(end), 1e-3), 1, 200))
+    events = {name: [] for name in launches}
+    for r in range(reps + 1):
+        for name, launch in launches.items():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(inner[name]):
+                launch()
+            end.record()
+            if r:
+                events[name].append((start, end))
+    torch.cuda.synchronize()
+    return {name: {**quantiles([s.elapsed_time(e) / inner[name] for s, e in ev]), "inner": inner[name]}
+            for name, ev in events.items()}
+
+
+def graphed(fn, calls: int = 1):
+    """A CUDA graph of `calls` calls of fn (warmed up on a side stream first), replayed by the returned
+    function."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return graph.replay
+
+
+def summary(row: dict, ours: str, references: tuple, plain: str) -> dict:
+    times = row["impl"]
+    best = min((r for r in references if r in times and "p50" in times[r]), key=lambda r: times[r]["p50"],
+               default=None)
+    row.update(time_ms=times[ours]["p50"], reference=best,
+               vs_reference=times[ours]["p50"] / times[best]["p50"] if best else None,
+               vs_plain=times[ours]["p50"] / times[plain]["p50"], auto_chose="plain")
+    return row
+
+
+def _print(row: dict, label: str) -> None:
+    parts = [f"{k} {v['p50']:.4f}" if "p50" in v else f"{k} {v.get('skipped', 'failed')[:40]}"
+             for k, v in row["impl"].items()]
+    ratio = f"{row['vs_reference']:.2f}" if row["vs_reference"] else "n/a"
+    print(f"  {label}: ours {row['time_ms']:.4f} ms, vs {row['reference']} {ratio}x; " + ", ".join(parts),
+          flush=True)
+
+
+def bench_embedding_bag(grid: str, reps: int) -> list:
+    configs = BAG_GRIDS[grid]
+    print(f"embedding_bag: {len(configs)} shapes, eager and CUDA graph", flush=True)
+    rows = []
+    for i, config in enumerate(configs):
+        eager, in_graph = bag_rows(*config, reps=reps)
+        table_mb, dim, dtype_name, bag, batch, mode = config
+        label = f"[{i + 1}/{len(configs)}] {table_mb} MB x {dim} {dtype_name}, {batch} bags of {bag}, {mode}"
+        _print(eager, label + " eager")
+        _print(in_graph, label + " graph")
+        rows += [eager, in_graph]
+    rows.append(bench_backward(reps))
+    return rows
+
+
+def bag_rows(table_mb: int, dim: int, dtype_name: str, bag: int, batch: int, mode: str, reps: int) -> tuple:
+    """(eager row, CUDA-graph row) of one shape, after checking ours against torch."""
+    import torch
+    import torch.nn.functional as F
+
+    from torch_l2topo.ops import embedding_bag
+
+    dtype = getattr(torch, dtype_name)
+    n_rows = max(bag, (table_mb << 20) // (dim * dtype.itemsize))
+    weight = torch.randn(n_rows, dim, device=DEVICE, dtype=dtype)
+    input = torch.randint(0, n_rows, (bag * batch,), device=DEVICE)
+    offsets = torch.arange(0, bag * batch, bag, device=DEVICE)
+    module = torch.nn.EmbeddingBag.from_pretrained(weight, mode=mode, freeze=True)
+    calls = {
+        "ours": lambda: embedding_bag(input, weight, offsets, mode=mode),
+        "ours_unchecked": lambda: embedding_bag(input, weight, offsets, mode=mode, check_indices=False),
+        "plain": lambda: embedding_bag(input, weight, offsets, mode=mode, policy="plain", check_indices=False),
+        "F.embedding_bag": lambda: F.embedding_bag(input, weight, offsets, mode=mode),
+        "nn.EmbeddingBag": lambda: module(input, offsets),
+    }
+    expected = calls["F.embedding_bag"]().float()
+    error = float((calls["ours"]().float() - expected).abs().max())
+    tol = 1e-3 if dtype == torch.float32 else 5e-2
+    if not error <= tol * max(1.0, float(expected.abs().max())):
+        raise AssertionError(f"embedding_bag {table_mb} MB x {dim} {dtype_name}: max error {error}")
+    shape = dict(table_mb=table_mb, rows=n_rows, dim=dim, dtype=dtype_name, bag=bag, batch=batch, mode=mode,
+                 bytes_read=bag * batch * dim * dtype.itemsize, max_abs_err=error)
+    references = ("F.embedding_bag", "nn.EmbeddingBag")
+    eager = summary({**shape, "timing": "eager", "impl": gpu_rounds(calls, reps)}, "ours", references, "plain")
+    times = eager["impl"]
+    eager["unchecked_vs_reference"] = times["ours_unchecked"]["p50"] / times[eager["reference"]]["p50"]
+    # in a graph the index check cannot run (no host sync): "ours" there is the unchecked call
+    graph_calls = {k: graphed(calls["ours_unchecked" if k == "ours" else k]) for k in ("ours", "plain")}
+    failed = {}
+    for name in references:
+        try:
+            graph_calls[name] = graphed(calls[name])
+        except Exception as e:  # a reference that cannot be captured is a row entry, not a crash
+            failed[name] = {"skipped": f"failed: {type(e).__name__}: {e}"[:200]}
+    in_graph = summary({**shape, "timing": "graph", "impl": {**gpu_rounds(graph_calls, reps), **failed}}, "ours",
+                       references, "plain")
+    return eager, in_graph
+
+
+def bench_backward(reps: int) -> dict:
+    """Forward + backward (mode "sum", dense weight gradient) at the target shape, ours against torch."""
+    import torch
+    import torch.nn.functional as F
+
+    from torch_l2topo.ops import embedding_bag
+
+    table_mb, dim, _, bag, batch, mode = TARGET
+    weight = torch.randn((table_mb << 20) // (dim * 4), dim, device=DEVICE, requires_grad=True)
+    input = torch.randint(0, weight.size(0), (bag * batch,), device=DEVICE)
+    offsets = torch.arange(0, bag * batch, bag, device=DEVICE)
+    grad = torch.randn(batch, dim, device=DEVICE)
+
+    def step(fn, **kwargs):
+        def run():
+            weight.grad = None
+            fn(input, weight, offsets, mode=mode, **kwargs).backward(grad)
+        return run
+
+    calls = {"ours": step(embedding_bag, check_indices=False), "F.embedding_bag": step(F.embedding_bag)}
+    row = summary({"table_mb": table_mb, "dim": dim, "dtype": "float32", "bag": bag, "batch": batch, "mode": mode,
+                   "timing": "eager forward+backward", "impl": gpu_rounds(calls, reps)}, "ours",
+                  ("F.embedding_bag",), "ours")
+    _print(row, "forward+backward at the target shape")
+    return row
+
+
+def _fit(kind: str, trees: int, depth: int):
+    from sklearn.ensemble import GradientBoostingClassifier, RandomForestClassifier
+
+    rng = np.random.default_rng(0)
+    n = min(200_000, max(20_000, 8 << depth))  # enough rows for full-depth trees
+    x = rng.normal(size=(n, N_FEATURES)).astype(np.float32)
+    y = (x[:, 0] + x[:, 1] * x[:, 2] - x[:, 3] ** 2 + 0.5 * rng.normal(size=n) > 0).astype(int)
+    if kind == "boosting":
+        model = GradientBoostingClassifier(n_estimators=trees, max_depth=depth, subsample=0.5, random_state=0)
+        return model.fit(x[:20_000], y[:20_000])
+    model = RandomForestClassifier(n_estimators=trees, max_depth=depth, max_features=0.5, n_jobs=-1, random_state=0)
+    return model.fit(x, y)
+
+
+def _hummingbird(model, trees: int, depth: int) -> dict:
+    """{strategy: the converted torch module on the GPU, or the reason it is missing}."""
+    try:
+        import hummingbird.ml as hb
+    except ImportError as e:
+        return {s: f"skipped: hummingbird-ml is not installed ({e})" for s in HUMMINGBIRD_STRATEGIES}
+    out = {}
+    for strategy in HUMMINGBIRD_STRATEGIES:
+        gemm_bytes = trees * (1 << depth) * (1 << depth) * 4
+        if strategy == "gemm" and gemm_bytes > GEMM_LIMIT_BYTES:
+            out[strategy] = f"skipped: gemm would hold {gemm_bytes / 2 ** 30:.0f} GiB"
+            continue
+        try:
+            out[strategy] = hb.convert(model, "torch", extra_config={"tree_implementation": strategy}).to(DEVICE)
+        except Exception as e:  # a strategy that cannot convert this forest is a row entry, not a crash
+            out[strategy] = f"failed: {type(e).__name__}: {e}"[:200]
+    return out
+
+
+def _cpu_quantiles(fn, reps: int) -> dict:
+    fn()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(1e3 * (time.perf_counter() - start))
+        if sum(times) > 1e3 * CPU_SECONDS:
+            break
+    return quantiles(times)
+
+
+def bench_forest(grid: str, reps: int) -> list:
+    import torch
+
+    models, batches = FOREST_GRIDS[grid]
+    print(f"forest_predict: {len(models)} forests x {len(batches)} batches", flush=True)
+    rng = np.random.default_rng(1)
+    x_all = torch.from_numpy(rng.normal(size=(max(batches), N_FEATURES)).astype(np.float32)).to(DEVICE)
+    rows = []
+    for i, (kind, trees, depth) in enumerate(models):
+        rows += forest_rows(kind, trees, depth, x_all, batches, reps, f"[{i + 1}/{len(models)}]")
+        torch.cuda.empty_cache()
+    return rows
+
+
+def forest_rows(kind: str, trees: int, depth: int, x_all, batches, reps: int, label: str) -> list:
+    """One row per batch size for one fitted forest, after checking ours against scikit-learn."""
+    import torch
+
+    from torch_l2topo.ops import Forest, forest_predict
+    from torch_l2topo.ops.forest import LAYOUTS
+
+    start = time.perf_counter()
+    model = _fit(kind, trees, depth)
+    forests = {layout: Forest.from_sklearn(model, layout=layout).to(DEVICE) for layout in LAYOUTS}
+    converted = _hummingbird(model, trees, depth)
+    nodes_mb = forests["bfs"].nbytes / 2 ** 20
+    print(f"{label} {kind}, {trees} trees, depth {depth}: {nodes_mb:.1f} MB of nodes, fit and convert "
+          f"{time.perf_counter() - start:.0f} s", flush=True)
+    rows = []
+    for batch in batches:
+        x = x_all[:batch]
+        x_cpu = x.cpu().numpy()
+        calls = {f"ours_{layout}": (lambda f=f: forest_predict(f, x)) for layout, f in forests.items()}
+        calls["plain"] = lambda: forest_predict(forests["bfs"], x, policy="plain")
+        failed = {}
+        with torch.no_grad():
+            for strategy, hb_model in converted.items():
+                if isinstance(hb_model, str):
+                    failed[f"hummingbird_{strategy}"] = {"skipped": hb_model}
+                    continue
+                try:
+                    hb_model.model(x)
+                    calls[f"hummingbird_{strategy}"] = lambda m=hb_model: m.model(x)
+                except Exception as e:  # e.g. out of memory at this batch: a row entry, not a crash
+                    failed[f"hummingbird_{strategy}"] = {"skipped": f"failed: {type(e).__name__}: {e}"[:200]}
+                    torch.cuda.empty_cache()
+            error = float(np.abs(calls["ours_bfs"]()[:4096].cpu().numpy() - model.predict_proba(x_cpu[:4096])).max())
+            if error > 1e-4:
+                raise AssertionError(f"forest {kind} {trees}x{depth} batch {batch}: max error {error}")
+            timings = gpu_rounds(calls, reps)
+        timings.update(failed)
+        timings["sklearn_cpu"] = _cpu_quantiles(lambda: model.predict_proba(x_cpu), reps)
+        timings["ours"] = timings["ours_bfs"]
+        fastest = min(LAYOUTS, key=lambda layout: timings[f"ours_{layout}"]["p50"])
+        row = summary({"model": kind, "trees": trees, "depth": depth, "nodes_mb": nodes_mb, "batch": batch,
+                       "max_abs_err": error, "fastest_layout": fastest, "impl": timings}, "ours",
+                      tuple(f"hummingbird_{s}" for s in HUMMINGBIRD_STRATEGIES), "plain")
+        row["vs_sklearn_cpu"] = row["time_ms"] / timings["sklearn_cpu"]["p50"]
+        _print(row, f"batch {batch}")
+        rows.append(row)
+    return rows
+
+
+def main(argv=None) -> dict:
+    p = gpu_parser(__doc__, reps=7)
+    p.add_argument("--grid", choices=("default", "full"), default="default")
+    p.add_argument("--only", choices=("embedding_bag", "forest"), action="append")
+    args = p.parse_args(argv)
+    import torch
+
+    torch.cuda.set_device(args.device)
+    figures = {"grid": args.grid, "reps": args.reps}
+    for part, fn in (("embedding_bag", bench_embedding_bag), ("forest", bench_forest)):
+        if args.only is None or part in args.only:
+            start = time.perf_counter()
+            figures[part] = fn(args.grid, args.reps)
+            print(f"{part}: {time.perf_counter() - start:.0f} s", flush=True)
+            write_result(args.out, figures, args.device)  # keep what is done if a later part fails
+    return figures
+
+
+if __name__ == "__main__":
+    main()

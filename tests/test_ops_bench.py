@@ -1,0 +1,118 @@
+"""benchmarks/bench_ops.py without a GPU: its row functions run on the CPU (the ops' CPU paths, a host timer in
+place of CUDA events, no graphs), so the rows it writes carry every column the issue asks for, its ratios are
+times over times, and its checks against torch and scikit-learn run. Device time is scarce: a benchmark that
+crashes after the GPU is started wastes it."""
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import bench_ops  # noqa: E402
+
+COLUMNS = {"time_ms", "vs_reference", "vs_plain", "auto_chose", "reference", "impl"}
+
+
+def _host_rounds(launches: dict, reps: int) -> dict:
+    out = {}
+    for name, launch in launches.items():
+        times = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            launch()
+            times.append(1e3 * (time.perf_counter() - start))
+        out[name] = {**bench_ops.quantiles(times), "inner": 1}
+    return out
+
+
+@pytest.fixture
+def on_cpu(monkeypatch):
+    monkeypatch.setattr(bench_ops, "DEVICE", "cpu")
+    monkeypatch.setattr(bench_ops, "gpu_rounds", _host_rounds)
+    monkeypatch.setattr(bench_ops, "graphed", lambda fn: fn)
+
+
+def test_embedding_bag_rows(on_cpu):
+    eager, graph = bench_ops.bag_rows(1, 16, "float32", 4, 64, "sum", reps=2)
+    for row in (eager, graph):
+        assert COLUMNS <= set(row) and row["auto_chose"] == "plain"
+        assert row["reference"] in ("F.embedding_bag", "nn.EmbeddingBag")
+        assert row["vs_reference"] == pytest.approx(row["time_ms"] / row["impl"][row["reference"]]["p50"])
+        assert row["vs_plain"] == pytest.approx(row["time_ms"] / row["impl"]["plain"]["p50"])
+    assert {"ours", "ours_unchecked", "plain", "F.embedding_bag", "nn.EmbeddingBag"} == set(eager["impl"])
+    assert eager["max_abs_err"] < 1e-5 and eager["timing"] == "eager" and graph["timing"] == "graph"
+
+
+def test_forest_rows(on_cpu, monkeypatch):
+    pytest.importorskip("sklearn")
+    monkeypatch.setattr(bench_ops, "_hummingbird", lambda model, trees, depth: {
+        s: "skipped: not on this machine" for s in bench_ops.HUMMINGBIRD_STRATEGIES})
+    import torch
+
+    x = torch.from_numpy(np.random.default_rng(0).normal(size=(64, bench_ops.N_FEATURES)).astype(np.float32))
+    monkeypatch.setattr(bench_ops, "_fit", _small_fit)
+    rows = bench_ops.forest_rows("random_forest", 5, 3, x, (1, 64), reps=2, label="test")
+    assert [r["batch"] for r in rows] == [1, 64]
+    for row in rows:
+        assert COLUMNS <= set(row) and row["vs_reference"] is None  # no Hummingbird here: no reference ratio
+        assert row["fastest_layout"] in ("bfs", "dfs", "blocks") and row["max_abs_err"] < 1e-12
+        assert row["impl"]["hummingbird_gemm"] == {"skipped": "skipped: not on this machine"}
+        assert row["vs_sklearn_cpu"] == pytest.approx(row["time_ms"] / row["impl"]["sklearn_cpu"]["p50"])
+
+
+def _small_fit(kind, trees, depth):
+    from sklearn.ensemble import RandomForestClassifier
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(500, bench_ops.N_FEATURES)).astype(np.float32)
+    return RandomForestClassifier(n_estimators=trees, max_depth=depth, random_state=0).fit(x, x[:, 0] > 0)
+
+
+def test_grids():
+    assert bench_ops.TARGET in bench_ops.BAG_GRIDS["default"]
+    for grid in bench_ops.BAG_GRIDS.values():
+        for table_mb, dim, dtype, bag, batch, mode in grid:
+            row_bytes = dim * {"float32": 4, "bfloat16": 2}[dtype]
+            assert 32 <= row_bytes <= 1024 and 1 <= bag <= 256 and 1 <= batch <= 65536 and table_mb <= 4096
+            assert mode in ("sum", "mean", "max")
+    full_bags = bench_ops.BAG_GRIDS["full"]
+    assert {r[0] for r in full_bags} >= {1, 4096} and {r[3] for r in full_bags} >= {1, 256}
+    models, batches = bench_ops.FOREST_GRIDS["full"]
+    assert min(b for b in batches) == 1 and max(batches) >= 10 ** 6
+    assert {t for _, t, _ in models} >= {10, 2000} and {d for _, _, d in models} >= {4, 12}
+
+
+def test_forest_rows_with_hummingbird(on_cpu, monkeypatch):
+    pytest.importorskip("hummingbird.ml")  # not in the test extra: runs where it is installed
+    import torch
+
+    monkeypatch.setattr(bench_ops, "_fit", _small_fit)
+    x = torch.from_numpy(np.random.default_rng(1).normal(size=(32, bench_ops.N_FEATURES)).astype(np.float32))
+    (row,) = bench_ops.forest_rows("random_forest", 4, 3, x, (32,), reps=2, label="test")
+    assert row["reference"].startswith("hummingbird_") and row["vs_reference"] > 0
+    assert all("p50" in row["impl"][f"hummingbird_{s}"] for s in bench_ops.HUMMINGBIRD_STRATEGIES)
+
+
+def test_report_renders_tables_and_figures(on_cpu, monkeypatch, tmp_path):
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("sklearn")
+    import json
+
+    import report_ops
+    import torch
+
+    bag_rows = [r for batch in (1, 64) for r in bench_ops.bag_rows(16, 64, "float32", 32, batch, "sum", reps=2)]
+    monkeypatch.setattr(bench_ops, "_fit", _small_fit)
+    monkeypatch.setattr(bench_ops, "_hummingbird", lambda model, trees, depth: {
+        s: "skipped: not on this machine" for s in bench_ops.HUMMINGBIRD_STRATEGIES})
+    x = torch.zeros(16, bench_ops.N_FEATURES)
+    forest_rows = bench_ops.forest_rows("random_forest", 3, 2, x, (1, 16), reps=2, label="test")
+    path = tmp_path / "ops.json"
+    path.write_text(json.dumps({"command": "python benchmarks/bench_ops.py", "env": {"gpu": "test"},
+                                "figures": {"embedding_bag": bag_rows, "forest": forest_rows}}))
+    text = report_ops.main(["--from", str(path), "--figures", str(tmp_path / "figures")])
+    assert text.count("| 16 MB | 64 x float32 | 32 x ") == 4  # two batches, eager and graph
+    assert "| random_forest 3 x d2 |" in text and "n/a" in text  # no Hummingbird here: no reference ratio
+    assert sorted(p.name for p in (tmp_path / "figures").iterdir()) == ["ops_embedding_bag.png", "ops_forest.png"]

@@ -1,0 +1,282 @@
+"""forest_predict and Forest on the CPU: exact against scikit-learn's own predict/predict_proba (random forests,
+extra trees, gradient boosting; several depths and sizes; NaN inputs) and against xgboost's recorded predictions
+(tests/data/xgboost, written by tests/xgboost_fixtures.py with a real xgboost); the three node layouts hold the
+same trees (read back, rebuilt, and each with the neighbourhood it promises); argument errors; the custom op
+(opcheck, torch.compile(fullgraph=True)). The Triton kernel is checked in the interpreter and compiled for sm_90
+in tests/test_ops_kernels.py, on a GPU in tests/test_ops_gpu.py.
+"""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from torch_l2topo.errors import PlacementError
+from torch_l2topo.ops import Forest, forest_predict
+from torch_l2topo.ops.forest import LAYOUTS, TreeArrays
+from torch_l2topo.ops.forest_sources import float32_at_most
+
+XGBOOST = Path(__file__).resolve().parent / "data" / "xgboost"
+XGBOOST_CASES = list(json.loads((XGBOOST / "manifest.json").read_text())["cases"])
+N_FEATURES = 7
+
+
+def _data(n=400, seed=0, nan_share=0.0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, N_FEATURES))
+    x[:, 6] = np.round(2 * x[:, 6])  # repeated values: thresholds fall exactly between them
+    signal = x[:, 0] + x[:, 1] * x[:, 2] - 0.5 * x[:, 3] ** 2 + 0.2 * x[:, 6]
+    classes = np.digitize(signal, np.quantile(signal, [0.3, 0.7]))
+    if nan_share:
+        x[rng.random(x.shape) < nan_share] = np.nan
+    return x, signal, classes
+
+
+def _expected(model, x):
+    return model.predict_proba(x) if hasattr(model, "predict_proba") else model.predict(x)
+
+
+MODELS = {  # name: (estimator class path, kwargs, target: "classes", "binary" or "signal")
+    "random forest classifier d4": ("ensemble.RandomForestClassifier", dict(n_estimators=30, max_depth=4), "classes"),
+    "random forest classifier unbounded": ("ensemble.RandomForestClassifier", dict(n_estimators=5), "classes"),
+    "random forest binary d8": ("ensemble.RandomForestClassifier", dict(n_estimators=12, max_depth=8), "binary"),
+    "extra trees regressor d6": ("ensemble.ExtraTreesRegressor", dict(n_estimators=20, max_depth=6), "signal"),
+    "random forest regressor d12": ("ensemble.RandomForestRegressor", dict(n_estimators=8, max_depth=12), "signal"),
+    "boosting classifier d3": ("ensemble.GradientBoostingClassifier", dict(n_estimators=40, max_depth=3),
+                               "classes"),
+    "boosting binary d5": ("ensemble.GradientBoostingClassifier", dict(n_estimators=25, max_depth=5), "binary"),
+    "boosting regressor d2": ("ensemble.GradientBoostingRegressor", dict(n_estimators=60, max_depth=2), "signal"),
+    "one tree d7": ("tree.DecisionTreeClassifier", dict(max_depth=7), "classes"),
+}
+
+
+def _fit(name, nan_share=0.0):
+    sklearn = pytest.importorskip("sklearn")
+    import importlib
+
+    path, kwargs, target = MODELS[name]
+    module, cls = path.rsplit(".", 1)
+    estimator = getattr(importlib.import_module(f"{sklearn.__name__}.{module}"), cls)(random_state=0, **kwargs)
+    x, signal, classes = _data(nan_share=nan_share)
+    y = {"classes": classes, "binary": classes == 2, "signal": signal}[target]
+    return estimator.fit(x, y)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_matches_sklearn(name):
+    model = _fit(name)
+    x, _, _ = _data(n=300, seed=1)
+    forest = Forest.from_sklearn(model)
+    got = forest_predict(forest, torch.from_numpy(x)).numpy()
+    expected = _expected(model, x)
+    assert got.shape == expected.shape and got.dtype == np.float64
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-13)  # float64 rounding only
+    if forest.classes is not None:
+        assert (np.asarray(forest.classes)[got.argmax(1)] == model.predict(x)).all()
+
+
+def test_missing_values_follow_sklearn():
+    model = _fit("random forest classifier d4", nan_share=0.1)
+    x, _, _ = _data(n=300, seed=2, nan_share=0.2)
+    forest = Forest.from_sklearn(model)
+    assert bool(forest.nodes[:, 0].lt(0).any())  # some split sends NaN left: the case is exercised
+    np.testing.assert_allclose(forest_predict(forest, torch.from_numpy(x)).numpy(), model.predict_proba(x),
+                               rtol=0, atol=1e-13)
+
+
+@pytest.mark.parametrize("case", XGBOOST_CASES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_matches_recorded_xgboost(case, layout):
+    recorded = np.load(XGBOOST / f"{case}.npz")
+    forest = Forest.from_xgboost_json(XGBOOST / f"{case}.json", layout=layout)
+    x = torch.from_numpy(recorded["x"])
+    margin = torch.ops.torch_l2topo.forest_predict(forest.nodes, forest.values, forest.roots, forest.groups,
+                                                   forest.base, x, forest.depth).numpy()
+    assert np.array_equal(margin, recorded["margin"].reshape(margin.shape))  # float32 sums in xgboost's order
+    got = forest_predict(forest, x).numpy()
+    if case.startswith("softmax"):  # multi:softmax predicts the label
+        assert np.array_equal(got.argmax(1), recorded["prediction"])
+    else:
+        np.testing.assert_allclose(got, recorded["prediction"], rtol=1e-6, atol=1e-7)  # the link in float32
+
+
+def test_xgboost_fixtures_cover_missing_values_and_depths():
+    manifest = json.loads((XGBOOST / "manifest.json").read_text())
+    assert manifest["xgboost"] and "xgboost_fixtures.py" in manifest["command"]
+    depths = {Forest.from_xgboost_json(XGBOOST / f"{c}.json").depth for c in XGBOOST_CASES}
+    assert min(depths) <= 2 and max(depths) >= 9
+    assert np.isnan(np.load(XGBOOST / "binary_d6_nan.npz")["x"]).any()
+
+
+def test_threshold_conversion_keeps_every_float32_comparison():
+    rng = np.random.default_rng(3)
+    low = rng.normal(size=20000).astype(np.float32)
+    high = np.nextafter(low, np.float32(np.inf))
+    # scikit-learn's thresholds: midpoints of neighbouring float32 values, half of which round up to `high`
+    midpoint = (low.astype(np.float64) + high) / 2
+    for x in (low, high):
+        assert np.array_equal(x <= midpoint, x <= float32_at_most(midpoint))
+    t = rng.normal(size=20000)
+    assert np.array_equal(low <= t, low <= float32_at_most(t))
+    assert (float32_at_most(midpoint) == low).all()
+
+
+def test_split_between_neighbouring_float32_values():
+    pytest.importorskip("sklearn")
+    from sklearn.tree import DecisionTreeClassifier
+
+    # two training values one float32 step apart (at 4: scikit-learn splits values more than 1e-7 apart), the
+    # upper one with an even significand: their float64 midpoint rounds (to even) up to it, so a threshold
+    # rounded to nearest would send it the wrong way
+    low = np.nextafter(np.float32(4), np.float32(5))
+    high = np.nextafter(low, np.float32(5))
+    x = np.array([[low], [high]] * 4, dtype=np.float32)
+    model = DecisionTreeClassifier().fit(x, [0, 1] * 4)
+    assert np.float32(model.tree_.threshold[0]) == high  # the trap is set
+    got = forest_predict(Forest.from_sklearn(model), torch.from_numpy(x)).numpy()
+    np.testing.assert_array_equal(got, model.predict_proba(x))
+
+
+def _nested(tree: TreeArrays, node=0):
+    """A tree as nested tuples: (feature, threshold, default_left, left, right) or (leaf values,)."""
+    if tree.left[node] < 0:
+        return (tuple(np.asarray(tree.value[node]).tolist()),)
+    return (int(tree.feature[node]), float(tree.threshold[node]), bool(tree.default_left[node]),
+            _nested(tree, tree.left[node]), _nested(tree, tree.right[node]))
+
+
+def _sklearn_nested(tree, values, node=0):
+    """The same from scikit-learn's tree_ itself (the oracle of the round trip)."""
+    if tree.children_left[node] < 0:
+        return (tuple(values[node].tolist()),)
+    return (int(tree.feature[node]), float(float32_at_most(tree.threshold[node])),
+            bool(getattr(tree, "missing_go_to_left", np.zeros(tree.node_count))[node]),
+            _sklearn_nested(tree, values, tree.children_left[node]),
+            _sklearn_nested(tree, values, tree.children_right[node]))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_layouts_hold_the_library_trees(layout):
+    model = _fit("random forest regressor d12")
+    forest = Forest.from_sklearn(model, layout=layout)
+    read = forest.tree_arrays()
+    for tree, estimator in zip(read, model.estimators_):
+        assert _nested(tree) == _sklearn_nested(estimator.tree_, estimator.tree_.value[:, :, 0])
+    other = forest.relayout("dfs" if layout != "dfs" else "blocks")
+    assert all(_nested(a) == _nested(b) for a, b in zip(read, other.tree_arrays()))
+    assert torch.equal(forest.relayout(layout).nodes, forest.nodes)  # rebuilt from what was read: the same bytes
+
+
+def _slot_depths(forest):
+    """(tree, depth) of every used slot, walking each tree from its root."""
+    nodes = forest.nodes.numpy()
+    out = {}
+    for t, root in enumerate(forest.roots.tolist()):
+        level, depth = [root], 0
+        while level:
+            out.update({s: (t, depth) for s in level})
+            level = [c for s in level if nodes[s, 2] != s for c in (nodes[s, 2], nodes[s, 3])]
+            depth += 1
+    return out
+
+
+def test_each_layout_keeps_its_promise():
+    model = _fit("random forest regressor d12")
+    forests = {layout: Forest.from_sklearn(model, layout=layout) for layout in LAYOUTS}
+    for layout, forest in forests.items():
+        nodes = forest.nodes.numpy()
+        depths = _slot_depths(forest)
+        inner = [s for s in depths if nodes[s, 2] != s]
+        if layout == "bfs":  # slots of a tree in order of depth
+            for t in range(forest.n_trees):
+                d = [depth for s, (tree, depth) in sorted(depths.items()) if tree == t]
+                assert d == sorted(d)
+        elif layout == "dfs":  # the left child right after its parent
+            assert all(nodes[s, 2] == s + 1 for s in inner)
+        else:  # 8-slot blocks: trees start on a block, a child shares its parent's block unless it starts a block
+            assert (forest.roots.numpy() % 8 == 0).all()
+            for s in inner:
+                for child in nodes[s, 2:4]:
+                    same_block = child // 8 == s // 8
+                    assert same_block == (depths[child][1] % 3 != 0), (s, child)
+    x, _, _ = _data(n=200, seed=4)
+    results = [forest_predict(f, torch.from_numpy(x)) for f in forests.values()]
+    assert all(torch.equal(results[0], r) for r in results[1:])
+
+
+def test_forest_metadata():
+    forest = Forest.from_sklearn(_fit("boosting classifier d3"))
+    assert forest.n_trees == 40 * 3 and forest.n_outputs == 3 and forest.leaf_width == 1 and forest.depth == 3
+    assert sorted(set(forest.groups.tolist())) == [0, 1, 2] and forest.transform == "softmax"
+    rf = Forest.from_sklearn(_fit("random forest classifier d4"))
+    assert rf.leaf_width == 3 and rf.divisor == 30 and rf.nbytes == rf.nodes.numel() * 4 + rf.values.numel() * 8
+    gpu_form = rf.to("cpu")
+    assert gpu_form.values.dtype == torch.float64  # float32 only on a GPU
+
+
+def test_argument_errors():
+    forest = Forest.from_sklearn(_fit("boosting regressor d2"))
+    x = torch.zeros(3, N_FEATURES)
+    with pytest.raises(ValueError, match=r"x must be \(n_samples, 7\)"):
+        forest_predict(forest, torch.zeros(3, 5))
+    with pytest.raises(ValueError, match="forest.to"):
+        forest_predict(forest, x.to("meta"))
+    with pytest.raises(TypeError, match="takes a Forest"):
+        forest_predict("forest", x)
+    with pytest.raises(TypeError, match="real tensor"):
+        forest_predict(forest, x.to(torch.complex64))
+    with pytest.raises(PlacementError, match="not available yet"):
+        forest_predict(forest, x, policy="weighted")
+    assert forest_predict(forest, torch.zeros(0, N_FEATURES)).shape == (0,)
+
+
+def test_unsupported_models_are_clear_errors(tmp_path):
+    sklearn = pytest.importorskip("sklearn")
+    from sklearn.ensemble import HistGradientBoostingRegressor
+    from sklearn.linear_model import LinearRegression
+
+    x, signal, _ = _data(n=100)
+    for model in (LinearRegression().fit(x[:, :3], signal), HistGradientBoostingRegressor(max_iter=2).fit(x, signal)):
+        with pytest.raises(TypeError, match="tree ensemble"):
+            Forest.from_sklearn(model)
+    assert sklearn
+    doc = json.loads((XGBOOST / "regression_d3.json").read_text())
+    for change, message in [(lambda d: d["learner"]["gradient_booster"].update(name="dart"), "gbtree only"),
+                            (lambda d: d["learner"]["objective"].update(name="rank:xendcg"), "objective"),
+                            (lambda d: d["learner"]["gradient_booster"]["model"]["trees"][0].update(
+                                split_type=[1] * 15), "categorical"),
+                            (lambda d: d.pop("learner"), "not an xgboost JSON model")]:
+        bad = json.loads(json.dumps(doc))
+        change(bad)
+        path = tmp_path / "bad.json"
+        path.write_text(json.dumps(bad))
+        with pytest.raises(ValueError, match=message):
+            Forest.from_xgboost_json(path)
+
+
+def test_layout_and_tree_errors():
+    leaf = TreeArrays(np.zeros(1, np.int32), np.zeros(1, np.float32), np.zeros(1, bool), np.full(1, -1, np.int32),
+                      np.full(1, -1, np.int32), np.ones((1, 1)))
+    with pytest.raises(ValueError, match="layout must be one of"):
+        Forest.from_trees([leaf], [0], [0.0], 1, layout="zigzag")
+    with pytest.raises(ValueError, match="output"):
+        Forest.from_trees([leaf], [1], [0.0], 1)
+    with pytest.raises(ValueError, match="whole output rows"):
+        Forest.from_trees([leaf._replace(value=np.ones((1, 2)))], [0], [0.0, 0.0, 0.0], 1)
+    cycle = leaf._replace(feature=np.zeros(3, np.int32), threshold=np.zeros(3, np.float32),
+                          default_left=np.zeros(3, bool), left=np.array([1, 0, -1], np.int32),
+                          right=np.array([2, 0, -1], np.int32), value=np.ones((3, 1)))
+    with pytest.raises(ValueError, match="not a tree"):
+        Forest.from_trees([cycle], [0], [0.0], 1)
+    stump = Forest.from_trees([leaf], [0], [0.5], 1)  # a single leaf: depth 0, base + leaf
+    assert stump.depth == 0 and forest_predict(stump, torch.zeros(2, 1)).tolist() == [[1.5], [1.5]]
+
+
+def test_op_registration_and_compile():
+    forest = Forest.from_sklearn(_fit("boosting classifier d3"))
+    x = torch.from_numpy(_data(n=50, seed=5)[0]).float()
+    args = (forest.nodes, forest.values, forest.roots, forest.groups, forest.base, x, forest.depth)
+    torch.library.opcheck(torch.ops.torch_l2topo.forest_predict.default, args)
+    compiled = torch.compile(lambda x: forest_predict(forest, x), fullgraph=True, backend="aot_eager")
+    assert torch.equal(compiled(x), forest_predict(forest, x))

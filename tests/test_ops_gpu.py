@@ -1,0 +1,214 @@
+"""The ops on a GPU, against independent oracles: embedding_bag against torch's op in fp64 on the CPU for every
+mode, row dtype and row size (32-1024 bytes), with the cases that exercise its masks; gradients against torch;
+forest_predict against scikit-learn's predict_proba/predict and xgboost's recorded margins, every layout, batch
+1 to thousands; out-of-range indices as a clear error; CUDA graph capture and replay; torch.compile(fullgraph=True)
+of a module using both ops (Inductor, forward and backward); opcheck on CUDA.
+
+    python -m pytest -q -m gpu tests/test_ops_gpu.py
+"""
+import functools
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from torch_l2topo.errors import PlacementError
+from torch_l2topo.ops import Forest, embedding_bag, forest_predict
+from torch_l2topo.ops.forest import LAYOUTS
+
+pytestmark = pytest.mark.gpu
+XGBOOST = Path(__file__).resolve().parent / "data" / "xgboost"
+DTYPES = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2 ** -7, torch.float16: 2 ** -10}
+N_ROWS = 1000
+
+
+def _bag_case(seed: int, n_bags: int, max_rows: int, int32=False):
+    """Indices and offsets of n_bags bags of 0 to max_rows rows (some empty), on the GPU."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(0, max_rows + 1, (n_bags,), generator=g)
+    lengths[::7] = 0
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)[:-1]])
+    input = torch.randint(0, N_ROWS, (int(lengths.sum()),), generator=g)
+    if int32:
+        input, offsets = input.int(), offsets.int()
+    return input.cuda(), offsets.cuda()
+
+
+def _oracle(input, weight, offsets, **kwargs):
+    """torch's op on the CPU in fp64, on the same (rounded) values."""
+    psw = kwargs.pop("per_sample_weights", None)
+    return F.embedding_bag(input.cpu(), weight.cpu().double(), offsets.cpu(), **kwargs,
+                           per_sample_weights=None if psw is None else psw.cpu().double())
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=str)
+@pytest.mark.parametrize("row_bytes", [32, 256, 1024])
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+def test_embedding_bag_matches_torch(dtype, row_bytes, mode):
+    dim = row_bytes // DTYPES[dtype]
+    weight = torch.randn(N_ROWS, dim, device="cuda").to(dtype)
+    for seed, (n_bags, max_rows) in enumerate([(1, 1), (300, 40), (64, 300)]):
+        input, offsets = _bag_case(seed, n_bags, max_rows, int32=seed == 1)
+        kwargs = dict(mode=mode, padding_idx=int(input[0]) if seed == 1 and input.numel() else None)
+        if mode == "sum" and seed:
+            kwargs["per_sample_weights"] = torch.rand(input.numel(), device="cuda").to(dtype)
+        got = embedding_bag(input, weight, offsets, **kwargs)
+        assert got.dtype == dtype and got.device == weight.device
+        tol = TOLERANCE[dtype]
+        torch.testing.assert_close(got.cpu().double(), _oracle(input, weight, offsets, **kwargs), rtol=tol, atol=tol)
+
+
+def test_embedding_bag_layouts_of_the_arguments():
+    weight = torch.randn(N_ROWS, 128, device="cuda")[:, ::2]  # strided columns: copied to rows of 64
+    input, offsets = _bag_case(5, 100, 20)
+    two_d = torch.randint(0, N_ROWS, (32, 50), device="cuda").t()  # a transposed bag matrix
+    last = torch.cat([offsets, torch.tensor([input.numel()], device="cuda")])
+    psw = torch.rand(2 * input.numel(), device="cuda")
+    for got, expected in [
+        (embedding_bag(input.repeat_interleave(2)[::2], weight, offsets, mode="sum"),  # strided indices
+         _oracle(input, weight, offsets, mode="sum")),
+        (embedding_bag(two_d, weight, mode="mean"), F.embedding_bag(two_d.cpu(), weight.cpu().double(), mode="mean")),
+        (embedding_bag(input, weight, last, mode="sum", include_last_offset=True),
+         _oracle(input, weight, last, mode="sum", include_last_offset=True)),
+        (embedding_bag(input[:0], weight, torch.zeros(3, dtype=torch.int64, device="cuda")), torch.zeros(3, 64)),
+        (embedding_bag(input, weight, offsets, mode="sum", per_sample_weights=psw[::2]),  # strided weights
+         _oracle(input, weight, offsets, mode="sum", per_sample_weights=psw[::2])),
+    ]:
+        torch.testing.assert_close(got.cpu().double(), expected.double(), rtol=1e-5, atol=1e-5)
+
+
+def test_embedding_bag_out_of_range_indices():
+    weight = torch.randn(N_ROWS, 64, device="cuda")
+    input = torch.tensor([1, N_ROWS, 2], device="cuda")
+    offsets = torch.tensor([0, 2], device="cuda")
+    with pytest.raises(RuntimeError, match=f"Index 1 of input takes value {N_ROWS} which is not in the valid range"):
+        embedding_bag(input, weight, offsets)
+    # unchecked (as inside CUDA graphs and compiled code): the kernel skips the entry instead of reading it
+    got = embedding_bag(input, weight, offsets, mode="sum", check_indices=False)
+    torch.testing.assert_close(got, torch.stack([weight[1], weight[2]]))
+    torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_embedding_bag_gradients_match_torch(mode):
+    input, offsets = _bag_case(7, 200, 30)
+    base = torch.randn(N_ROWS, 64, device="cuda")
+    grads = []
+    for fn in (embedding_bag, F.embedding_bag):
+        weight = base.clone().requires_grad_()
+        psw = torch.linspace(-1, 1, input.numel(), device="cuda").requires_grad_() if mode == "sum" else None
+        fn(input, weight, offsets, mode=mode, per_sample_weights=psw, padding_idx=3).square().sum().backward()
+        grads.append([weight.grad] + ([psw.grad] if psw is not None else []))
+    for ours, theirs in zip(*grads):
+        torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
+
+
+@functools.lru_cache(maxsize=1)
+def _sklearn_models():
+    ensemble = pytest.importorskip("sklearn.ensemble")
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2000, 10)).astype(np.float32)
+    signal = x[:, 0] + x[:, 1] * x[:, 2] - x[:, 3] ** 2
+    classes = np.digitize(signal, np.quantile(signal, [0.3, 0.7]))
+    return x, {
+        "rf": ensemble.RandomForestClassifier(n_estimators=50, max_depth=10, random_state=0).fit(x, classes),
+        "gbc": ensemble.GradientBoostingClassifier(n_estimators=60, max_depth=4, random_state=0).fit(x, classes),
+        "gbr": ensemble.GradientBoostingRegressor(n_estimators=100, max_depth=6, random_state=0).fit(x, signal),
+    }
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_forest_matches_sklearn(layout):
+    x, models = _sklearn_models()
+    for name, model in models.items():
+        forest = Forest.from_sklearn(model, layout=layout).to("cuda")
+        for n in (1, 7, 132, 2000):
+            got = forest_predict(forest, torch.from_numpy(x[:n]).cuda()).cpu().numpy()
+            expected = model.predict_proba(x[:n]) if hasattr(model, "predict_proba") else model.predict(x[:n])
+            np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5, err_msg=f"{name} n={n}")
+
+
+@pytest.mark.parametrize("case", sorted(p.stem for p in XGBOOST.glob("*.json") if p.stem != "manifest"))
+def test_forest_matches_recorded_xgboost(case):
+    recorded = np.load(XGBOOST / f"{case}.npz")
+    forest = Forest.from_xgboost_json(XGBOOST / f"{case}.json", layout="blocks").to("cuda")
+    x = torch.from_numpy(recorded["x"]).cuda()
+    for n in (1, 256):
+        margin = torch.ops.torch_l2topo.forest_predict(forest.nodes, forest.values, forest.roots, forest.groups,
+                                                       forest.base, x[:n], forest.depth)
+        np.testing.assert_allclose(margin.cpu().numpy(), recorded["margin"][:n].reshape(margin.shape), rtol=1e-5,
+                                   atol=1e-5)
+
+
+def test_policies_on_the_gpu():
+    input, offsets = _bag_case(1, 10, 5)
+    weight = torch.randn(N_ROWS, 32, device="cuda")
+    assert torch.equal(embedding_bag(input, weight, offsets, policy="plain"), embedding_bag(input, weight, offsets))
+    with pytest.raises(PlacementError, match="not available yet"):
+        embedding_bag(input, weight, offsets, policy="weighted")
+
+
+class _Model(torch.nn.Module):
+    """An embedding bag feeding an MLP, beside a forest: both ops in one module."""
+
+    def __init__(self, forest):
+        super().__init__()
+        self.forest = forest
+        self.table = torch.nn.Parameter(torch.randn(N_ROWS, 64))
+        self.mlp = torch.nn.Linear(64, 1)
+
+    def forward(self, input, offsets, x):
+        pooled = embedding_bag(input, self.table, offsets, mode="sum")
+        return self.mlp(pooled).squeeze(1) + forest_predict(self.forest, x)
+
+
+def _model_inputs():
+    x, models = _sklearn_models()
+    forest = Forest.from_sklearn(models["gbr"]).to("cuda")
+    input, offsets = _bag_case(11, 256, 32)
+    return forest, input, offsets[:256], torch.from_numpy(x[:256]).cuda()
+
+
+def test_compile_fullgraph_of_a_module_using_both_ops():
+    forest, input, offsets, x = _model_inputs()
+    model = _Model(forest).cuda()
+    expected = model(input, offsets, x)
+    expected.sum().backward()
+    grad, model.table.grad = model.table.grad.clone(), None
+    compiled = torch.compile(model, fullgraph=True)
+    got = compiled(input, offsets, x)
+    got.sum().backward()
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(model.table.grad, grad, rtol=1e-5, atol=1e-5)
+
+
+def test_cuda_graph_capture_and_replay():
+    forest, input, offsets, x = _model_inputs()
+    model = _Model(forest).cuda().eval()
+    with torch.no_grad():
+        model(input, offsets, x)  # compile the kernels before capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = model(input, offsets, x)
+        for seed in range(3):
+            g = torch.Generator(device="cuda").manual_seed(seed)
+            input.copy_(torch.randint(0, N_ROWS, input.shape, device="cuda", generator=g))
+            x.copy_(torch.randn(x.shape, device="cuda", generator=g))
+            graph.replay()
+            torch.testing.assert_close(out, model(input, offsets, x), rtol=1e-6, atol=1e-6)
+
+
+def test_opcheck_on_cuda():
+    forest, input, offsets, x = _model_inputs()
+    weight = torch.randn(N_ROWS, 64, device="cuda", requires_grad=True)
+    psw = torch.rand(input.numel(), device="cuda", requires_grad=True)
+    bag_op = torch.ops.torch_l2topo.embedding_bag.default
+    for args in [(input, offsets, weight, None, 1, -1, False), (input, offsets, weight, psw, 0, 5, False),
+                 (input, offsets, weight.detach(), None, 2, -1, False)]:
+        torch.library.opcheck(bag_op, args)
+    torch.library.opcheck(torch.ops.torch_l2topo.forest_predict.default,
+                          (forest.nodes, forest.values, forest.roots, forest.groups, forest.base, x, forest.depth))
+

@@ -1,0 +1,187 @@
+"""The ops' Triton kernels without a GPU: they compile for sm_90 with the loads they were designed around (16-byte
+vector loads of embedding rows and of tree node records), the host's tile and work-split choices hold their
+bounds, and in Triton's interpreter each kernel matches an independent oracle (torch's embedding_bag in fp64;
+xgboost's recorded margins and scikit-learn's predict_proba) on the cases that exercise its masks: empty bags,
+padding, per-sample weights, include_last_offset, strided tables, bags longer than a tile, out-of-range entries,
+a single sample, tree chunks.
+
+On CI (CI=true) a missing Triton is a failure, not a skip (as in test_placement_kernels_compile.py).
+"""
+import importlib
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+XGBOOST = ROOT / "tests" / "data" / "xgboost"
+VECTOR_LOAD = re.compile(r"ld\.global[\w.]*\.v4\.b32")
+bags = importlib.import_module("torch_l2topo.ops.embedding_bag")
+forests = importlib.import_module("torch_l2topo.ops.forest_predict")
+
+
+def _compile(kernel, types: dict, constexprs: dict, aligned: tuple, num_warps: int):
+    """The kernel's PTX for sm_90; `aligned` arguments specialised as multiples of 16 (as Triton does at launch
+    for 16-byte aligned pointers and integers divisible by 16)."""
+    try:
+        import triton
+    except ImportError:
+        if IN_CI:
+            pytest.fail("triton is missing on CI")
+        pytest.skip("triton not available here")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = kernel.arg_names
+    signature = {n: "constexpr" if n in constexprs else types[n] for n in names}
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    source = ASTSource(kernel, signature, constexprs, attrs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps}).asm["ptx"]
+
+
+ROW_TYPES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+# every row type and size with per-sample weights (sum), the other modes on the target shape
+KERNEL_CASES = [(t, b, 0) for t in ROW_TYPES for b in (32, 256, 1024)] + [("fp32", 256, 1), ("fp32", 256, 2)]
+
+
+@pytest.mark.parametrize("row_type,row_bytes,mode", KERNEL_CASES)
+def test_embedding_bag_kernel_loads_rows_in_16_byte_vectors(row_type, row_bytes, mode):
+    from torch_l2topo.triton_kernels.embedding_bag import embedding_bag_kernel
+
+    dim = row_bytes // ROW_TYPES[row_type]
+    rows, block_d, num_warps = bags.tile_config(65536 * 32, 65536, dim)
+    types = dict(input_ptr="*i64", offsets_ptr="*i64", weight_ptr=f"*{row_type}", psw_ptr=f"*{row_type}",
+                 out_ptr=f"*{row_type}", n_indices="i64", n_offsets="i32", n_rows="i32", dim="i32", stride_w="i32",
+                 padding_idx="i32")
+    ptx = _compile(embedding_bag_kernel, types, dict(MODE=mode, HAS_PSW=mode == 0, ROWS=rows, BLOCK_D=block_d),
+                   ("input_ptr", "offsets_ptr", "weight_ptr", "psw_ptr", "out_ptr", "dim", "stride_w"), num_warps)
+    # every row element of the tile arrives through 16-byte loads: elements per thread / (16 B / element size)
+    per_thread = rows * block_d // (32 * num_warps)
+    assert len(VECTOR_LOAD.findall(ptx)) == max(1, per_thread * ROW_TYPES[row_type] // 16), ptx.count("ld.global")
+
+
+def test_embedding_bag_tiles_keep_rows_in_flight():
+    # the H200 target shape: a 32-row bag of 64 fp32 in one step, 4 warps, 16 elements per thread
+    assert bags.tile_config(65536 * 32, 65536, 64) == (32, 64, 4)
+    for n_indices, n_bags, dim in [(1, 1, 8), (65536, 65536, 8), (10 ** 6, 10, 256), (256, 1, 512), (5, 4, 33)]:
+        rows, block_d, num_warps = bags.tile_config(n_indices, n_bags, dim)
+        assert block_d >= dim and block_d & (block_d - 1) == 0 and rows & (rows - 1) == 0
+        assert rows * block_d <= max(bags.TILE_ELEMENTS, block_d) and 1 <= num_warps <= 8
+
+
+def test_forest_kernel_walks_with_one_record_load_per_step():
+    from torch_l2topo.triton_kernels.forest import forest_kernel
+
+    types = dict(nodes_ptr="*i32", values_ptr="*fp32", roots_ptr="*i32", groups_ptr="*i32", base_ptr="*fp32",
+                 x_ptr="*fp32", out_ptr="*fp32")
+    types.update({n: "i32" for n in ("n_samples", "n_features", "n_trees", "trees_per_chunk", "n_chunks", "depth",
+                                      "n_outputs", "leaf_width")})
+    for block_s, vector_leaves in ((32, False), (1, False), (8, True)):
+        constexprs = dict(BLOCK_S=block_s, BLOCK_T=forests.LANES // block_s, OUT_PAD=4, VECTOR_LEAVES=vector_leaves)
+        ptx = _compile(forest_kernel, types, constexprs, ("nodes_ptr", "values_ptr", "x_ptr", "out_ptr"), 4)
+        assert len(VECTOR_LOAD.findall(ptx)) == 1  # the 16-byte node record, once per step
+        assert "setp.nan.f32" in ptx and "setp.le.f32" in ptx  # NaN goes its default way; x <= threshold
+        assert not re.search(r"setp\.[\w.]*ftz", ptx)  # no flush to zero: thresholds next to 0 are denormals
+
+
+def test_forest_work_split():
+    for n, n_trees, n_sm in [(1, 2000, 132), (7, 10, 132), (1024, 500, 132), (10 ** 6, 2000, 132), (3, 1, 1)]:
+        block_s, block_t, n_blocks, n_chunks, per_chunk = forests.work_split(n, n_trees, n_sm)
+        assert block_s * block_t == forests.LANES and n_blocks * block_s >= n
+        assert per_chunk % block_t == 0 and (n_chunks - 1) * per_chunk < n_trees <= n_chunks * per_chunk
+    # batch 1 on an H200: trees cut into ITEMS_PER_SM items per SM; a large batch: one chunk
+    assert forests.work_split(1, 2000, 132)[3] == -(-2000 // forests.LANES)  # 16: one tile each, fewer than 8 x 132
+    wanted = forests.ITEMS_PER_SM * 132  # whole tiles per chunk: at most this many chunks, at least half
+    assert wanted / 2 < forests.work_split(1, 10 ** 6, 132)[3] <= wanted
+    assert forests.work_split(10 ** 6, 2000, 132)[3] == 1
+
+
+# ---- the kernels in Triton's interpreter ---------------------------------------------------------------------
+# The interpreter is chosen when @triton.jit runs (TRITON_INTERPRET=1), so this runs in a subprocess. The op
+# dispatches to Triton on CUDA tensors only, so the host launchers are called directly with CPU tensors.
+
+def _interpreter_embedding_bag():
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    wide = torch.randn(50, 40)
+    cases = [  # (weight, input, offsets, mode, psw, padding, include_last_offset)
+        (wide[:, :24], torch.randint(0, 50, (40,)), [0, 0, 3, 10, 10, 25, 39], "sum", True, 5, False),
+        (wide, torch.randint(0, 50, (40,)), [0, 0, 3, 10, 10, 25, 39], "mean", False, 7, False),
+        (wide, torch.randint(0, 50, (40,)), [0, 3, 3, 40], "max", False, 2, True),
+        (wide[:, :8], torch.randint(0, 50, (300,)), [0, 299], "mean", False, -1, False),  # bags longer than a tile
+        (wide[:, :33], torch.randint(0, 50, (9,)).int(), [0, 1, 1, 5], "sum", False, -1, False),
+    ]
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for weight, input, offsets, mode, with_psw, padding, last in cases:
+            weight = weight.to(dtype)
+            offsets = torch.tensor(offsets, dtype=input.dtype)
+            psw = torch.rand(input.numel()).to(dtype) if with_psw else None
+            n_bags = offsets.numel() - 1 if last else offsets.numel()
+            out = torch.empty(n_bags, weight.size(1), dtype=dtype)
+            bags.launch_kernel(input, offsets, weight, psw, out, bags.MODES[mode], padding % 50 if padding >= 0 else -1)
+            expected = F.embedding_bag(input, weight.double(), offsets, mode=mode, include_last_offset=last,
+                                       per_sample_weights=None if psw is None else psw.double(),
+                                       padding_idx=None if padding < 0 else padding)
+            tol = 1e-5 if dtype == torch.float32 else 1e-2
+            torch.testing.assert_close(out.double(), expected, rtol=tol, atol=tol)
+    # out-of-range entries (only reachable unchecked, in graphs and compiled code) are skipped, never read
+    weight, input = wide, torch.tensor([1, 99, 2, -3, 4])
+    out = torch.empty(2, 40)
+    bags.launch_kernel(input, torch.tensor([0, 3]), weight, None, out, bags.MODES["mean"], -1)
+    torch.testing.assert_close(out, torch.stack([(weight[1] + weight[2]) / 2, weight[4]]))
+
+
+def _interpreter_forest():
+    import torch
+
+    from torch_l2topo.ops import Forest
+
+    for case, n_sm in (("binary_d6_nan", 1), ("multiclass_d4", 132), ("regression_d9", 4)):
+        recorded = np.load(XGBOOST / f"{case}.npz")
+        forest = Forest.from_xgboost_json(XGBOOST / f"{case}.json", layout="blocks")
+        for n in (1, 37):
+            x = torch.from_numpy(recorded["x"][:n])
+            raw = forests.launch_kernel(forest.nodes, forest.values, forest.roots, forest.groups, forest.base, x,
+                                        forest.depth, n_sm)
+            expected = torch.from_numpy(recorded["margin"][:n]).reshape(raw.shape)
+            torch.testing.assert_close(raw, expected, rtol=1e-5, atol=1e-5)  # chunks change the float32 order
+    try:
+        from sklearn.ensemble import RandomForestClassifier
+    except ImportError:
+        return
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(300, 5)).astype(np.float32)
+    x[rng.random(x.shape) < 0.1] = np.nan
+    model = RandomForestClassifier(n_estimators=9, max_depth=5, random_state=0).fit(x, (x[:, 0] > 0) + (x[:, 1] > 0))
+    forest = Forest.from_sklearn(model, layout="dfs").to("cpu")
+    raw = forests.launch_kernel(forest.nodes, forest.values.float(), forest.roots, forest.groups, forest.base.float(),
+                                torch.from_numpy(x[:50]), forest.depth, 2)
+    np.testing.assert_allclose(raw.numpy() / 9, model.predict_proba(x[:50]), atol=1e-6)
+
+
+def _interpreter_main():
+    _interpreter_embedding_bag()
+    _interpreter_forest()
+    print("interpreter ops ok")
+
+
+def test_kernels_in_the_triton_interpreter():
+    triton = pytest.importorskip("triton")
+    if tuple(int(v) for v in re.findall(r"\d+", triton.__version__)[:2]) < (3, 7):
+        pytest.skip("Triton < 3.7's interpreter breaks with numpy >= 2.4 (tensor indices); Triton 3.9 runs it")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run([sys.executable, __file__], capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
+    assert out.returncode == 0 and "interpreter ops ok" in out.stdout, out.stdout + out.stderr
+
+
+if __name__ == "__main__":
+    _interpreter_main()

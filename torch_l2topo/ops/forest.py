@@ -1,0 +1,268 @@
+"""Forest: a tree ensemble as flat tensors, in one of three node layouts, ready for forest_predict.
+
+A forest is a list of binary trees whose internal nodes test `x[feature] <= threshold` (float32 compares: the
+loaders convert each library's own test to exactly this one) with a default direction for NaN, and whose
+leaves hold a row of values. Prediction = (base + the leaf rows of every tree, each added to its output
+group) / divisor, then a link (identity, sigmoid, softmax, exp): random forests average (divisor = trees),
+boosted trees add from a base margin.
+
+Storage (torch_l2topo/triton_kernels/forest.py reads it): `nodes` (n_slots, 4) int32 records
+[feature | default_left << 31, threshold bits or the leaf's value row, left, right], leaves pointing to
+themselves; `values` (n_leaves, leaf_width); `roots`, `groups` per tree; `base` per output. Layouts (which
+node sits next to which: the measurement decides which one the kernel walks fastest):
+    "bfs"     breadth first per tree: the top levels of a tree share lines (the levels every walk reads)
+    "dfs"     depth first (preorder) per tree: a left child sits right after its parent
+    "blocks"  three levels (7 nodes) per 128-byte line-aligned block of 8 slots: one line per three steps
+TreeArrays (per-tree arrays numbered breadth first) is the layout-free form: `tree_arrays()` reads it back from
+any layout, and `relayout()` rebuilds another, which is how the layouts are tested to hold the same trees.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import NamedTuple, Optional
+
+import numpy as np
+import torch
+
+from ..errors import check_choice
+
+LAYOUTS = ("bfs", "dfs", "blocks")
+TRANSFORMS = ("identity", "sigmoid", "sigmoid_pair", "softmax", "exp")
+WORDS = 4             # int32 words per node record: 16 bytes, one vector load
+BLOCK_LEVELS = 3      # levels per block of the "blocks" layout: 7 nodes ...
+BLOCK_SLOTS = 8       # ... in 8 slots of 16 bytes: one 128-byte L2 line
+DEFAULT_LEFT = 1 << 31
+
+
+class TreeArrays(NamedTuple):
+    """One tree, nodes numbered from the root 0: children -1 at leaves; `value` rows are read at leaves only."""
+    feature: np.ndarray        # int32
+    threshold: np.ndarray      # float32: go left when x[feature] <= threshold
+    default_left: np.ndarray   # bool: where NaN goes
+    left: np.ndarray           # int32, -1 at a leaf
+    right: np.ndarray          # int32, -1 at a leaf
+    value: np.ndarray          # (n_nodes, leaf_width)
+
+
+@dataclass(frozen=True)
+class Forest:
+    nodes: torch.Tensor
+    values: torch.Tensor
+    roots: torch.Tensor
+    groups: torch.Tensor
+    base: torch.Tensor
+    depth: int                 # steps of the longest walk (the deepest leaf's depth)
+    n_features: int
+    divisor: float = 1.0
+    transform: str = "identity"
+    squeeze: bool = False      # one output returned as (n,) rather than (n, 1)
+    layout: str = "bfs"
+    classes: Optional[tuple] = None  # class labels of a classifier, in output order
+
+    @property
+    def n_trees(self) -> int:
+        return self.roots.numel()
+
+    @property
+    def n_outputs(self) -> int:
+        return self.base.numel()
+
+    @property
+    def leaf_width(self) -> int:
+        return self.values.shape[1]
+
+    @property
+    def device(self) -> torch.device:
+        return self.nodes.device
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes a walk may touch: node records and leaf values."""
+        return self.nodes.numel() * 4 + self.values.numel() * self.values.element_size()
+
+    @classmethod
+    def from_trees(cls, trees: list, groups, base, n_features: int, *, layout: str = "bfs",
+                   dtype: torch.dtype = torch.float64, **meta) -> Forest:
+        """A forest of TreeArrays, laid out: leaves of one value add it to output groups[t] of their tree t;
+        wider leaves are whole output rows (groups all 0)."""
+        check_choice("layout", layout, LAYOUTS)
+        if not trees:
+            raise ValueError("a forest needs at least one tree")
+        widths = sorted({t.value.shape[1] for t in trees})
+        if len(widths) != 1:
+            raise ValueError(f"every tree needs leaves of one width; got widths {widths}")
+        base = np.atleast_1d(np.asarray(base, dtype=np.float64))
+        groups = np.asarray(groups, dtype=np.int32)
+        if groups.shape != (len(trees),) or groups.min() < 0 or groups.max() >= base.size:
+            raise ValueError(f"groups must give each of the {len(trees)} trees an output in [0, {base.size})")
+        if widths[0] > 1 and (widths[0] != base.size or groups.any()):
+            raise ValueError(f"leaves of {widths[0]} values are whole output rows: they need {widths[0]} outputs "
+                             f"(got {base.size}) and group 0 for every tree")
+        records, values, roots, depth = [], [], [], 0
+        n_slots = n_leaves = 0
+        for tree in trees:
+            tree_records, tree_values, tree_depth = _tree_records(tree, layout, n_slots, n_leaves)
+            roots.append(n_slots)  # node 0 comes first in every layout
+            records.append(tree_records)
+            values.append(tree_values)
+            n_slots += len(tree_records)
+            n_leaves += len(tree_values)
+            depth = max(depth, tree_depth)
+        return cls(nodes=torch.from_numpy(np.concatenate(records)),
+                   values=torch.from_numpy(np.concatenate(values)).to(dtype),
+                   roots=torch.tensor(roots, dtype=torch.int32), groups=torch.from_numpy(groups),
+                   base=torch.from_numpy(base).to(dtype), depth=depth, n_features=int(n_features), layout=layout,
+                   **meta)
+
+    @classmethod
+    def from_sklearn(cls, model, *, layout: str = "bfs") -> Forest:
+        """A fitted scikit-learn tree, random forest, extra-trees or gradient-boosting model (see
+        forest_sources.from_sklearn for what is supported)."""
+        from .forest_sources import from_sklearn
+
+        return from_sklearn(model, layout=layout)
+
+    @classmethod
+    def from_xgboost_json(cls, path, *, layout: str = "bfs") -> Forest:
+        """A gbtree model saved by xgboost (Booster.save_model("model.json")); xgboost itself is not needed."""
+        from .forest_sources import from_xgboost_json
+
+        return from_xgboost_json(path, layout=layout)
+
+    def to(self, device) -> Forest:
+        """This forest on `device`; on a GPU leaf values and base are float32 (what the kernel adds)."""
+        device = torch.device(device)
+        dtype = torch.float32 if device.type == "cuda" else self.values.dtype
+        return replace(self, nodes=self.nodes.to(device), values=self.values.to(device, dtype),
+                       roots=self.roots.to(device), groups=self.groups.to(device),
+                       base=self.base.to(device, dtype))
+
+    def tree_arrays(self) -> list:
+        """The trees as TreeArrays numbered breadth first, read back from this layout."""
+        nodes = self.nodes.cpu().numpy()
+        values = self.values.cpu().numpy()
+        return [_read_tree(nodes, values, int(root)) for root in self.roots.cpu().numpy()]
+
+    def relayout(self, layout: str) -> Forest:
+        """The same trees in another layout."""
+        meta = dict(divisor=self.divisor, transform=self.transform, squeeze=self.squeeze, classes=self.classes)
+        return Forest.from_trees(self.tree_arrays(), self.groups.cpu().numpy(), self.base.cpu().numpy(),
+                                 self.n_features, layout=layout, dtype=self.values.dtype, **meta).to(self.device)
+
+
+def _levels(left: np.ndarray, right: np.ndarray) -> list:
+    """Node ids level by level from the root 0; within a level, children in their parents' order, left first."""
+    levels, seen = [np.zeros(1, dtype=np.int64)], 1
+    while True:
+        parents = levels[-1][left[levels[-1]] >= 0]
+        if parents.size == 0:
+            return levels
+        levels.append(np.stack([left[parents], right[parents]], axis=1).ravel().astype(np.int64))
+        seen += levels[-1].size
+        if seen > left.size:
+            raise ValueError("not a tree: a node is reached twice from the root")
+
+
+def _reachable(tree: TreeArrays) -> TreeArrays:
+    """The nodes reachable from the root, numbered breadth first (files may keep pruned nodes)."""
+    left = np.asarray(tree.left, dtype=np.int64)
+    right = np.asarray(tree.right, dtype=np.int64)
+    if left.shape != right.shape or ((left < 0) != (right < 0)).any():
+        raise ValueError("every node needs two children or none")
+    order = np.concatenate(_levels(left, right))
+    if order.size == left.size and (order == np.arange(left.size)).all():
+        return tree
+    new = np.full(left.size, -1, dtype=np.int64)
+    new[order] = np.arange(order.size)
+
+    def renumbered(child):
+        child = child[order]
+        return np.where(child >= 0, new[np.maximum(child, 0)], -1).astype(np.int32)
+
+    return TreeArrays(np.asarray(tree.feature)[order], np.asarray(tree.threshold)[order],
+                      np.asarray(tree.default_left)[order], renumbered(left), renumbered(right),
+                      np.asarray(tree.value)[order])
+
+
+def _positions(left: np.ndarray, right: np.ndarray, levels: list, layout: str) -> tuple:
+    """(slot of every node in the layout, slots used)."""
+    n = left.size
+    position = np.full(n, -1, dtype=np.int64)
+    if layout == "bfs":
+        position[np.concatenate(levels)] = np.arange(n)
+        return position, n
+    if layout == "dfs":
+        size = np.ones(n, dtype=np.int64)
+        for level in reversed(levels):
+            inner = level[left[level] >= 0]
+            size[inner] += size[left[inner]] + size[right[inner]]
+        position[0] = 0
+        for level in levels:
+            inner = level[left[level] >= 0]
+            position[left[inner]] = position[inner] + 1
+            position[right[inner]] = position[inner] + 1 + size[left[inner]]
+        return position, n
+    block_root = np.zeros(n, dtype=np.int64)
+    local = np.zeros(n, dtype=np.int64)
+    for depth, level in enumerate(levels[:-1]):
+        inner = level[left[level] >= 0]
+        for child, side in ((left[inner], 0), (right[inner], 1)):
+            if (depth + 1) % BLOCK_LEVELS == 0:
+                block_root[child], local[child] = child, 0
+            else:
+                block_root[child], local[child] = block_root[inner], 2 * local[inner] + 1 + side
+    bfs_rank = np.empty(n, dtype=np.int64)
+    bfs_rank[np.concatenate(levels)] = np.arange(n)
+    roots = np.unique(block_root)
+    block_rank = np.empty(n, dtype=np.int64)
+    block_rank[roots[np.argsort(bfs_rank[roots])]] = np.arange(roots.size)
+    return BLOCK_SLOTS * block_rank[block_root] + local, BLOCK_SLOTS * roots.size
+
+
+def _tree_records(tree: TreeArrays, layout: str, first_slot: int, first_leaf: int) -> tuple:
+    """(node records (slots, 4) int32, leaf value rows in slot order, depth) of one tree placed at first_slot."""
+    tree = _reachable(tree)
+    left = np.asarray(tree.left, dtype=np.int64)
+    right = np.asarray(tree.right, dtype=np.int64)
+    levels = _levels(left, right)
+    position, n_slots = _positions(left, right, levels, layout)
+    slot = first_slot + position
+    leaf = left < 0
+    leaves = np.flatnonzero(leaf)[np.argsort(position[leaf])]
+    leaf_row = np.empty(left.size, dtype=np.int64)
+    leaf_row[leaves] = first_leaf + np.arange(leaves.size)
+    inner = ~leaf
+    records = np.zeros((n_slots, WORDS), dtype=np.int64)
+    packed = np.asarray(tree.feature, dtype=np.int64) | (np.asarray(tree.default_left, dtype=bool) * DEFAULT_LEFT)
+    threshold_bits = np.asarray(tree.threshold, dtype=np.float32).view(np.int32).astype(np.int64)
+    records[position, 0] = np.where(inner, packed, 0)
+    records[position, 1] = np.where(inner, threshold_bits, leaf_row)
+    records[position, 2] = np.where(inner, slot[np.maximum(left, 0)], slot)
+    records[position, 3] = np.where(inner, slot[np.maximum(right, 0)], slot)
+    values = np.asarray(tree.value)[leaves]
+    return records.astype(np.uint32).view(np.int32), values, len(levels) - 1
+
+
+def _read_tree(nodes: np.ndarray, values: np.ndarray, root: int) -> TreeArrays:
+    """One tree from flat records, numbered breadth first (the inverse of _tree_records)."""
+    order = [np.array([root], dtype=np.int64)]
+    while True:
+        level = order[-1]
+        inner = level[nodes[level, 2] != level]
+        if inner.size == 0:
+            break
+        order.append(np.stack([nodes[inner, 2], nodes[inner, 3]], axis=1).ravel().astype(np.int64))
+    slots = np.concatenate(order)
+    local = {int(s): i for i, s in enumerate(slots)}
+    rec = nodes[slots]
+    leaf = rec[:, 2] == slots
+    packed = rec[:, 0].view(np.uint32).astype(np.int64)
+    child = np.vectorize(local.get, otypes=[np.int64])
+    left = np.where(leaf, -1, child(np.where(leaf, slots, rec[:, 2])))
+    right = np.where(leaf, -1, child(np.where(leaf, slots, rec[:, 3])))
+    value = np.zeros((slots.size, values.shape[1]), dtype=values.dtype)
+    value[leaf] = values[rec[leaf, 1]]
+    return TreeArrays(feature=np.where(leaf, 0, packed & (DEFAULT_LEFT - 1)).astype(np.int32),
+                      threshold=np.where(leaf, 0, rec[:, 1]).astype(np.int32).view(np.float32),
+                      default_left=~leaf & (packed >= DEFAULT_LEFT), left=left.astype(np.int32),
+                      right=right.astype(np.int32), value=value)

@@ -1,0 +1,148 @@
+"""forest_predict(forest, x): tree-ensemble inference, a Triton walk on a GPU and a pure-torch walk on the CPU.
+
+    forest = Forest.from_sklearn(model).to("cuda")      # once
+    proba = forest_predict(forest, x)                    # what model.predict_proba(x) returns (predict for
+                                                         # regressors; Booster.predict for xgboost files)
+
+The op `torch.ops.torch_l2topo.forest_predict` returns the raw sums (base + every tree's leaf row, per output):
+on a CUDA device the kernel of triton_kernels/forest.py (float32), elsewhere the same walk in PyTorch ops, in the
+forest's own precision (float64 for scikit-learn, float32 for xgboost), adding trees in order from the base,
+so the CPU path reproduces the library's own predictions. forest_predict then divides (random forests average)
+and applies the link (sigmoid, softmax, exp) with PyTorch ops. The op is a torch.library.triton_op (no argument
+mutated: the partial sums are allocated inside), so torch.compile(fullgraph=True) traces it and CUDA graphs
+capture it; the forest's tensors are inputs, built outside the region (Forest.to(device) once).
+
+Work split on a GPU: items are (block of BLOCK_S samples, chunk of trees) pairs; with few sample blocks the trees
+are cut into chunks until there are about ITEMS_PER_SM items per SM (batch 1 on an H200: 132 x 8 items of a
+few dozen trees each), and the chunks' partial sums are added by one torch.sum.
+
+Placement: `policy=` is validated now; the kernel is a plain launch (program p takes item p). The switch to
+the placement layer (contract v2) is: the kernel's ITEM LOOP line becomes the plan_start / plan_next /
+plan_finish loop around `_sample_block` with PLACE a constexpr; the op gains the plan and state tensors as
+inputs (state in mutates_args); `launch_kernel` takes the grid and PLACE from Placement(policy=...); the
+per-partition forest copies of the issue become one more input (nodes per partition) chosen by the item's SM.
+"""
+from __future__ import annotations
+
+import torch
+
+from .forest import Forest
+from .policy import resolve_policy
+
+try:
+    from ..triton_kernels.forest import forest_kernel
+except ImportError:  # no Triton: the CPU walk only
+    forest_kernel = None
+
+LANES = 128            # (sample, tree) walks per program: one per thread at 4 warps
+MAX_BLOCK_S = 32       # samples per program; the rest of the lanes walk different trees of the same samples
+ITEMS_PER_SM = 8       # chunk the trees until the launch has this many items per SM (when samples are few)
+MAX_GPU_OUTPUTS = 64   # outputs (classes) the kernel accumulates in registers
+CPU_WALKS = 1 << 22    # (sample, tree) walks the CPU path holds at once (its index tensors: 32 MB each)
+
+
+def forest_predict(forest: Forest, x: torch.Tensor, *, policy: str = "auto") -> torch.Tensor:
+    """The forest's prediction for the rows of x (n_samples, n_features): (n_samples,) or (n_samples, outputs).
+    x is compared in float32 (as scikit-learn and xgboost do); x and the forest must be on the same device
+    (forest.to(device) once)."""
+    resolve_policy(policy, "forest_predict")
+    if not isinstance(forest, Forest):
+        raise TypeError(f"forest_predict takes a Forest (Forest.from_sklearn, Forest.from_xgboost_json); got "
+                        f"{type(forest).__name__}")
+    if x.dim() != 2 or x.size(1) != forest.n_features:
+        raise ValueError(f"x must be (n_samples, {forest.n_features}); got shape {tuple(x.shape)}")
+    if not (x.dtype.is_floating_point or x.dtype in (torch.int32, torch.int64, torch.int16, torch.int8,
+                                                     torch.uint8, torch.bool)):
+        raise TypeError(f"x must be a real tensor; got {x.dtype}")
+    if x.device != forest.device:
+        raise ValueError(f"x is on {x.device} but the forest on {forest.device}: move the forest once with "
+                         f"forest.to({str(x.device)!r})")
+    if x.is_cuda and forest.n_outputs > MAX_GPU_OUTPUTS:
+        raise ValueError(f"forest_predict on a GPU handles up to {MAX_GPU_OUTPUTS} outputs; this forest has "
+                         f"{forest.n_outputs} (run it on the CPU)")
+    raw = torch.ops.torch_l2topo.forest_predict(forest.nodes, forest.values, forest.roots, forest.groups,
+                                                forest.base, x.to(torch.float32).contiguous(), forest.depth)
+    if forest.divisor != 1.0:
+        raw = raw / forest.divisor
+    if forest.transform == "sigmoid":
+        out = torch.sigmoid(raw)
+    elif forest.transform == "sigmoid_pair":
+        p = torch.sigmoid(raw)
+        out = torch.cat([1 - p, p], dim=1)
+    elif forest.transform == "softmax":
+        out = torch.softmax(raw, dim=1)
+    elif forest.transform == "exp":
+        out = torch.exp(raw)
+    else:
+        out = raw
+    return out[:, 0] if forest.squeeze else out
+
+
+def _runs_on_triton(x) -> bool:
+    return x.is_cuda and forest_kernel is not None
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def work_split(n_samples: int, n_trees: int, n_sm: int) -> tuple:
+    """(BLOCK_S, BLOCK_T, sample blocks, tree chunks, trees per chunk): LANES walks per program; the trees cut
+    into chunks (whole BLOCK_T tiles) until there are ITEMS_PER_SM items per SM, or one tile per chunk."""
+    block_s = min(MAX_BLOCK_S, _pow2(max(n_samples, 1)))
+    block_t = LANES // block_s
+    n_blocks = -(-n_samples // block_s)
+    wanted = -(-ITEMS_PER_SM * n_sm // n_blocks)
+    n_chunks = max(1, min(wanted, -(-n_trees // block_t)))
+    trees_per_chunk = -(-n_trees // (n_chunks * block_t)) * block_t
+    return block_s, block_t, n_blocks, -(-n_trees // trees_per_chunk), trees_per_chunk
+
+
+def launch_kernel(nodes, values, roots, groups, base, x, depth: int, n_sm: int) -> torch.Tensor:
+    """The kernel over every (sample block, tree chunk) item: the raw sums (n_samples, n_outputs), float32."""
+    n, n_features = x.shape
+    n_trees, n_outputs = roots.numel(), base.numel()
+    block_s, block_t, n_blocks, n_chunks, trees_per_chunk = work_split(n, n_trees, n_sm)
+    partial = torch.empty((n_chunks, n, n_outputs), dtype=torch.float32, device=x.device)
+    torch.library.wrap_triton(forest_kernel)[(n_blocks * n_chunks,)](
+        nodes, values, roots, groups, base, x, partial, n, n_features, n_trees, trees_per_chunk, n_chunks, depth,
+        n_outputs, values.shape[1], BLOCK_S=block_s, BLOCK_T=block_t, OUT_PAD=_pow2(n_outputs),
+        VECTOR_LEAVES=values.shape[1] > 1, num_warps=4)
+    return partial[0] if n_chunks == 1 else partial.sum(0)
+
+
+def reference_walk(nodes, values, roots, groups, base, x, depth: int) -> torch.Tensor:
+    """The raw sums in PyTorch ops, in values' dtype: trees added in order, starting from base."""
+    n = x.shape[0]
+    acc = base.expand(n, base.numel()).clone()
+    if n == 0:
+        return acc
+    packed = nodes[:, 0]
+    feature = (packed & 0x7FFFFFFF).long()
+    default_left = packed < 0
+    threshold = nodes[:, 1].contiguous().view(torch.float32)
+    left, right = nodes[:, 2].long(), nodes[:, 3].long()
+    chunk = max(1, CPU_WALKS // n)
+    for first in range(0, roots.numel(), chunk):
+        node = roots[first:first + chunk].long().expand(n, -1)
+        for _ in range(depth):
+            value = x.gather(1, feature[node])
+            go_left = (value <= threshold[node]) | (torch.isnan(value) & default_left[node])
+            node = torch.where(go_left, left[node], right[node])
+        rows = values[nodes[node, 1].long()]  # (n, trees, leaf_width)
+        # index_add_ adds the trees one after the other, in order: the libraries' own summation order
+        if values.shape[1] == 1:
+            acc.index_add_(1, groups[first:first + chunk].long(), rows[:, :, 0])
+        else:
+            acc.unsqueeze(1).index_add_(1, torch.zeros_like(node[0]), rows)
+    return acc
+
+
+@torch.library.triton_op("torch_l2topo::forest_predict", mutates_args=())
+def _forest_predict_op(nodes: torch.Tensor, values: torch.Tensor, roots: torch.Tensor, groups: torch.Tensor,
+                       base: torch.Tensor, x: torch.Tensor, depth: int) -> torch.Tensor:
+    """Raw sums (n_samples, n_outputs) of a laid-out forest (forest.py) for float32 rows x."""
+    if not _runs_on_triton(x) or x.shape[0] == 0:
+        return reference_walk(nodes, values, roots, groups, base, x, depth)
+    n_sm = torch.cuda.get_device_properties(x.device).multi_processor_count
+    return launch_kernel(nodes, values, roots, groups, base, x, depth, n_sm)

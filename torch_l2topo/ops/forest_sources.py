@@ -1,0 +1,169 @@
+"""Forests from the libraries that train them: fitted scikit-learn models, and xgboost's own JSON model files.
+
+Each loader turns the library's trees into TreeArrays with the one test the kernel runs, `x <= threshold` in
+float32, and keeps the library's arithmetic so that the CPU path reproduces its predictions:
+- scikit-learn compares float32 inputs with float64 thresholds (`x <= t`): the float32 threshold is t rounded
+  down, which gives the same answer for every float32 x. Classifier trees give their leaf class fractions
+  normalized as DecisionTreeClassifier.predict_proba does; random forests sum the trees' rows from 0 and divide
+  by the tree count, gradient boosting adds learning_rate x leaf value to the init estimator's raw prediction,
+  stage after stage, in float64, as scikit-learn does.
+- xgboost goes left when `x < split_condition` (float32): the threshold is the next float32 below it. Leaf
+  values already include the learning rate; the base margin is the objective's link of base_score; sums are
+  float32 in tree order from the base margin, as xgboost's CPU predictor adds them.
+Neither library is imported to read an xgboost file; scikit-learn is needed only to have a model to convert.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .forest import Forest, TreeArrays
+
+# xgboost objectives by the link from margin to prediction (and the inverse link that turns base_score into
+# the base margin: xgboost's ObjFunction::ProbToMargin)
+XGBOOST_IDENTITY = ("reg:squarederror", "reg:squaredlogerror", "reg:absoluteerror", "reg:pseudohubererror",
+                    "reg:linear", "binary:logitraw", "rank:pairwise", "rank:ndcg", "rank:map")
+XGBOOST_LOGISTIC = ("binary:logistic", "reg:logistic")
+XGBOOST_EXP = ("count:poisson", "reg:gamma", "reg:tweedie")
+XGBOOST_MULTICLASS = ("multi:softprob", "multi:softmax")
+XGBOOST_OBJECTIVES = (*XGBOOST_IDENTITY, *XGBOOST_LOGISTIC, *XGBOOST_EXP, *XGBOOST_MULTICLASS)
+
+
+def float32_at_most(t) -> np.ndarray:
+    """The largest float32 <= t, elementwise: for every float32 x, x <= t (float64) iff x <= this."""
+    t = np.asarray(t, dtype=np.float64)
+    t32 = t.astype(np.float32)
+    above = t32.astype(np.float64) > t
+    t32[above] = np.nextafter(t32[above], np.float32(-np.inf))
+    return t32
+
+
+def _sklearn_tree(tree, value: np.ndarray) -> TreeArrays:
+    leaf = tree.children_left < 0
+    missing_left = getattr(tree, "missing_go_to_left", np.zeros(tree.node_count, dtype=np.uint8))
+    return TreeArrays(feature=np.where(leaf, 0, tree.feature).astype(np.int32),
+                      threshold=np.where(leaf, np.float32(0), float32_at_most(tree.threshold)),
+                      default_left=np.asarray(missing_left, dtype=bool) & ~leaf,
+                      left=np.where(leaf, -1, tree.children_left).astype(np.int32),
+                      right=np.where(leaf, -1, tree.children_right).astype(np.int32), value=value)
+
+
+def _class_fractions(tree, n_classes: int) -> np.ndarray:
+    """A classifier tree's leaf rows as DecisionTreeClassifier.predict_proba computes them."""
+    proba = np.array(tree.value[:, 0, :n_classes], dtype=np.float64)
+    normalizer = proba.sum(axis=1)[:, None]
+    normalizer[normalizer == 0.0] = 1.0
+    return proba / normalizer
+
+
+def from_sklearn(model, *, layout: str = "bfs") -> Forest:
+    """A fitted DecisionTree*, RandomForest*, ExtraTrees* or GradientBoosting* model (classifier or regressor).
+    forest_predict then returns what predict_proba (classifiers) or predict (regressors) returns."""
+    kind = type(model).__name__
+    if not hasattr(model, "estimators_") and not hasattr(model, "tree_"):
+        raise TypeError(f"Forest.from_sklearn takes a fitted scikit-learn tree ensemble; got {kind} (not fitted, "
+                        "or not a DecisionTree, RandomForest, ExtraTrees or GradientBoosting model)")
+    n_features = int(model.n_features_in_)
+    if kind.startswith("GradientBoosting"):
+        return _sklearn_boosting(model, n_features, layout)
+    estimators = [model] if hasattr(model, "tree_") else list(model.estimators_)
+    if not estimators or not hasattr(estimators[0], "tree_"):
+        raise TypeError(f"Forest.from_sklearn: {kind} is not a tree ensemble scikit-learn's way (no tree_)")
+    classifier = hasattr(model, "classes_")
+    if classifier:
+        if int(model.n_outputs_) != 1:
+            raise ValueError("Forest.from_sklearn: multi-output classifiers are not supported")
+        n_classes = len(model.classes_)
+        trees = [_sklearn_tree(e.tree_, _class_fractions(e.tree_, n_classes)) for e in estimators]
+        meta = dict(classes=tuple(model.classes_.tolist()))
+        n_outputs = n_classes
+    else:
+        n_outputs = int(model.n_outputs_)
+        trees = [_sklearn_tree(e.tree_, np.array(e.tree_.value[:, :, 0], dtype=np.float64)) for e in estimators]
+        meta = dict(squeeze=n_outputs == 1)
+    return Forest.from_trees(trees, np.zeros(len(trees)), np.zeros(n_outputs), n_features, layout=layout,
+                             divisor=float(len(trees)), **meta)
+
+
+def _sklearn_boosting(model, n_features: int, layout: str) -> Forest:
+    init = model.init_
+    if not (init == "zero" or type(init).__name__ in ("DummyClassifier", "DummyRegressor")):
+        raise ValueError("Forest.from_sklearn: gradient boosting with a custom init estimator is not supported "
+                         f"(its raw prediction depends on x); got {type(init).__name__}")
+    stages = model.estimators_  # (n_stages, K) regression trees; tree (i, k) adds to raw output k
+    n_outputs = stages.shape[1]
+    # the init estimator's raw prediction is one constant row: read it for any input (the private helper is
+    # what predict itself calls)
+    base = model._raw_predict_init(np.zeros((1, n_features), dtype=np.float32))[0]
+    trees, groups = [], []
+    for stage in stages:
+        for k, estimator in enumerate(stage):
+            trees.append(_sklearn_tree(estimator.tree_, model.learning_rate * estimator.tree_.value[:, :, 0]))
+            groups.append(k)
+    if hasattr(model, "classes_"):
+        meta = dict(transform="sigmoid_pair" if n_outputs == 1 else "softmax", classes=tuple(model.classes_.tolist()))
+    else:
+        meta = dict(squeeze=True)
+    return Forest.from_trees(trees, groups, base, n_features, layout=layout, **meta)
+
+
+def _xgboost_floats(text) -> np.ndarray:
+    """base_score as xgboost writes it: "0.5" (older files) or "[5E-1]" / "[a,b,c]" (one per output)."""
+    return np.array([float(v) for v in str(text).strip("[]").split(",")], dtype=np.float32)
+
+
+def _xgboost_tree(tree: dict) -> TreeArrays:
+    if int(tree["tree_param"].get("size_leaf_vector", "1")) > 1:
+        raise ValueError("Forest.from_xgboost_json: multi-target trees (vector leaves) are not supported")
+    if any(int(t) != 0 for t in tree.get("split_type", [])):
+        raise ValueError("Forest.from_xgboost_json: categorical splits are not supported")
+    left = np.asarray(tree["left_children"], dtype=np.int32)
+    right = np.asarray(tree["right_children"], dtype=np.int32)
+    leaf = left < 0
+    condition = np.asarray(tree["split_conditions"], dtype=np.float32)  # a leaf's value at a leaf
+    below = np.nextafter(condition, np.float32(-np.inf))  # x < c  <=>  x <= the next float32 below c
+    return TreeArrays(feature=np.where(leaf, 0, tree["split_indices"]).astype(np.int32),
+                      threshold=np.where(leaf, np.float32(0), below), default_left=np.asarray(tree["default_left"],
+                                                                                             dtype=bool) & ~leaf,
+                      left=np.where(leaf, -1, left), right=np.where(leaf, -1, right),
+                      value=np.where(leaf, condition, np.float32(0))[:, None])
+
+
+def from_xgboost_json(path, *, layout: str = "bfs") -> Forest:
+    """A gbtree model file written by xgboost's Booster.save_model("....json"). forest_predict then returns
+    what Booster.predict returns (probabilities for binary:logistic and multi:softprob; for multi:softmax the
+    class probabilities, whose argmax is Booster.predict's label)."""
+    doc = json.loads(Path(path).read_text())
+    try:
+        learner = doc["learner"]
+        booster = learner["gradient_booster"]
+        objective = learner["objective"]["name"]
+        params = learner["learner_model_param"]
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"{path}: not an xgboost JSON model (missing {e})") from None
+    if booster.get("name") != "gbtree":
+        raise ValueError(f"{path}: booster {booster.get('name')!r} is not supported (gbtree only)")
+    if objective not in XGBOOST_OBJECTIVES:
+        raise ValueError(f"{path}: objective {objective!r} is not supported; supported: "
+                         f"{', '.join(XGBOOST_OBJECTIVES)}")
+    model = booster["model"]
+    trees = [_xgboost_tree(t) for t in model["trees"]]
+    n_outputs = max(int(params.get("num_class", 0)), 1)
+    score = _xgboost_floats(params["base_score"])
+    if objective in XGBOOST_LOGISTIC:
+        base = -np.log(np.float32(1) / score - np.float32(1))
+    elif objective in XGBOOST_EXP:
+        base = np.log(score)
+    else:
+        base = score
+    base = np.broadcast_to(base, (n_outputs,)).astype(np.float32)
+    if objective in XGBOOST_MULTICLASS:
+        meta = dict(transform="softmax", classes=tuple(range(n_outputs)))
+    else:
+        transform = "sigmoid" if objective in XGBOOST_LOGISTIC else "exp" if objective in XGBOOST_EXP else "identity"
+        meta = dict(transform=transform, squeeze=True)
+    return Forest.from_trees(trees, model["tree_info"], base, int(params["num_feature"]), layout=layout,
+                             dtype=torch.float32, **meta)

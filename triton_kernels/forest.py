@@ -1,0 +1,85 @@
+"""The tree-ensemble kernel: every (sample, tree) pair of a tile walks its tree for DEPTH dependent steps.
+
+Nodes are 16-byte records of four int32 words (torch_l2topo/ops/forest.py builds them):
+    [feature | default_left << 31, threshold (float32 bits) or leaf value row, left child, right child]
+A sample goes left when x[feature] <= threshold, or when x[feature] is NaN and default_left is set. Leaves
+point to themselves, so every walk takes exactly DEPTH steps with no branch (a tile's lanes never diverge in
+trip count); each step is one 16-byte record load (a vector load: records are 16-byte aligned) and one load of
+x, both dependent on the last: a walk is a latency-bound chain, and a tile of BLOCK_S samples x BLOCK_T trees
+keeps BLOCK_S x BLOCK_T chains in flight per program. The leaf's record then names its row of leaf values.
+
+Item = one (sample block, tree chunk) pair: the program adds its chunk's trees into a per-chunk partial sum
+out[chunk, sample, output] (the host sums the chunks: no atomics, a deterministic result). Chunk 0 starts from
+base, so a one-chunk launch adds base + tree 0 + tree 1 + ... in tree order, the order the forest libraries use.
+Leaves of width 1 add to output groups[tree] (gradient boosting: one tree per class and round); wider leaves
+(VECTOR_LEAVES: random-forest class probabilities, multi-output regression) add their whole row.
+
+Item loop: the kernel is a plain launch (program p takes item p). Placement contract v2 replaces the line
+marked ITEM LOOP with plan_start / plan_next / plan_finish around `_sample_block`, which is the whole per-item
+body.
+"""
+import triton
+import triton.language as tl
+
+DEFAULT_LEFT_BIT = tl.constexpr(31)
+
+
+@triton.jit
+def _walk(nodes_ptr, x_ptr, node, samples, sample_ok, n_features, depth, BLOCK_S: tl.constexpr,
+          BLOCK_T: tl.constexpr):
+    """The leaf-value row each lane's walk ends at ([BLOCK_S, BLOCK_T] int64), after `depth` steps."""
+    words = tl.arange(0, 4)
+    x_row = x_ptr + samples.to(tl.int64)[:, None] * n_features
+    for _ in range(depth):
+        record = tl.load(nodes_ptr + node[:, :, None] * 4 + words[None, None, :])
+        even, odd = tl.split(tl.reshape(record, [BLOCK_S, BLOCK_T, 2, 2]))  # words 0, 2 and words 1, 3
+        packed, left = tl.split(even)
+        threshold_bits, right = tl.split(odd)
+        feature = packed & 0x7FFFFFFF
+        value = tl.load(x_row + feature, mask=sample_ok[:, None], other=0.0)
+        go_left = (value <= threshold_bits.to(tl.float32, bitcast=True)) | ((value != value) & (packed < 0))
+        node = tl.where(go_left, left, right).to(tl.int64)
+    return tl.load(nodes_ptr + node * 4 + 1).to(tl.int64)
+
+
+@triton.jit
+def _sample_block(item, nodes_ptr, values_ptr, roots_ptr, groups_ptr, base_ptr, x_ptr, out_ptr, n_samples,
+                  n_features, n_trees, trees_per_chunk, n_chunks, depth, n_outputs, leaf_width,
+                  BLOCK_S: tl.constexpr, BLOCK_T: tl.constexpr, OUT_PAD: tl.constexpr,
+                  VECTOR_LEAVES: tl.constexpr):
+    chunk = item % n_chunks
+    samples = (item // n_chunks) * BLOCK_S + tl.arange(0, BLOCK_S)
+    sample_ok = samples < n_samples
+    outputs = tl.arange(0, OUT_PAD)
+    output_ok = outputs < n_outputs
+    base = tl.load(base_ptr + outputs, mask=output_ok, other=0.0)
+    acc = tl.zeros([BLOCK_S, OUT_PAD], tl.float32) + tl.where(chunk == 0, base, 0.0)[None, :]
+    first = chunk * trees_per_chunk
+    last = tl.minimum(first + trees_per_chunk, n_trees)
+    for tree0 in range(first, last, BLOCK_T):
+        trees = tree0 + tl.arange(0, BLOCK_T)
+        tree_ok = trees < last
+        roots = tl.load(roots_ptr + trees, mask=tree_ok, other=0).to(tl.int64)
+        node = tl.zeros([BLOCK_S, BLOCK_T], tl.int64) + roots[None, :]
+        rows = _walk(nodes_ptr, x_ptr, node, samples, sample_ok, n_features, depth, BLOCK_S, BLOCK_T)
+        if VECTOR_LEAVES:
+            values = tl.load(values_ptr + rows[:, :, None] * leaf_width + outputs[None, None, :],
+                             mask=tree_ok[None, :, None] & output_ok[None, None, :], other=0.0)
+            acc += tl.sum(values, axis=1)
+        else:
+            values = tl.load(values_ptr + rows, mask=tree_ok[None, :], other=0.0)
+            groups = tl.load(groups_ptr + trees, mask=tree_ok, other=0)
+            hit = groups[None, :, None] == outputs[None, None, :]
+            acc += tl.sum(tl.where(hit, values[:, :, None], 0.0), axis=1)
+    offsets = (chunk * n_samples + samples.to(tl.int64))[:, None] * n_outputs + outputs[None, :]
+    tl.store(out_ptr + offsets, acc, mask=sample_ok[:, None] & output_ok[None, :])
+
+
+@triton.jit
+def forest_kernel(nodes_ptr, values_ptr, roots_ptr, groups_ptr, base_ptr, x_ptr, out_ptr, n_samples, n_features,
+                  n_trees, trees_per_chunk, n_chunks, depth, n_outputs, leaf_width, BLOCK_S: tl.constexpr,
+                  BLOCK_T: tl.constexpr, OUT_PAD: tl.constexpr, VECTOR_LEAVES: tl.constexpr):
+    # ITEM LOOP: one program per (sample block, tree chunk) item (a plain launch); contract v2 loops plan_next here.
+    _sample_block(tl.program_id(0), nodes_ptr, values_ptr, roots_ptr, groups_ptr, base_ptr, x_ptr, out_ptr,
+                  n_samples, n_features, n_trees, trees_per_chunk, n_chunks, depth, n_outputs, leaf_width,
+                  BLOCK_S, BLOCK_T, OUT_PAD, VECTOR_LEAVES)
