@@ -1,5 +1,5 @@
-"""Command line: `python -m torch_l2topo [calibrate|show|report|examples|geometry] ...`. Thin: parse, call the
-library, print. Every failure the library reports on purpose is one line on stderr and exit status 2."""
+"""Command line: `python -m torch_l2topo [calibrate|show|report|examples|geometry|trace-summary] ...`. Thin:
+parse, call the library, print. Every failure the library reports on purpose is one line on stderr and exit status 2."""
 from __future__ import annotations
 
 import argparse
@@ -110,6 +110,18 @@ def cmd_geometry(args) -> int:
     return 0
 
 
+def cmd_trace_summary(args) -> int:
+    import json
+
+    from .files import json_default
+    from .profiler.summary import format_summary, summarize
+    from .profiler.tracefile import load_trace
+
+    summary = summarize(load_trace(args.trace), args.trace)
+    print(json.dumps(summary, indent=1, default=json_default) if args.json else format_summary(summary))
+    return 0
+
+
 def cmd_main_job(args) -> int:
     """No subcommand: calibrate the local GPU; without one, show the bundled H200 calibration and say so."""
     import torch
@@ -186,6 +198,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--from", dest="from_file", metavar="FILE",
                    help="summarize (and with --figures draw) a recorded geometry JSON instead of measuring")
     g.set_defaults(func=cmd_geometry)
+    t = sub.add_parser("trace-summary", help="per instrumented kernel of a torch_l2topo profiler trace: SM busy time, "
+                                             "tail, imbalance, slow-SM share, near share, placement estimate")
+    t.add_argument("trace", help="a trace written by torch_l2topo.profile or its trace_handler (.json or .json.gz)")
+    t.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    t.set_defaults(func=cmd_trace_summary)
     return p
 
 

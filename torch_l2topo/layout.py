@@ -6,6 +6,8 @@ cuda_ext/layout.h mirrors every number (tests/test_kernel_sources.py checks that
 Dependency direction: layout <- kernels (triton_kernels/, cuda_ext/) <- launch <- probes <- calibration.
 
 Control block (int64): four counters, then one claim flag per SM slot.
+CTA recorder (int64): a cursor and the capacity, then one record per CTA (profiler/, placement policy
+"measured"); triton_kernels/recorder.py appends them.
 Placement plan (int32, read-only on the device): a header, per-SM offsets into a flat item list (CSR),
 the items, then the dynamic tail. A plan in direct mode hands program p item p and nothing else (policy
 "plain": one program per item, placed by the hardware, no claims). Placement state (int64, zero at rest):
@@ -31,6 +33,22 @@ POLL_BACKOFF_NS = 2000
 LINE_BYTES = 128           # an L2 line (four 32-byte sectors)
 LINE_WORDS = LINE_BYTES // 8  # int64 words per line: pointers are stored in the first word of a line
 OUT_WORDS = 4              # per-SM output words: cycles, ns, (chain) end address / (lines) broken count, start ns
+
+# ---- CTA recorder buffer (int64) ---------------------------------------------------------------------
+# One fixed buffer per GPU (placement/recording.py), written by kernels that record their CTAs: a header, then
+# REC_WORDS words per record. A CTA reserves its record with one atomic on the cursor; the cursor keeps
+# counting past the capacity, so the host reads dropped records as cursor - capacity without a second counter.
+REC_CURSOR = 0     # records reserved so far (may exceed REC_CAPACITY: the excess was dropped)
+REC_CAPACITY = 1   # records the buffer holds, written by the host when it allocates the buffer
+REC_HEADER = 2     # record r occupies words REC_HEADER + r * REC_WORDS onwards
+REC_TAG = 0        # which kernel: the tag CtaRecorder.register() gave its name
+REC_SM = 1         # %smid of the SM that ran the CTA
+REC_PROGRAM = 2    # program id (Triton program_id(0); CUDA: the linear block index)
+REC_START_NS = 3   # %globaltimer when the CTA started its work
+REC_END_NS = 4     # %globaltimer when the CTA wrote its record
+REC_ITEMS = 5      # work items the CTA did
+REC_NEAR = 6       # of those, items whose data is homed in the SM's own L2 partition; -1: not known
+REC_WORDS = 7
 
 # ---- placement plan (int32) ---------------------------------------------------------------------------
 PLAN_N_SLOTS = 0    # SM slots with a static share (the calibration's SM count)
@@ -77,3 +95,8 @@ def state_words(n_slots: int) -> int:
 def stat_offset(stat: int, n_slots: int) -> int:
     """Index of statistic `stat` of SM 0 in a placement state tensor."""
     return STATE_CURSORS + (1 + stat) * n_slots
+
+
+def recorder_words(capacity: int) -> int:
+    """Length of a CTA recorder buffer holding `capacity` records."""
+    return REC_HEADER + capacity * REC_WORDS
