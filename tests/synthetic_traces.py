@@ -62,3 +62,19 @@ def ctas_inside(launch_starts_gt, n_ctas, sms, cta_ns, gap_ns, items=None, near=
                          1 if items is None else items[j], -1 if near is None else near[j]))
     cols = np.array(rows, dtype=np.int64).T
     return CtaRecords(*cols, names={tag: name}, device=device)
+
+
+def proton_trace(kernel: str, launches, clock_ghz: float, warps: int = 4) -> dict:
+    """A Proton instrumentation trace as Proton writes it: launches = [[(sm, cta, start_globaltimer_ns,
+    cycles)]]; each warp's one scope spans the CTA's first cycles up to `cycles` (warp w ends w * 10 cycles
+    early), ts = (cycle offset + CTA start ns) / 1000 and dur = cycles / 1000 "at 1 GHz". The CTA then truly
+    lasts cycles / clock_ghz ns. Launches are written one after the other, each CTA's warps together."""
+    events = []
+    for ctas in launches:
+        for sm, cta, start, cycles in sorted(ctas):
+            for w in range(warps):
+                events.append({"cname": "blue", "name": "k", "cat": kernel, "ph": "X",
+                               "pid": f"{kernel} Core{sm} CTA{cta} [measure in clock cycle (assume 1GHz)]",
+                               "tid": f"warp {w} (line 0)", "ts": start / 1000.0, "dur": (cycles - 10 * w) / 1000.0,
+                               "args": {"Unit": "GPU cycle"}})
+    return {"displayTimeUnit": "ns", "traceEvents": events}

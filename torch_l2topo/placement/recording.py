@@ -168,6 +168,34 @@ def per_sm_statistics(records: CtaRecords, n_sm: int, kernel: str | None = None)
             "ctas": np.bincount(sm, minlength=n_sm).astype(np.int64)}
 
 
+class KernelTags:
+    """Kernel names and the tags records carry for them; per tag, the census of the kernel's item classes."""
+
+    def __init__(self):
+        self._tags: dict = {}
+        self.class_counts: dict = {}
+        self._lock = threading.Lock()
+
+    @property
+    def names(self) -> dict:
+        return {t: n for n, t in self._tags.items()}
+
+    def register(self, name: str, item_class=None) -> int:
+        """The tag for kernel `name` (the same name always gets the same tag). item_class: the home partition
+        of each of the kernel's items (0, 1; 2: unknown), if they have one: the profiler compares the kernel's
+        near share with what placement blind to the map would give."""
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"a kernel name must be a non-empty string, got {name!r}")
+        with self._lock:
+            tag = self._tags.setdefault(name, len(self._tags))
+        if item_class is not None:
+            classes = np.asarray(item_class.detach().cpu() if hasattr(item_class, "detach") else item_class)
+            if classes.size and (classes.dtype.kind not in "iu" or not np.isin(classes, (0, 1, 2)).all()):
+                raise ValueError("item_class values must be 0, 1 (home partition) or 2 (unknown)")
+            self.class_counts[tag] = np.bincount(classes.ravel().astype(np.int64), minlength=3).tolist()
+        return tag
+
+
 class CtaRecorder:
     """The record buffer of one GPU (int64 tensor `buffer`, fixed for the life of the process) and the names
     of the kernels that record into it. Use recorder() / active_recorder() rather than building one: a second
@@ -186,9 +214,7 @@ class CtaRecorder:
         header = np.zeros(recorder_words(capacity), dtype=np.int64)
         header[REC_CAPACITY] = capacity
         self.buffer = torch.from_numpy(header).to(torch.device("cuda", self.device_index))
-        self._tags: dict = {}
-        self._class_counts: dict = {}
-        self._lock = threading.Lock()
+        self.tags = KernelTags()
 
     @property
     def address(self) -> int:
@@ -198,22 +224,11 @@ class CtaRecorder:
     @property
     def names(self) -> dict:
         """{tag: kernel name} of every kernel registered so far."""
-        return {t: n for n, t in self._tags.items()}
+        return self.tags.names
 
     def register(self, name: str, item_class=None) -> int:
-        """The tag for kernel `name` (the same name always gets the same tag). item_class: the home partition
-        of each of the kernel's items (0, 1; 2: unknown), if they have one: the profiler compares the kernel's
-        near share with what placement blind to the map would give."""
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"a kernel name must be a non-empty string, got {name!r}")
-        with self._lock:
-            tag = self._tags.setdefault(name, len(self._tags))
-        if item_class is not None:
-            classes = np.asarray(item_class.detach().cpu() if hasattr(item_class, "detach") else item_class)
-            if classes.size and (classes.dtype.kind not in "iu" or not np.isin(classes, (0, 1, 2)).all()):
-                raise ValueError("item_class values must be 0, 1 (home partition) or 2 (unknown)")
-            self._class_counts[tag] = np.bincount(classes.ravel().astype(np.int64), minlength=3).tolist()
-        return tag
+        """The tag for kernel `name` (KernelTags.register)."""
+        return self.tags.register(name, item_class)
 
     def reset(self) -> None:
         """Forget the records so far: zero the cursor on the current stream (no synchronization)."""
@@ -234,7 +249,7 @@ class CtaRecorder:
         n = min(int(header[REC_CURSOR]), self.capacity)
         rows = self.buffer[REC_HEADER:REC_HEADER + n * REC_WORDS].cpu().numpy()
         self.reset()
-        return CtaRecords.from_words(header, rows, self.names, self._class_counts, self.device_index)
+        return CtaRecords.from_words(header, rows, self.names, self.tags.class_counts, self.device_index)
 
 
 class _Switch:

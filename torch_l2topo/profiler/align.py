@@ -9,7 +9,8 @@ GPU times onto its own time base), so the offset is estimated from the data:
 2. each record is assigned to the event of its kernel that contains its midpoint at that offset;
 3. the offset is refit on those assignments to maximize the smallest margin between any launch's CTAs and
    its event's edges (a constant offset; where no constant offset fits every launch, an offset that drifts
-   linearly in time, |drift| <= MAX_DRIFT_PPM, fit as a small linear program), and the assignment is redone.
+   linearly in time, |drift| <= MAX_DRIFT_PPM, fit as a small linear program), and the assignment is redone
+   until it no longer changes.
 Then every CTA is checked: its misalignment is how far it sticks out of its kernel event (0 inside). A
 correct alignment leaves every CTA inside, up to the timer's resolution (TICK_NS on Hopper). The offset is
 only known to within the smallest margin (slack_ns): CTAs start after their kernel's launch latency and end
@@ -24,7 +25,11 @@ import numpy as np
 TICK_NS = 32             # %globaltimer advances in 32 ns steps on Hopper
 MATCH_TOLERANCE_NS = 1000  # when counting which records an offset puts inside events (before the refit)
 CANDIDATE_LAUNCHES = 8   # launches per kernel whose pairings with events propose offsets
+SPREAD_CAP_NS = 1_000_000  # a launch this far from any event counts as far as any other (tie-break)
 MAX_DRIFT_PPM = 100.0
+# Refits until the assignment settles: a drifting clock matches only the launches near the coarse offset at
+# first, and each refit reaches further (the H200 traces settle in 1-2).
+MAX_REFITS = 8
 
 
 @dataclass(frozen=True)
@@ -90,8 +95,18 @@ def _assign(kernels, events: dict, tag, start, end, shift) -> np.ndarray:
     return out
 
 
+def _distance(starts: np.ndarray, ends: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """ns from each t to the nearest interval [starts, ends] (sorted by start), 0 inside one."""
+    right = np.searchsorted(starts, t, side="right")
+    before = np.where(right > 0, t - ends[np.clip(right - 1, 0, None)], np.inf)
+    after = np.where(right < len(starts), starts[np.clip(right, None, len(starts) - 1)] - t, np.inf)
+    return np.maximum(np.minimum(np.where(before <= 0, 0, before), after), 0)
+
+
 def _coarse_offset(kernels, events: dict, tag, start, end) -> int | None:
-    """The candidate offset that puts the most records inside events of their kernel (module docstring, 1)."""
+    """The candidate offset that puts the most launches inside events of their kernel (module docstring, 1);
+    ties go to the candidate that leaves the others nearest to an event (a clock that drifts leaves launches
+    just outside; an offset off by whole launches leaves them far away)."""
     candidates, groups = [], []
     for t, pos in events.items():
         rows = np.flatnonzero(tag == t)
@@ -105,17 +120,18 @@ def _coarse_offset(kernels, events: dict, tag, start, end) -> int | None:
     g_tag = np.array([t for t, _ in groups])
     g_mid = np.array([start[g].min() + (end[g].max() - start[g].min()) // 2 for _, g in groups], np.int64)
     g_size = np.array([len(g) for _, g in groups])
-    best, best_score = None, -1
+    best, best_key = None, None
     for c in np.unique(np.array(candidates, np.int64)):
-        score = 0
+        score, spread = 0, 0.0
         for t, pos in events.items():
             sel = g_tag == t
             if len(pos) and sel.any():
-                hit = _containing(kernels.start_ns[pos], kernels.end_ns[pos], g_mid[sel] + c, MATCH_TOLERANCE_NS)
-                score += int(g_size[sel][hit >= 0].sum())
-        if score > best_score:
-            best, best_score = int(c), score
-    return best if best_score > 0 else None
+                d = _distance(kernels.start_ns[pos], kernels.end_ns[pos], g_mid[sel] + c)
+                score += int(g_size[sel][d <= MATCH_TOLERANCE_NS].sum())
+                spread += float(np.minimum(d, SPREAD_CAP_NS).sum())
+        if best_key is None or (score, -spread) > best_key:
+            best, best_key = int(c), (score, -spread)
+    return best if best_key[0] > 0 else None
 
 
 def _margins(kernels, kernel, start, end, base):
@@ -167,13 +183,15 @@ def align(kernels, records) -> Alignment:
     if base is None:
         return none
     kernel = _assign(kernels, events, tag, start, end, base)
-    for _ in range(2):  # fit on the assignment, then assign again with the fitted offset
+    for _ in range(MAX_REFITS):  # fit on the assignment, assign again with the fit, until nothing moves
         if not (kernel >= 0).any():
             return none
         lo, hi, t = _margins(kernels, kernel, start, end, base)
         a, b, slack, model = _fit(lo, hi, t)
         shift = base + np.rint(a + b * (start - start.min())).astype(np.int64)
-        kernel = _assign(kernels, events, tag, start, end, shift)
+        kernel, before = _assign(kernels, events, tag, start, end, shift), kernel
+        if (kernel == before).all():
+            break
     s, e = start + shift, end + shift
     inside = kernel >= 0
     k = np.clip(kernel, 0, None)

@@ -91,7 +91,7 @@ def _device_events(device: int, kernels: Kernels, smmap, sources: list, trace_ra
         name = str(kernels.names[k])
         kineto_args = base_events[kernels.index[k]].get("args") or {}
         args = {"kernel": name, "source": str(c["source"][rows][0]), "launch": int(kernels.index[k]),
-                "correlation": kineto_args.get("correlation"),
+                "kineto_correlation": kineto_args.get("correlation"),
                 "max_misalignment_ns": int(c["misalignment"][rows].max()),
                 **launch_metrics(c["sm"][rows], c["start"][rows], c["end"][rows], c["items"][rows], c["near"][rows],
                                  n_sm, int(kernels.end_ns[k] - kernels.start_ns[k]), smmap, class_counts.get(name))}
