@@ -1,7 +1,7 @@
 """The recorder's device helpers without a GPU: compiled out when RECORD is off (the PTX of a kernel built on
-them equals that of the same kernel written without them), one predicated atomic and predicated stores
-when on, the constexpr a placement kernel derives from its PLACE bits accepted, and the CUDA header the same:
-nothing with RECORD false, the atomic and the barrier with RECORD true.
+them equals that of the same kernel written without them, recorder_demo.row_sum_plain_kernel), one predicated
+atomic and predicated stores when on, the constexpr a placement kernel derives from its PLACE bits accepted,
+and the CUDA header the same: nothing with RECORD false, the atomic and the barrier with RECORD true.
 
 On CI (CI=true) a missing nvcc or Triton is a failure, not a skip (as in test_kernel_sources.py).
 """
@@ -12,6 +12,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
+from torch_l2topo.profiler.demo import ptx_instructions
 
 try:  # @triton.jit functions defined in the tests read `tl` from this module's globals
     import triton.language as tl
@@ -49,53 +51,25 @@ def _ptx(fn, signature, constexprs, num_warps=4) -> str:
                           options={"num_warps": num_warps}).asm["ptx"]
 
 
-def _instructions(ptx: str, kernel: str) -> list:
-    """The PTX of one kernel without what names its source: comments, .loc/.file lines, debug sections, and
-    the kernel's own name."""
-    out = []
-    for line in ptx.replace(kernel, "KERNEL").splitlines():
-        line = line.split("//")[0].strip()
-        if line.startswith(".section"):
-            break
-        if line and not line.startswith((".loc", ".file")):
-            out.append(re.sub(r"\s+", " ", line))
-    return out
-
-
-def _row_sum_twin():
-    """triton_kernels/recorder_demo.py's kernel as it would be written without the recorder: same signature
-    (the unused parameters stay), no helper calls. The oracle for "compiled out"."""
-    triton = _triton()
-    @triton.jit
-    def twin(x_ptr, out_ptr, n_rows, dim, class_ptr, part_ptr, rec_ptr, tag, RECORD: tl.constexpr,
-             BLOCK: tl.constexpr):
-        cols = tl.arange(0, BLOCK)
-        for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
-            v = tl.load(x_ptr + row.to(tl.int64) * dim + cols, mask=cols < dim, other=0.0)
-            tl.store(out_ptr + row, tl.sum(v, axis=0))
-
-    return twin
-
-
 @pytest.mark.parametrize("num_warps", [1, 4])
 def test_recording_off_compiles_to_the_helper_free_kernel(num_warps):
     _triton()
-    from torch_l2topo.triton_kernels.recorder_demo import row_sum_kernel
+    from torch_l2topo.triton_kernels.recorder_demo import row_sum_kernel, row_sum_plain_kernel
 
     off = _ptx(row_sum_kernel, ROW_SUM_SIG, {"RECORD": False, "BLOCK": 64}, num_warps)
-    twin = _ptx(_row_sum_twin(), ROW_SUM_SIG, {"RECORD": False, "BLOCK": 64}, num_warps)
+    plain = _ptx(row_sum_plain_kernel, ROW_SUM_SIG, {"RECORD": False, "BLOCK": 64}, num_warps)
     assert not any(needle in off for needle in RECORDING)
-    assert _instructions(off, "row_sum_kernel") == _instructions(twin, "twin")
+    assert ptx_instructions(off, "row_sum_kernel") == ptx_instructions(plain, "row_sum_plain_kernel")
 
 
 def test_the_comparison_sees_a_recording_kernel():
     # negative control: with RECORD on, the same comparison must fail
     _triton()
-    from torch_l2topo.triton_kernels.recorder_demo import row_sum_kernel
+    from torch_l2topo.triton_kernels.recorder_demo import row_sum_kernel, row_sum_plain_kernel
 
     on = _ptx(row_sum_kernel, ROW_SUM_SIG, {"RECORD": True, "BLOCK": 64})
-    twin = _ptx(_row_sum_twin(), ROW_SUM_SIG, {"RECORD": False, "BLOCK": 64})
-    assert _instructions(on, "row_sum_kernel") != _instructions(twin, "twin")
+    plain = _ptx(row_sum_plain_kernel, ROW_SUM_SIG, {"RECORD": False, "BLOCK": 64})
+    assert ptx_instructions(on, "row_sum_kernel") != ptx_instructions(plain, "row_sum_plain_kernel")
 
 
 def _defs(ptx: str) -> dict:

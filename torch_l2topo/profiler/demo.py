@@ -1,5 +1,6 @@
-"""Row sums that record their CTAs: the host side of triton_kernels/recorder_demo.py, the profiler's own
-instrumented kernel (no placement involved), used by its GPU tests, its benchmark and the fixture recording.
+"""The host side of the profiler's demonstration kernels, used by its GPU tests, its benchmark and the fixture
+recording: row sums that record their CTAs with this package's recorder (triton_kernels/recorder_demo.py, no
+placement involved), and a copy instrumented with Proton's scopes (triton_kernels/proton_demo.py).
 
 row_sums(x) equals x.sum(dim=1) (the reference the tests compare with). While recording is on
 (placement.recording: profile(), recording(), or a trace handler while torch.profiler collects) each
@@ -7,6 +8,8 @@ program appends one record: rows summed, and how many of them are homed in its S
 item_class (each row's home partition) and sm_partition (each SM's partition, -1 undecided) are given.
 """
 from __future__ import annotations
+
+import re
 
 import torch
 
@@ -49,4 +52,29 @@ def row_sums(x: torch.Tensor, *, item_class=None, sm_partition=None, grid: int |
         row_sum_kernel[(grid,)](x, out, n_rows, dim, _int32(item_class, n_rows, device, 2),
                                 _int32(sm_partition, n_sm, device, -1), buffer, tag, RECORD=rec is not None,
                                 BLOCK=triton.next_power_of_2(dim))
+    return out
+
+
+def scoped_copy(x: torch.Tensor, block: int = 1024) -> torch.Tensor:
+    """A copy of the 1-D float32 CUDA tensor x by a kernel with a Proton scope (what a Proton session records)."""
+    import triton
+
+    from ..triton_kernels.proton_demo import scoped_copy_kernel
+
+    y = torch.empty_like(x)
+    with torch.cuda.device(x.device):
+        scoped_copy_kernel[(triton.cdiv(x.numel(), block),)](x, y, x.numel(), BLOCK=block)
+    return y
+
+
+def ptx_instructions(ptx: str, kernel: str) -> list:
+    """A kernel's PTX without what names its source (comments, .loc/.file lines, debug sections, the kernel's
+    own name), whitespace normalized: two kernels compiled to the same machine code compare equal."""
+    out = []
+    for line in ptx.replace(kernel, "KERNEL").splitlines():
+        line = line.split("//")[0].strip()
+        if line.startswith(".section"):
+            break
+        if line and not line.startswith((".loc", ".file")):
+            out.append(re.sub(r"\s+", " ", line))
     return out

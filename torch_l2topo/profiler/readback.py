@@ -12,7 +12,7 @@ from ..placement.recording import COLUMNS, CtaRecords
 from .kineto import to_ns
 from .smmap import SmMap
 from .tracefile import L2MAP_PID, METADATA_KEY
-from .tracks import CTA_CATEGORY, LAUNCH_CATEGORY
+from .tracks import CTA_CATEGORY, LANE_STRIDE, LAUNCH_CATEGORY, LAUNCH_TID
 
 
 def require_enriched(trace: dict, source: str) -> dict:
@@ -58,3 +58,18 @@ def launches(trace: dict) -> list:
     return [{"device": ev["pid"] - L2MAP_PID, "kernel": ev["name"], "ts_ns": to_ns(ev["ts"]),
              "dur_ns": to_ns(ev["dur"]), **(ev.get("args") or {})}
             for ev in trace["traceEvents"] if ev.get("cat") == LAUNCH_CATEGORY]
+
+
+def sm_tracks(trace: dict, device: int) -> tuple:
+    """(SM ids in the L2 map's track order, {sm: track name}) of one GPU's L2 map process."""
+    pid = L2MAP_PID + device
+    names, rank = {}, {}
+    for ev in trace["traceEvents"]:
+        if ev.get("ph") != "M" or ev.get("pid") != pid or ev.get("tid") in (None, LAUNCH_TID) or \
+                ev["tid"] >= LANE_STRIDE:
+            continue
+        if ev.get("name") == "thread_name":
+            names[ev["tid"]] = ev["args"]["name"]
+        elif ev.get("name") == "thread_sort_index":
+            rank[ev["tid"]] = ev["args"]["sort_index"]
+    return sorted(names, key=lambda sm: (rank.get(sm, sm), sm)), names

@@ -31,13 +31,11 @@ def pick_launch(trace: dict, kernel: str | None = None, device: int | None = Non
 
 
 def timeline_rows(trace: dict, launch: dict) -> dict:
-    """{"order": SM ids top to bottom, "names": {sm: track name}, "bars": {sm: [(start_us, dur_us), ...]},
-    "partition": {sm: p}} for one launch (times from the kernel's start)."""
+    """{"order": SM ids top to bottom (the trace's track order), "names": {sm: track name}, "bars": {sm:
+    [(start_us, dur_us), ...]}, "partition": {sm: p}} for one launch (times from the kernel's start)."""
     device = launch["device"]
     smmap = readback.calibrations(trace).get(device)
-    n_sm = launch["n_sm"]
-    order = smmap.order().tolist() if smmap is not None else list(range(n_sm))
-    names = {s: smmap.track_name(s) if smmap is not None else f"SM {s}" for s in order}
+    order, names = readback.sm_tracks(trace, device)
     bars: dict = {s: [] for s in order}
     t0_us = launch["ts_ns"] / 1000
     for ev in trace["traceEvents"]:
@@ -45,8 +43,6 @@ def timeline_rows(trace: dict, launch: dict) -> dict:
                 ev["args"].get("launch") == launch["launch"]:
             bars.setdefault(ev["args"]["sm"], []).append((ev["ts"] - t0_us, ev["dur"]))
     partition = {s: int(smmap.partition[s]) if smmap is not None and s < smmap.n_sm else -1 for s in bars}
-    order += [s for s in sorted(bars) if s not in names]
-    names.update({s: f"SM {s}" for s in bars if s not in names})
     return {"order": order, "names": names, "bars": bars, "partition": partition}
 
 

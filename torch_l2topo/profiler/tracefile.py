@@ -44,7 +44,9 @@ def load_trace(path) -> dict:
     except UnicodeDecodeError:
         raise TraceFormatError(f"{path} is not a JSON trace (binary content)") from None
     except json.JSONDecodeError as exc:
-        where = "ends early: truncated" if exc.pos >= len(text) - 1 else f"line {exc.lineno} column {exc.colno}"
+        # a whole JSON object ends with its closing brace: a file that does not was cut short
+        where = "the file ends early: truncated" if not text.rstrip().endswith(b"}") else \
+            f"line {exc.lineno} column {exc.colno}"
         raise TraceFormatError(f"{path} is not valid JSON ({exc.msg}; {where})") from None
     check_kineto(trace, str(path))
     return trace
