@@ -3,54 +3,38 @@
 One torch.profiler cycle (CPU + CUDA activities) of LAUNCHES steps, each: the recorder's demo kernel
 (profiler/demo.row_sums, GRID programs over ROWS rows, rows homed in partition row % 2, SMs labelled by the
 calibration), a matmul, and the Proton-scoped copy (profiler/demo.scoped_copy) under a Proton
-instrumentation session running alongside. Written to --out (default tests/data/profiler/), all small:
+instrumentation session running alongside. Saved with profiler/offline.save_raw to --out (default
+tests/data/profiler/: trace, records, calibration (hashed ids only), Proton's trace, a manifest saying what
+ran: the tests' expectations), a few hundred KB. tests/test_profiler_fixture.py enriches it on the CPU.
+--figure PNG also draws the per-SM timeline of one row_sum_kernel launch (the README's figure); with --from
+DIR it only draws, from a fixture recorded earlier (no GPU needed).
 
-    trace.json.gz        the profiler's own trace, as exported (not enriched)
-    records.npz          the CTA records drained from the recorder after the cycle (CtaRecords.to_arrays)
-    proton.json.gz       Proton's chrome trace of the same steps (absent if Proton failed: see manifest)
-    smmap.json           the GPU's calibration as the trace carries it (hashed ids only)
-    manifest.json        what ran (kernel names, grid, launches: the tests' expectations), versions, command
-
-tests/test_profiler_fixture.py enriches these on the CPU. Takes ~30 s on an H200 (calibration, compiles).
-
-    python benchmarks/record_profiler_trace.py --device 0
+    python benchmarks/record_profiler_trace.py --device 0 --figure docs/profiler_timeline.png    # ~30 s, H200
+    python benchmarks/record_profiler_trace.py --from tests/data/profiler --figure docs/profiler_timeline.png
 """
 from __future__ import annotations
 
-import gzip
+import argparse
 import json
 import shutil
 import tempfile
 from pathlib import Path
-
-import numpy as np
-import torch
-from common import calibrated_device, command_line, environment
-
-from torch_l2topo.files import json_default
-from torch_l2topo.placement import recording
-from torch_l2topo.profiler.demo import KERNEL_NAME, row_sums, scoped_copy
-from torch_l2topo.profiler.smmap import SmMap
 
 ROWS, DIM, GRID, LAUNCHES = 16_384, 64, 264, 3
 COPY_N, COPY_BLOCK = 1 << 18, 1024
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _gzip_to(src: Path, dst: Path) -> None:
-    dst.write_bytes(gzip.compress(src.read_bytes(), compresslevel=9))
+def record(device: int, out: Path) -> dict:
+    import torch
+    from common import calibrated_device, command_line, environment
 
+    from torch_l2topo.placement import recording
+    from torch_l2topo.profiler.demo import KERNEL_NAME, row_sums, scoped_copy
+    from torch_l2topo.profiler.offline import save_raw
+    from torch_l2topo.profiler.smmap import SmMap
 
-def main(argv=None) -> dict:
-    import argparse
-
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--device", type=int, default=0)
-    p.add_argument("--out", default=str(ROOT / "tests" / "data" / "profiler"))
-    args = p.parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    dev, topo, _ = calibrated_device(args.device, "fixture")
+    dev, topo, _ = calibrated_device(device, "fixture")
     smmap = SmMap.from_topology(topo)  # hashed ids only
     x = torch.randn(ROWS, DIM, device=dev)
     w = torch.randn(DIM, DIM, device=dev)
@@ -58,21 +42,19 @@ def main(argv=None) -> dict:
     classes = (torch.arange(ROWS, device=dev) % 2).to(torch.int32)
     part = torch.as_tensor(smmap.partition, device=dev).to(torch.int32)
     work = Path(tempfile.mkdtemp(prefix="l2topo-fixture-"))
-    proton_note = None
-    with recording.recording(devices=[args.device]):
+    note = None
+    with recording.recording(devices=[device]):
         row_sums(x, item_class=classes, sm_partition=part, grid=GRID)  # compile outside the profiled cycle
         scoped_copy(v, COPY_BLOCK)
-        torch.cuda.synchronize()
-        recording.recorder(args.device).drain()
+        recording.recorder(device).drain()
         acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
         with torch.profiler.profile(activities=acts) as prof:
-            proton = None
             try:
                 import triton.profiler as proton
 
                 proton.start(str(work / "proton"), backend="instrumentation", data="trace")
-            except Exception as exc:  # recorded in the manifest: the torch trace stands on its own
-                proton, proton_note = None, f"Proton did not start: {type(exc).__name__}: {exc}"
+            except Exception as exc:  # said in the manifest: the torch trace stands on its own
+                proton, note = None, f"Proton did not start: {type(exc).__name__}: {exc}"
             for _ in range(LAUNCHES):
                 row_sums(x, item_class=classes, sm_partition=part, grid=GRID)
                 x @ w
@@ -80,28 +62,40 @@ def main(argv=None) -> dict:
             torch.cuda.synchronize()
             if proton is not None:
                 proton.finalize()
-        records = recording.recorder(args.device).drain()
+        records = recording.recorder(device).drain()
     prof.export_chrome_trace(str(work / "trace.json"))
-    _gzip_to(work / "trace.json", out / "trace.json.gz")
-    np.savez_compressed(out / "records.npz", **records.to_arrays())
     found = sorted(work.glob("proton*"))
-    if found:
-        _gzip_to(found[0], out / "proton.json.gz")
-    elif proton_note is None:
-        proton_note = "Proton wrote no trace"
-    (out / "smmap.json").write_text(json.dumps(smmap.to_json()) + "\n")
-    manifest = {"command": command_line(), "env": environment(args.device), "device": args.device,
+    if not found and note is None:
+        note = "Proton wrote no trace"
+    manifest = {"command": command_line(), "env": environment(device), "device": device,
                 "recorded": {"kernel": KERNEL_NAME, "grid": GRID, "launches": LAUNCHES, "rows": ROWS,
                              "item_class": "row % 2"},
                 "proton": {"kernel": "scoped_copy_kernel", "ctas": COPY_N // COPY_BLOCK, "launches": LAUNCHES,
-                           "note": proton_note},
-                "records": len(records), "dropped": records.dropped,
-                "sizes": {}}
-    manifest["sizes"] = {f.name: f.stat().st_size for f in sorted(out.iterdir()) if f.name != "manifest.json"}
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=1, default=json_default) + "\n")
+                           "note": note},
+                "records": len(records), "dropped": records.dropped}
+    save_raw(out, work / "trace.json", {device: records}, {device: smmap}, found[0] if found else None, manifest)
     shutil.rmtree(work, ignore_errors=True)
-    print(json.dumps({k: manifest[k] for k in ("records", "dropped", "sizes", "proton")}, indent=1))
     return manifest
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", type=int, default=0)
+    p.add_argument("--out", default=str(ROOT / "tests" / "data" / "profiler"), help="fixture directory to write")
+    p.add_argument("--from", dest="from_dir", help="draw from this fixture directory instead of recording")
+    p.add_argument("--figure", help="also draw the per-SM timeline of one row_sum_kernel launch into this PNG")
+    args = p.parse_args(argv)
+    raw = Path(args.from_dir or args.out)
+    if not args.from_dir:
+        manifest = record(args.device, raw)
+        sizes = {f.name: f.stat().st_size for f in sorted(raw.iterdir())}
+        print(json.dumps({"records": manifest["records"], "dropped": manifest["dropped"],
+                          "proton": manifest["proton"]["note"] or "merged", "bytes": sizes}, indent=1))
+    if args.figure:
+        from torch_l2topo.profiler.offline import enrich_raw
+        from torch_l2topo.profiler.timeline import render_timeline
+
+        print(f"wrote {render_timeline(enrich_raw(raw), args.figure, kernel='row_sum_kernel')}")
 
 
 if __name__ == "__main__":

@@ -5,38 +5,26 @@ expectations come from what the recording ran (its manifest), not from the code 
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from torch_l2topo.placement.recording import CtaRecords
 from torch_l2topo.profiler.align import TICK_NS
-from torch_l2topo.profiler.enrich import enrich
-from torch_l2topo.profiler.proton_trace import load_proton, proton_records
+from torch_l2topo.profiler.offline import MANIFEST, enrich_raw, load_raw
 from torch_l2topo.profiler.readback import launches
-from torch_l2topo.profiler.smmap import SmMap
 from torch_l2topo.profiler.summary import summarize
-from torch_l2topo.profiler.tracefile import L2MAP_PID, load_trace, write_trace
+from torch_l2topo.profiler.tracefile import L2MAP_PID, write_trace
 from torch_l2topo.profiler.tracks import CTA_CATEGORY
 
 DATA = Path(__file__).resolve().parent / "data" / "profiler"
-pytestmark = pytest.mark.skipif(not (DATA / "manifest.json").exists(),
+pytestmark = pytest.mark.skipif(not (DATA / MANIFEST).exists(),
                                 reason="the H200 fixture is not recorded yet (benchmarks/record_profiler_trace.py)")
 
 
 @pytest.fixture(scope="module")
 def fixture():
-    manifest = json.loads((DATA / "manifest.json").read_text())
-    trace = load_trace(DATA / "trace.json.gz")
-    with np.load(DATA / "records.npz") as z:
-        records = CtaRecords.from_arrays(z)
-    smmap = SmMap.from_json(json.loads((DATA / "smmap.json").read_text()))
-    proton = None
-    if (DATA / "proton.json.gz").exists():
-        proton = proton_records(load_proton(DATA / "proton.json.gz"), smmap.sm_clock_ghz)
-    device = manifest["device"]
-    out = enrich(trace, maps={device: smmap}, records={device: records},
-                 proton=None if proton is None else proton[0], proton_quantum_ns=0.0 if proton is None else proton[1])
-    return manifest, trace, out, smmap
+    raw = load_raw(DATA)
+    manifest = raw["manifest"]
+    (smmap,) = raw["smmaps"].values()
+    return manifest, raw["trace"], enrich_raw(DATA), smmap
 
 
 def test_every_recorded_cta_lies_once_inside_its_kernel(fixture):

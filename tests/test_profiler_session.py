@@ -149,3 +149,33 @@ def test_the_timeline_draws_one_bar_per_cta_in_map_order(tmp_path):
     assert out.stat().st_size > 10_000 and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(TraceFormatError, match="no instrumented launch"):
         pick_launch(trace, kernel="missing_kernel")
+
+
+def test_raw_inputs_saved_here_enrich_the_same_elsewhere(tmp_path):
+    from torch_l2topo.profiler.offline import enrich_raw, save_raw
+    from torch_l2topo.profiler.proton_trace import load_proton, proton_records
+
+    topo = torch_l2topo.load_example()
+    trace = cpu_trace(tmp_path)
+    k0 = kineto_start_ns(trace)
+    trace = add_kernels(trace, 0, [("row_sum_kernel", k0, 50_000), ("other_kernel", k0 + 55_000, 20_000)])
+    recs = ctas_inside([k0 + 2_000 - KINETO_MINUS_GLOBALTIMER], 132, np.arange(132), np.full(132, 40_000), 10)
+    gt = k0 + 56_000 - KINETO_MINUS_GLOBALTIMER
+    proton = tmp_path / "p.chrome_trace"
+    proton.write_text(json.dumps(proton_trace("other_kernel", [[(s, s, gt, 9_900) for s in range(4)]], 1.98)))
+    plain = write_trace(trace, tmp_path / "plain.json")
+    smmap = SmMap.from_topology(topo)
+    raw = save_raw(tmp_path / "raw", plain, {0: recs}, {0: smmap}, proton, {"what": "a test"})
+    p_records, quantum = proton_records(load_proton(proton), smmap.sm_clock_ghz)
+    direct = enrich(load_trace(plain), maps={0: smmap}, records={0: recs}, proton=p_records,
+                    proton_quantum_ns=quantum)
+    assert json.dumps(enrich_raw(raw), sort_keys=True) == json.dumps(direct, sort_keys=True)
+    with pytest.raises(TraceFormatError, match="no trace.json.gz"):
+        enrich_raw(tmp_path)
+
+
+def test_trace_summary_draws_the_timeline(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    path, _ = _enriched_with_kernels(tmp_path, torch_l2topo.load_example())
+    assert cli(["trace-summary", str(path), "--timeline", str(tmp_path / "t.png"), "--kernel", "row_sum_kernel"]) == 0
+    assert (tmp_path / "t.png").stat().st_size > 10_000 and "wrote" in capsys.readouterr().out

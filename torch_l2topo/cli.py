@@ -117,8 +117,14 @@ def cmd_trace_summary(args) -> int:
     from .profiler.summary import format_summary, summarize
     from .profiler.tracefile import load_trace
 
-    summary = summarize(load_trace(args.trace), args.trace)
+    trace = load_trace(args.trace)
+    summary = summarize(trace, args.trace)
     print(json.dumps(summary, indent=1, default=json_default) if args.json else format_summary(summary))
+    if args.timeline:
+        from .profiler.timeline import render_timeline
+
+        print(f"wrote {render_timeline(trace, args.timeline, kernel=args.kernel)}", file=sys.stderr if args.json
+              else sys.stdout)
     return 0
 
 
@@ -202,6 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
                                              "tail, imbalance, slow-SM share, near share, placement estimate")
     t.add_argument("trace", help="a trace written by torch_l2topo.profile or its trace_handler (.json or .json.gz)")
     t.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    t.add_argument("--timeline", metavar="PNG", help="also draw the per-SM timeline of one launch (needs matplotlib)")
+    t.add_argument("--kernel", help="the kernel whose launch --timeline draws (default: the first instrumented one; "
+                                    "its launch with the longest tail)")
     t.set_defaults(func=cmd_trace_summary)
     return p
 

@@ -67,10 +67,10 @@ class SmMap:
                    measured=m.get("date"), source=m.get("source"))
 
     def to_json(self) -> dict:
+        # full precision: a map read back from a trace orders its SMs exactly as the one that wrote it
         return {"device": self.device, "ids": self.ids, "trust": self.trust, "measured": self.measured,
                 "source": self.source, "partition": self.partition.tolist(),
-                "chain_cycles": np.round(self.chain_cycles, 2).tolist(),
-                "sm_clock_ghz": np.round(self.sm_clock_ghz, 4).tolist()}
+                "chain_cycles": self.chain_cycles.tolist(), "sm_clock_ghz": self.sm_clock_ghz.tolist()}
 
     @classmethod
     def from_json(cls, d: dict) -> SmMap:
