@@ -229,3 +229,18 @@ def test_hta_sees_the_same_kernels_in_the_enriched_trace(base, topo, tmp_path):
     for a, b in zip(plain, rich):
         assert a.sort_values(list(a.columns)).reset_index(drop=True).equals(
             b.sort_values(list(b.columns)).reset_index(drop=True))
+
+
+def test_splicing_the_additions_into_the_profilers_text_equals_a_full_rewrite(base, topo):
+    from torch_l2topo.profiler.tracefile import dumps, parse, splice
+
+    trace, k0 = base
+    text = json.dumps(trace, indent=1)  # laid out unlike our compact dumps: the profiler's own text is kept
+    parsed, end = parse(text, "t")
+    assert parsed == trace
+    out = enrich(parsed, maps={0: SmMap.from_topology(topo)}, records={0: _records(k0)})
+    spliced = splice(text, end, out["traceEvents"][len(trace["traceEvents"]):], out["l2topo"])
+    assert json.loads(spliced) == json.loads(dumps(out)) and spliced.startswith(text[:end - 1])
+    empty = json.dumps({**trace, "traceEvents": []})
+    e_trace, e_end = parse(empty, "t")
+    assert json.loads(splice(empty, e_end, [{"ph": "i"}], {"a": 1}))["traceEvents"] == [{"ph": "i"}]

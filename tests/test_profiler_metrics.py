@@ -73,3 +73,19 @@ def test_blind_near_share_counts_each_partitions_sms():
     partition = np.array([0, 0, 0, 1, -1])  # 3 SMs near partition 0, 1 near partition 1, one undecided
     assert blind_near_share([6, 2, 2], partition) == pytest.approx((6 * 3 / 5 + 2 * 1 / 5) / 10)
     assert blind_near_share(None, partition) is None and blind_near_share([1, 1, 0], np.full(5, -1)) is None
+
+
+def test_the_placement_estimate_is_plans_limit():
+    """The closed form in metrics.placement_estimate is plans.limit over the measured speeds."""
+    from torch_l2topo.placement.plans import SpeedModel, Workload, limit
+    from torch_l2topo.profiler.metrics import placement_estimate
+
+    rng = np.random.default_rng(3)
+    n_sm = 16
+    sm = rng.integers(0, n_sm - 2, 300)  # the last two SMs did nothing: they get the median speed
+    items = rng.integers(1, 9, 300)
+    busy = rng.integers(5_000, 90_000, n_sm)
+    per_sm = np.bincount(sm, weights=items, minlength=n_sm)
+    expected = limit(SpeedModel.from_measured(per_sm, np.where(per_sm > 0, busy, 0)), Workload(int(items.sum())))
+    got = placement_estimate(sm, np.where(per_sm > 0, busy, 0), items, n_sm, span_ns=10**6)
+    assert got["balanced_span_ns_estimate"] == pytest.approx(expected, rel=1e-6, abs=1)

@@ -8,15 +8,13 @@
   item on an SM drawn in proportion to the partitions' SM counts) where its items' classes are known;
 - the slowest decile: the busy time spent on the tenth of SMs with the highest calibrated L2 latency, next to
   their share of the SMs that ran;
-- what placement could save, an estimate: the CTAs' span minus plans.limit() over the SMs' measured rates
-  (items per busy ns; CTAs stand for items where the kernel counts none), the makespan if every item went
-  where it finishes soonest. A lower bound on what any placement reaches, not a promise.
+- what placement could save, an estimate: the CTAs' span minus placement.plans.limit() over the SMs'
+  measured rates (items per busy ns; CTAs stand for items where the kernel counts none), the makespan if
+  every item went where it finishes soonest. A lower bound on what any placement reaches, not a promise.
 """
 from __future__ import annotations
 
 import numpy as np
-
-from ..placement.plans import SpeedModel, Workload, limit
 
 ESTIMATE_NOTE = ("estimate: CTA span minus placement.plans.limit over the SMs' measured rates (a lower bound on "
                  "the makespan of any placement), not a measurement")
@@ -24,18 +22,20 @@ ESTIMATE_NOTE = ("estimate: CTA span minus placement.plans.limit over the SMs' m
 
 def busy_by_sm(sm: np.ndarray, start: np.ndarray, end: np.ndarray, n_sm: int) -> np.ndarray:
     """(n_sm,) ns during which each SM had at least one CTA (union of intervals)."""
-    busy = np.zeros(n_sm, np.int64)
-    order = np.lexsort((start, sm))
-    sm, start, end = sm[order], start[order], end[order]
-    for s in np.unique(sm):
-        if not 0 <= s < n_sm:
-            continue
-        lo, hi = np.searchsorted(sm, s), np.searchsorted(sm, s, side="right")
-        st, en = start[lo:hi], np.maximum.accumulate(end[lo:hi])
-        # each interval adds what it covers beyond the furthest end reached before it
-        before = np.r_[st[0], en[:-1]]
-        busy[s] = int(np.maximum(en - np.maximum(st, before), 0).sum())
-    return busy
+    keep = (sm >= 0) & (sm < n_sm)
+    sm, start, end = sm[keep], start[keep], end[keep]
+    if not len(sm):
+        return np.zeros(n_sm, np.int64)
+    # one pass over all SMs: shift SM s's times by s x (more than the whole span), so that a running maximum
+    # of ends never carries from one SM into the next
+    t0 = start.min()
+    stride = int(max(end.max(), start.max()) - t0) + 1
+    st, en = start - t0 + sm * stride, end - t0 + sm * stride
+    order = np.lexsort((st, sm))
+    st, en, sm = st[order], np.maximum.accumulate(en[order]), sm[order]
+    before = np.r_[st[0], en[:-1]]  # the furthest end reached before each interval
+    covered = np.maximum(en - np.maximum(st, before), 0)
+    return np.bincount(sm, weights=covered, minlength=n_sm).astype(np.int64)
 
 
 def blind_near_share(class_counts, partition: np.ndarray) -> float | None:
@@ -55,8 +55,11 @@ def launch_metrics(sm, start, end, items, near, n_sm: int, kernel_ns: int, smmap
     sm, start, end = np.asarray(sm), np.asarray(start), np.asarray(end)
     items, near = np.asarray(items), np.asarray(near)
     busy = busy_by_sm(sm, start, end, n_sm)
-    used = np.unique(sm[(sm >= 0) & (sm < n_sm)])
-    last_end = np.array([end[sm == s].max() for s in used]) if len(used) else np.zeros(0)
+    on_device = (sm >= 0) & (sm < n_sm)
+    used = np.unique(sm[on_device])
+    last = np.full(n_sm, np.iinfo(np.int64).min)
+    np.maximum.at(last, sm[on_device], end[on_device])
+    last_end = last[used]
     out = {"ctas": int(len(sm)), "sms_used": int(len(used)), "n_sm": int(n_sm), "kernel_ns": int(kernel_ns),
            "cta_span_ns": int(end.max() - start.min()) if len(sm) else 0,
            "busy_ns_median": int(np.median(busy[used])) if len(used) else 0,
@@ -79,12 +82,21 @@ def launch_metrics(sm, start, end, items, near, n_sm: int, kernel_ns: int, smmap
 
 
 def placement_estimate(sm, busy: np.ndarray, items, n_sm: int, span_ns: int) -> dict:
-    """{"balanced_span_ns_estimate", "placement_saving_ns_estimate", "estimate_note"} (module docstring)."""
+    """{"balanced_span_ns_estimate", "placement_saving_ns_estimate", "estimate_note"} (module docstring).
+
+    The balanced span is placement.plans.limit(SpeedModel.from_measured(items per SM, busy ns per SM),
+    Workload(items)): for these items of one class that LP has the closed form total / sum over SMs of
+    1 / (ns per item) (plans.limit's docstring), computed here directly: a few microseconds instead of an LP
+    per launch (tests/test_profiler_metrics.py checks that the two agree)."""
     keep = (sm >= 0) & (sm < n_sm)
     work = items if np.asarray(items).sum() > 0 else np.ones(len(sm), np.int64)  # CTAs stand for items
     per_sm = np.bincount(sm[keep], weights=work[keep], minlength=n_sm)
-    if not ((per_sm > 0) & (busy > 0)).any():
+    seen = (per_sm > 0) & (busy > 0)
+    if not seen.any():
         return {}
-    balanced = limit(SpeedModel.from_measured(per_sm, busy), Workload(int(per_sm.sum())))
+    # SpeedModel.from_measured: an SM without measured work gets the median ns per item of the others
+    ns_per_item = np.full(n_sm, np.median(busy[seen] / per_sm[seen]))
+    ns_per_item[seen] = busy[seen] / per_sm[seen]
+    balanced = per_sm.sum() / (1.0 / ns_per_item).sum()
     return {"balanced_span_ns_estimate": int(round(balanced)),
             "placement_saving_ns_estimate": int(max(span_ns - round(balanced), 0)), "estimate_note": ESTIMATE_NOTE}

@@ -46,7 +46,7 @@ from . import readback
 from .enrich import enrich
 from .proton_trace import load_proton, proton_records
 from .smmap import SmMap
-from .tracefile import load_trace, write_trace
+from .tracefile import METADATA_KEY, dumps, is_ours, load_trace, parse, read_text, splice, write_trace
 
 TOPOLOGY_MODES = ("cached", "calibrate")
 
@@ -133,8 +133,8 @@ class TraceHandler:
         os.close(fd)
         try:
             prof.export_chrome_trace(tmp)
-            trace = load_trace(tmp)
-            self.write(trace, path, records)
+            text = read_text(tmp)
+            self.write(text, path, records)
         finally:
             Path(tmp).unlink(missing_ok=True)
 
@@ -148,15 +148,20 @@ class TraceHandler:
                       proton=proton, proton_quantum_ns=proton_quantum_ns,
                       notes=[self._notes[d] for d in devices if d in self._notes])
 
-    def write(self, trace: dict, path: Path, records: dict) -> Path:
-        """Enrich `trace` and write it to `path`; if that fails, write `trace` as it is and warn why."""
+    def write(self, text: str, path: Path, records: dict) -> Path:
+        """Enrich the exported trace `text` and write it to `path`: the profiler's text as it was plus what this
+        package adds (tracefile.splice). If that fails, write `text` as it is and warn why."""
         try:
+            trace, end = parse(text, path.name)
             out = self.enriched(trace, records)
+            if any(is_ours(ev) for ev in trace["traceEvents"]):  # enriched before: rewritten whole
+                text = dumps(out).decode()
+            else:
+                text = splice(text, end, out["traceEvents"][len(trace["traceEvents"]):], out[METADATA_KEY])
         except Exception as exc:  # nothing lost: the profiler's own trace is written
             warnings.warn(f"torch_l2topo could not enrich {path.name} ({type(exc).__name__}: {exc}); wrote the "
                           f"plain torch.profiler trace", stacklevel=2)
-            out = trace
-        write_trace(out, path)
+        write_trace(text, path)
         if path not in self.written:
             self.written.append(path)
         return path

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import zlib
 from pathlib import Path
 
@@ -24,32 +25,62 @@ L2MAP_PID = 0x4C32 << 16
 MAX_DEVICES = 256
 KINETO_KEYS = ("schemaVersion", "baseTimeNanoseconds")
 GZIP_LEVEL = 6  # zlib's default: close to the best ratio at a fraction of level 9's time
+_EVENTS_KEY = re.compile(r'"traceEvents"\s*:\s*\[')
 
 
 def is_gzip(path) -> bool:
     return str(path).endswith(".gz")
 
 
-def load_trace(path) -> dict:
-    """The trace at `path` (.json or .json.gz) as a dict; TraceFormatError naming the problem for a
-    truncated, malformed or non-Kineto file (FileNotFoundError for a missing one)."""
+def read_text(path) -> str:
+    """The JSON text of the trace file at `path` (.json, or gzip whatever its name)."""
     path = Path(path)
     raw = path.read_bytes()
     try:
-        text = gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
+        data = gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
     except (EOFError, OSError, zlib.error) as exc:
         raise TraceFormatError(f"{path} is a damaged or truncated gzip file ({exc})") from None
     try:
-        trace = json.loads(text)
+        return data.decode()
     except UnicodeDecodeError:
         raise TraceFormatError(f"{path} is not a JSON trace (binary content)") from None
+
+
+def parse(text: str, source: str) -> tuple:
+    """(trace, end): the Kineto trace in `text` and the offset just past its traceEvents array (where splice()
+    appends). The array, nearly all of a trace, is parsed once; TraceFormatError for anything else."""
+    try:
+        at = _EVENTS_KEY.search(text)
+        if at is None:
+            trace, end = json.loads(text), -1
+        else:
+            events, end = json.JSONDecoder().raw_decode(text, at.end() - 1)
+            trace = json.loads(text[:at.end() - 1] + "[]" + text[end:])
+            trace["traceEvents"] = events
     except json.JSONDecodeError as exc:
         # a whole JSON object ends with its closing brace: a file that does not was cut short
-        where = "the file ends early: truncated" if not text.rstrip().endswith(b"}") else \
+        where = "the file ends early: truncated" if not text.rstrip().endswith("}") else \
             f"line {exc.lineno} column {exc.colno}"
-        raise TraceFormatError(f"{path} is not valid JSON ({exc.msg}; {where})") from None
-    check_kineto(trace, str(path))
-    return trace
+        raise TraceFormatError(f"{source} is not valid JSON ({exc.msg}; {where})") from None
+    check_kineto(trace, source)
+    return trace, end
+
+
+def load_trace(path) -> dict:
+    """The trace at `path` (.json or .json.gz) as a dict; TraceFormatError naming the problem for a
+    truncated, malformed or non-Kineto file (FileNotFoundError for a missing one)."""
+    return parse(read_text(path), str(path))[0]
+
+
+def splice(text: str, end: int, events: list, metadata: dict) -> str:
+    """`text` (a trace and parse()'s `end`) with `events` appended to its traceEvents and `metadata` under
+    METADATA_KEY, leaving the profiler's own text as it was: no second serialization of its events."""
+    close = end - 1  # the array's "]"
+    head = text[:close]
+    joiner = "," if events and head.rstrip()[-1] != "[" else ""
+    body = head + joiner + dumps(events).decode()[1:-1] + text[close:]
+    last = body.rstrip().rfind("}")
+    return body[:last] + f',"{METADATA_KEY}":' + dumps(metadata).decode() + body[last:]
 
 
 def check_kineto(trace, source: str) -> None:
@@ -71,9 +102,9 @@ def dumps(trace: dict) -> bytes:
     return json.dumps(trace, separators=(",", ":")).encode()
 
 
-def write_trace(trace: dict, path) -> Path:
-    """Write `trace` atomically to `path`, gzipped when the name ends in .gz."""
-    data = dumps(trace)
+def write_trace(trace, path) -> Path:
+    """Write `trace` (a dict, or its JSON text) atomically to `path`, gzipped when the name ends in .gz."""
+    data = trace.encode() if isinstance(trace, str) else dumps(trace)
     if is_gzip(path):
         data = gzip.compress(data, compresslevel=GZIP_LEVEL)
     return atomic_write(Path(path), data)

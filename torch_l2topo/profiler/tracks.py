@@ -34,22 +34,25 @@ def us(ns) -> float:
 def lanes(sm: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
     """Per CTA, the lowest lane of its SM free at its start (greedy in start order)."""
     lane = np.zeros(len(sm), np.int64)
-    for s in np.unique(sm):
-        rows = np.flatnonzero(sm == s)
-        rows = rows[np.argsort(start[rows], kind="stable")]
-        if len(rows) < 2 or (start[rows][1:] >= np.maximum.accumulate(end[rows])[:-1]).all():
-            continue  # the common case: one CTA at a time on this SM, all in lane 0
-        free: list = []  # (end, lane) of the lanes in use
-        spare: list = []
-        used = 0
-        for r in rows:
-            while free and free[0][0] <= start[r]:
-                heapq.heappush(spare, heapq.heappop(free)[1])
-            if spare:
-                lane[r] = heapq.heappop(spare)
-            else:
-                lane[r], used = used, used + 1
-            heapq.heappush(free, (end[r], lane[r]))
+    order = np.lexsort((start, sm))
+    s_sorted, st, en = sm[order], start[order], end[order]
+    same = s_sorted[1:] == s_sorted[:-1]
+    if not (same & (st[1:] < en[:-1])).any():
+        return lane  # the common case: one CTA at a time on every SM, all in lane 0
+    free: list = []   # (end, lane) of the lanes in use on the current SM
+    spare: list = []  # lanes given back
+    used, current = 0, None
+    for i, (s, t0, t1) in enumerate(zip(s_sorted.tolist(), st.tolist(), en.tolist())):
+        if s != current:
+            free, spare, used, current = [], [], 0, s
+        while free and free[0][0] <= t0:
+            heapq.heappush(spare, heapq.heappop(free)[1])
+        if spare:
+            k = heapq.heappop(spare)
+        else:
+            k, used = used, used + 1
+        heapq.heappush(free, (t1, k))
+        lane[order[i]] = k
     return lane
 
 
@@ -88,14 +91,17 @@ def cta_events(device: int, kernel: str, sm, program, start, end, items, near, l
     """One slice per CTA on its SM's lane (columns of one kernel; launch: the kernel event's traceEvents
     index, the key that ties a CTA to its launch slice)."""
     pid = pid_of(device)
+    ts = np.round(np.asarray(start) / 1000.0, 3).tolist()
+    dur = np.round(np.maximum(np.asarray(end) - np.asarray(start), 0) / 1000.0, 3).tolist()
+    tid = (np.asarray(sm) + np.asarray(lane) * LANE_STRIDE).tolist()
     out = []
-    for s, p, t0, t1, n, k, ln, li in zip(sm.tolist(), program.tolist(), start.tolist(), end.tolist(),
-                                          items.tolist(), near.tolist(), lane.tolist(), launch.tolist()):
+    for s, p, t, d, i, n, k, li in zip(sm.tolist(), program.tolist(), ts, dur, tid, items.tolist(), near.tolist(),
+                                       launch.tolist()):
         args = {"sm": s, "program": p, "items": n, "launch": li, "source": source}
         if k >= 0:
             args["near"] = k
-        out.append({"ph": "X", "cat": CTA_CATEGORY, "name": kernel, "pid": pid, "tid": s + ln * LANE_STRIDE,
-                    "ts": us(t0), "dur": us(max(t1 - t0, 0)), "args": args})
+        out.append({"ph": "X", "cat": CTA_CATEGORY, "name": kernel, "pid": pid, "tid": i, "ts": t, "dur": d,
+                    "args": args})
     return out
 
 
