@@ -109,6 +109,7 @@ def _cycle(step, make_profiler, gpu_ms: list) -> float:
                 end.record()
             prof.step()
     wall = time.perf_counter() - t0
+    torch.cuda.synchronize()
     gpu_ms.append(start.elapsed_time(end))
     return wall
 

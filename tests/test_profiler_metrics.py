@@ -51,6 +51,7 @@ def test_launch_metrics_by_hand():
     assert m["tail_ns"] == int(3500 - np.median(last_end))
     assert m["imbalance"] == pytest.approx(3500 / busy.mean() - 1, abs=1e-4)
     assert m["near_share"] == pytest.approx(4 * n_sm / (10 * n_sm), abs=1e-4)  # over CTAs that counted
+    assert m["far_share"] == pytest.approx(1 - 4 / 10, abs=1e-4)
     assert m["slow_decile_sms"] == [18, 19]  # ceil(0.1 * 20) SMs with the highest latency
     assert m["slow_decile_busy_share"] == pytest.approx((busy[18] + busy[19]) / busy.sum(), abs=1e-4)
     assert m["slow_decile_sm_share"] == pytest.approx(2 / 20)

@@ -4,8 +4,9 @@
 - tail: the last CTA's end minus the median SM's last end (how long the slowest SM kept the kernel alive);
 - imbalance: the busiest SM's busy time over the mean, minus 1 (SMs that ran a CTA);
 - near share: of the items done, those whose data is homed in the partition of the SM that did them (where
-  the kernel counts them), next to what a placement blind to the map would give (blind_near_share: each
-  item on an SM drawn in proportion to the partitions' SM counts) where its items' classes are known;
+  the kernel counts them; far share: the rest, items of unknown home included), next to what a placement
+  blind to the map would give (blind_near_share: each item on an SM drawn in proportion to the partitions'
+  SM counts) where its items' classes are known;
 - the slowest decile: the busy time spent on the tenth of SMs with the highest calibrated L2 latency, next to
   their share of the SMs that ran;
 - what placement could save, an estimate: the CTAs' span minus placement.plans.limit() over the SMs'
@@ -70,6 +71,7 @@ def launch_metrics(sm, start, end, items, near, n_sm: int, kernel_ns: int, smmap
     counted = near >= 0
     out["near_share"] = round(float(near[counted].sum() / items[counted].sum()), 4) \
         if counted.any() and items[counted].sum() else None
+    out["far_share"] = None if out["near_share"] is None else round(1 - out["near_share"], 4)
     partition = smmap.partition if smmap is not None and smmap.n_sm == n_sm else None
     out["blind_near_share"] = None if partition is None else blind_near_share(class_counts, partition)
     if partition is not None and len(used):

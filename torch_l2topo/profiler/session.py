@@ -197,7 +197,9 @@ class profile(torch.profiler.profile):
         if "on_trace_ready" in profiler_options:
             raise TypeError("torch_l2topo.profile writes its own traces; to combine with another on_trace_ready, "
                             "use torch.profiler.profile(on_trace_ready=...) and call a TraceHandler from it")
-        self.handler = TraceHandler(path_or_dir, topology=topology, include_ids=include_ids, record=record,
+        # record=False: this class switches recording itself (prepare_trace .. stop_trace), so that a plain
+        # torch.profiler run in the same process does not start recording
+        self.handler = TraceHandler(path_or_dir, topology=topology, include_ids=include_ids, record=False,
                                     use_gzip=use_gzip)
         self.record, self.capacity, self.proton = record, capacity, proton
         self.devices = devices
