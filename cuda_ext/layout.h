@@ -27,6 +27,19 @@ constexpr int PLACE_SHARES = 1;
 constexpr int PLACE_QUEUES = 2;
 constexpr int PLACE_MODE_MASK = 3;
 
+// ---- CTA recorder buffer (int64) ----
+constexpr int REC_CURSOR = 0;
+constexpr int REC_CAPACITY = 1;
+constexpr int REC_HEADER = 2;
+constexpr int REC_TAG = 0;
+constexpr int REC_SM = 1;
+constexpr int REC_PROGRAM = 2;
+constexpr int REC_START_NS = 3;
+constexpr int REC_END_NS = 4;
+constexpr int REC_ITEMS = 5;
+constexpr int REC_NEAR = 6;
+constexpr int REC_WORDS = 7;
+
 // ---- placement plan (int32) ----
 constexpr int PLAN_N_SLOTS = 0;
 constexpr int PLAN_N_STATIC = 1;

@@ -44,7 +44,8 @@ def _public_cuda_functions(path: Path) -> set:
     return set(re.findall(r"__device__ [^(]*?\b([a-z]\w*)\(", text))
 
 
-@pytest.mark.parametrize("triton_file, cuda_file", [("protocol.py", "protocol.cuh"), ("placement.py", "placement.cuh")])
+@pytest.mark.parametrize("triton_file, cuda_file", [("protocol.py", "protocol.cuh"), ("placement.py", "placement.cuh"),
+                                                    ("recorder.py", "recorder.cuh")])
 def test_device_api_is_mirrored_in_both_backends(triton_file, cuda_file):
     t = _public_triton_functions(ROOT / "triton_kernels" / triton_file)
     c = _public_cuda_functions(ROOT / "cuda_ext" / cuda_file)
@@ -69,9 +70,10 @@ def test_cuda_kernels_compile_for_sm90_without_spills(tmp_path, source):
 
 
 def test_public_headers_compile_in_a_users_kernel(tmp_path):
-    """A user's kernel including the public headers (protocol, signature, placement) builds on its own."""
+    """A user's kernel including the public headers (protocol, signature, placement, recorder) builds on its own."""
     src = tmp_path / "user.cu"
     src.write_text('#include "protocol.cuh"\n#include "l2_signature.cuh"\n#include "placement.cuh"\n'
+                   '#include "recorder.cuh"\n'
                    "__global__ void user(int64_t* ctrl) { if (threadIdx.x == 0) l2topo::finish_turn(ctrl); }\n")
     out = subprocess.run([_nvcc(), "-arch=sm_90", "-I", str(ROOT / "cuda_ext"), "-c", str(src), "-o",
                           str(tmp_path / "user.o")], capture_output=True, text=True, timeout=300)

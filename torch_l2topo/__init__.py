@@ -5,13 +5,14 @@ one; load_example() returns a bundled real H200 calibration; sm_labels() labels 
 fit_nuca() and analyze() explain it; write_report() writes it up; Localizer tells a kernel where it runs;
 signature() and Registry fingerprint a device; sm_aware places a kernel's work items on SMs by the map;
 partition_map() says which L2 partition each block of a tensor is homed in; on_sms() runs unmodified ops
-on the SMs a calibration ranks best (green contexts). calibrate_all() calibrates every local GPU at once;
-torch_l2topo.distributed gathers the maps of every GPU of a torch.distributed job into a fleet table.
+on the SMs a calibration ranks best (green contexts); profile() is torch.profiler.profile writing traces
+with the L2 map and per-CTA timelines (torch_l2topo.profiler). calibrate_all() calibrates every local GPU at
+once; torch_l2topo.distributed gathers the maps of every GPU of a torch.distributed job into a fleet table.
 
 The package has one folder per role (tests/test_import_graph.py states what each may import): measure/
-(kernels launched to measure), analysis/ (CPU only), placement/, identity/, geometry/, report/. The verbs
-that need torch at import time (sm_aware, partition_map) load on first use, so `import torch_l2topo` needs
-neither torch's CUDA side nor Triton.
+(kernels launched to measure), analysis/ (CPU only), placement/, identity/, geometry/, report/, profiler/.
+The verbs that need torch at import time (sm_aware, partition_map, profile) load on first use, so `import
+torch_l2topo` needs neither torch's CUDA side nor Triton.
 """
 from .analysis.labels import partition_column, sm_labels
 from .analysis.nuca import fit_nuca
@@ -28,6 +29,7 @@ from .errors import (
     ProbeTimeout,
     RegistryError,
     TopologyFormatError,
+    TraceFormatError,
 )
 from .identity.fingerprint import signature
 from .identity.registry import Registry
@@ -47,13 +49,16 @@ register_sm_column("partition", partition_column)
 _LAZY = {
     "sm_aware": ("torch_l2topo.placement.sm_aware", "sm_aware"),
     "partition_map": ("torch_l2topo.placement.partition_map", "partition_map"),
+    "profile": ("torch_l2topo.profiler.session", "profile"),
 }
 
 __all__ = ["calibrate", "calibrate_all", "Topology", "ProbeConfig", "load_example", "list_examples", "sm_labels",
            "fit_nuca",
            "analyze", "write_report", "Localizer", "signature", "Registry", "sm_aware", "partition_map", "on_sms",
+           "profile",
            "L2TopoError", "DeviceError", "BackendUnavailable", "ProbeError", "ProbeTimeout", "CalibrationDisturbed",
-           "CalibrationMismatch", "TopologyFormatError", "RegistryError", "PlacementError", "__version__"]
+           "CalibrationMismatch", "TopologyFormatError", "RegistryError", "PlacementError", "TraceFormatError",
+           "__version__"]
 
 
 def __getattr__(name):

@@ -1,5 +1,5 @@
-"""Command line: `python -m torch_l2topo [calibrate|show|report|examples|geometry|enroll|identify|fleet] ...` (also
-installed as `torch-l2topo`). Thin: parse, call the library, print.
+"""Command line: `python -m torch_l2topo [calibrate|show|report|examples|geometry|enroll|identify|fleet|
+trace-summary] ...` (also installed as `torch-l2topo`). Thin: parse, call the library, print.
 
 Exit statuses (EXIT_STATUS, shown by --help): 0 done (identify: a match); 1 identify: no match; 3 identify:
 ambiguous; 2 an error, as one line on stderr (bad arguments: argparse's usage message); 141 standard output
@@ -172,6 +172,24 @@ def cmd_fleet(args) -> int:
     return 0
 
 
+def cmd_trace_summary(args) -> int:
+    import json
+
+    from .files import json_default
+    from .profiler.summary import format_summary, summarize
+    from .profiler.tracefile import load_trace
+
+    trace = load_trace(args.trace)
+    summary = summarize(trace, args.trace)
+    print(json.dumps(summary, indent=1, default=json_default) if args.json else format_summary(summary))
+    if args.timeline:
+        from .profiler.timeline import render_timeline
+
+        print(f"wrote {render_timeline(trace, args.timeline, kernel=args.kernel)}", file=sys.stderr if args.json
+              else sys.stdout)
+    return 0
+
+
 def cmd_main_job(args) -> int:
     """No subcommand: calibrate the local GPU; without one, show the bundled H200 calibration and say so."""
     import torch
@@ -272,6 +290,14 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--force", action="store_true", help="measure even if a cached calibration exists")
     f.add_argument("--out", help="rank 0 also writes the fleet (table, distances, findings, health) to this JSON file")
     f.set_defaults(func=cmd_fleet)
+    t = sub.add_parser("trace-summary", help="per instrumented kernel of a torch_l2topo profiler trace: SM busy time, "
+                                             "tail, imbalance, slow-SM share, near share, placement estimate")
+    t.add_argument("trace", help="a trace written by torch_l2topo.profile or its trace_handler (.json or .json.gz)")
+    t.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    t.add_argument("--timeline", metavar="PNG", help="also draw the per-SM timeline of one launch (needs matplotlib)")
+    t.add_argument("--kernel", help="the kernel whose launch --timeline draws (default: the first instrumented one; "
+                                    "its launch with the longest tail)")
+    t.set_defaults(func=cmd_trace_summary)
     return p
 
 

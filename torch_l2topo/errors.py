@@ -50,6 +50,11 @@ class PlacementError(L2TopoError):
     asked for during CUDA graph capture before it was built."""
 
 
+class TraceFormatError(L2TopoError):
+    """A profiler trace is malformed, truncated, or not a PyTorch profiler (Kineto) trace; or a Proton trace is
+    not in the format the profiler merges. The file is never modified."""
+
+
 def check_choice(name: str, value, choices) -> None:
     """Raise ValueError unless `value` is one of `choices` (the one check of a named option)."""
     if value not in tuple(choices):

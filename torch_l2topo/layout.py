@@ -13,6 +13,8 @@ direct (nothing: program p takes item p). Placement state (int64): per-SM (or pe
 cursor, the count of finished CTAs (shares mode: the last CTA out zeroes the cursors, so launches need no host
 reset and can be captured in CUDA graphs; queues mode: the launcher zeroes the cursors before each launch, a
 memset captured with it), then per-SM statistics that accumulate across launches (shares mode).
+CTA recorder (int64): a cursor and the capacity, then one record per CTA (profiler/, placement policy
+"measured"); triton_kernels/recorder.py appends them.
 """
 
 # ---- probe control block ------------------------------------------------------------------------------
@@ -61,6 +63,22 @@ PLAN_MAGIC_VALUE = 0x4C32504C  # "L2PL"
 PLAN_MAX_SLOTS = 256
 PLAN_MAX_QUEUES = 64  # queues mode: the scan of every queue's cursor is one vector this wide
 
+# ---- CTA recorder buffer (int64) ---------------------------------------------------------------------
+# One fixed buffer per GPU (placement/recording.py), written by kernels that record their CTAs: a header, then
+# REC_WORDS words per record. A CTA reserves its record with one atomic on the cursor; the cursor keeps
+# counting past the capacity, so the host reads dropped records as cursor - capacity without a second counter.
+REC_CURSOR = 0     # records reserved so far (may exceed REC_CAPACITY: the excess was dropped)
+REC_CAPACITY = 1   # records the buffer holds, written by the host when it allocates the buffer
+REC_HEADER = 2     # record r occupies words REC_HEADER + r * REC_WORDS onwards
+REC_TAG = 0        # which kernel: the tag CtaRecorder.register() gave its name
+REC_SM = 1         # %smid of the SM that ran the CTA
+REC_PROGRAM = 2    # program id (Triton program_id(0); CUDA: the linear block index)
+REC_START_NS = 3   # %globaltimer when the CTA started its work
+REC_END_NS = 4     # %globaltimer when the CTA wrote its record
+REC_ITEMS = 5      # work items the CTA did
+REC_NEAR = 6       # of those, items whose data is homed in the SM's own L2 partition; -1: not known
+REC_WORDS = 7
+
 # ---- placement state (int64) --------------------------------------------------------------------------
 # Fixed words first, then cursor[s] at STATE_CURSORS + s, then per-SM statistics that accumulate across
 # launches: statistic k of SM s at STATE_CURSORS + (1 + k) * n_slots + s.
@@ -87,3 +105,8 @@ def state_words(n_slots: int) -> int:
 def stat_offset(stat: int, n_slots: int) -> int:
     """Index of statistic `stat` of SM 0 in a placement state tensor."""
     return STATE_CURSORS + (1 + stat) * n_slots
+
+
+def recorder_words(capacity: int) -> int:
+    """Length of a CTA recorder buffer holding `capacity` records."""
+    return REC_HEADER + capacity * REC_WORDS

@@ -1,0 +1,214 @@
+"""The profiler on a GPU: the recorder writes exactly one record per program and nothing when off (no recording
+instruction compiled in), a full buffer counts its drops, torch_l2topo.profile writes one enriched trace per
+cycle with every CTA once on its SM inside its own kernel (eager and CUDA graph replays, two cycles), several
+GPUs in one process, Proton's CTAs merge, and the example model (an @sm_aware op, contract v2) end to end."""
+import numpy as np
+import pytest
+import torch
+
+import torch_l2topo
+from torch_l2topo import layout
+from torch_l2topo.placement import recording
+from torch_l2topo.profiler.align import TICK_NS
+from torch_l2topo.profiler.demo import KERNEL_NAME, row_sums, scoped_copy
+from torch_l2topo.profiler.readback import launches
+from torch_l2topo.profiler.tracefile import load_trace
+from torch_l2topo.profiler.tracks import CTA_CATEGORY
+
+pytestmark = pytest.mark.gpu
+ROWS, DIM, GRID = 20_000, 48, 264
+CONTRACT_V2 = hasattr(layout, "PLACE_RECORD")  # @sm_aware kernels take PLACE (issue 16)
+
+
+def _n_sm(device=0):
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _expected_items(grid, n_rows):
+    return np.array([len(range(p, n_rows, grid)) for p in range(grid)])
+
+
+def test_the_recorder_holds_one_record_per_program():
+    x = torch.randn(ROWS, DIM, device="cuda")
+    with recording.recording(devices=[0]):
+        rec = recording.active_recorder(0)
+        rec.drain()
+        out = row_sums(x, grid=GRID)
+        records = rec.drain()
+    torch.testing.assert_close(out, x.sum(dim=1), rtol=1e-5, atol=1e-4)
+    assert records.kernel_names() == [KERNEL_NAME] and records.dropped == 0
+    order = np.argsort(records.program)
+    assert records.program[order].tolist() == list(range(GRID))
+    assert records.items[order].tolist() == _expected_items(GRID, ROWS).tolist()
+    assert ((records.sm >= 0) & (records.sm < _n_sm())).all()
+    span = records.end_ns - records.start_ns
+    assert (span >= 0).all() and (span < 1e9).all()
+    assert records.end_ns.max() - records.start_ns.min() < 1e9  # one launch, well under a second
+
+
+def test_near_counts_follow_the_partition_of_the_sm():
+    x = torch.randn(ROWS, DIM, device="cuda")
+    classes = torch.zeros(ROWS, dtype=torch.int32, device="cuda")  # every row homed in partition 0
+    part = torch.arange(_n_sm(), device="cuda", dtype=torch.int32) % 2  # even SMs near partition 0
+    with recording.recording(devices=[0]):
+        rec = recording.active_recorder(0)
+        rec.drain()
+        row_sums(x, item_class=classes, sm_partition=part, grid=GRID)
+        records = rec.drain()
+    near_expected = np.where(records.sm % 2 == 0, records.items, 0)
+    assert records.near.tolist() == near_expected.tolist()
+
+
+def test_recording_off_writes_nothing_and_compiles_nothing():
+    from torch_l2topo.triton_kernels.recorder_demo import row_sum_kernel
+
+    x = torch.randn(ROWS, DIM, device="cuda")
+    rec = recording.recorder(0)
+    rec.drain()
+    out = torch.empty(ROWS, device="cuda")
+    idle = torch.zeros(1, dtype=torch.int64, device="cuda")
+    cls = torch.zeros(ROWS, dtype=torch.int32, device="cuda")
+    part = torch.zeros(_n_sm(), dtype=torch.int32, device="cuda")
+    compiled = row_sum_kernel[(GRID,)](x, out, ROWS, DIM, cls, part, idle, 0, RECORD=False, BLOCK=64)
+    assert not any(n in compiled.asm["ptx"] for n in ("%globaltimer", "%smid", "atom."))
+    assert recording.active_recorder(0) is None  # recording is off outside profiling
+    row_sums(x, out=out)
+    assert len(rec.drain()) == 0 and idle.item() == 0
+    torch.testing.assert_close(out, x.sum(dim=1), rtol=1e-5, atol=1e-4)
+
+
+def test_a_full_buffer_counts_its_drops():
+    small = recording.CtaRecorder(0, capacity=100)
+    from torch_l2topo.triton_kernels.recorder_demo import row_sum_kernel
+
+    x = torch.randn(ROWS, DIM, device="cuda")
+    tag = small.register(KERNEL_NAME)
+    row_sum_kernel[(GRID,)](x, torch.empty(ROWS, device="cuda"), ROWS, DIM,
+                            torch.zeros(ROWS, dtype=torch.int32, device="cuda"),
+                            torch.zeros(_n_sm(), dtype=torch.int32, device="cuda"), small.buffer, tag, RECORD=True,
+                            BLOCK=64)
+    records = small.drain()
+    assert len(records) == 100 and records.dropped == GRID - 100
+    assert len(set(records.program.tolist())) == 100
+
+
+def _check_trace(path, launches_per_cycle, grid):
+    """Every CTA of every launch once, on an SM of the device, inside its own kernel event."""
+    trace = load_trace(path)
+    meta = trace["l2topo"]["devices"]["0"]
+    a = meta["alignment"]["recorder"]
+    assert a["matched"] == launches_per_cycle * grid and a["launches"] == launches_per_cycle
+    assert a["outside"] == 0 and a["max_misalignment_ns"] <= TICK_NS
+    ls = [launch for launch in launches(trace) if launch["kernel"] == KERNEL_NAME]
+    assert len(ls) == launches_per_cycle
+    events = trace["traceEvents"]
+    for launch in ls:
+        ctas = [ev for ev in events if ev.get("cat") == CTA_CATEGORY and ev["args"]["launch"] == launch["launch"]]
+        assert sorted(ev["args"]["program"] for ev in ctas) == list(range(grid))
+        kernel = events[launch["launch"]]
+        for ev in ctas:
+            assert 0 <= ev["args"]["sm"] < _n_sm()
+            assert kernel["ts"] - TICK_NS / 1000 <= ev["ts"]
+            assert ev["ts"] + ev["dur"] <= kernel["ts"] + kernel["dur"] + TICK_NS / 1000
+    return trace
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "cuda-graph"])
+def test_profile_two_cycles_every_cta_inside_its_kernel(tmp_path, graph):
+    torch_l2topo.calibrate(0)  # cached after the first call: the traces get the L2 map
+    x = torch.randn(ROWS, DIM, device="cuda")
+    out = torch.empty(ROWS, device="cuda")
+    w = torch.randn(DIM, DIM, device="cuda")
+
+    def step():
+        row_sums(x, grid=GRID, out=out)
+        x @ w
+
+    if graph:
+        with recording.recording(devices=[0]):  # captured while recording: replays record
+            step()  # compiles the recording variant outside the capture
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                step()
+        step = g.replay
+    sched = torch.profiler.schedule(wait=1, warmup=1, active=2, repeat=2)
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch_l2topo.profile(tmp_path, schedule=sched, activities=acts) as prof:
+        for _ in range(8):
+            step()
+            prof.step()
+    assert len(prof.written) == 2
+    for path in prof.written:
+        trace = _check_trace(path, launches_per_cycle=2, grid=GRID)
+        assert trace["l2topo"]["devices"]["0"]["calibration"]["device"]["sm_count"] == _n_sm()
+    torch.testing.assert_close(out, x.sum(dim=1), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_two_gpus_in_one_process(tmp_path):
+    xs = [torch.randn(ROWS, DIM, device=f"cuda:{d}") for d in (0, 1)]
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch_l2topo.profile(tmp_path / "t.json", activities=acts, devices=[0, 1]) as prof:
+        for x in xs:
+            row_sums(x, grid=GRID)
+    trace = load_trace(prof.written[0])
+    for d in ("0", "1"):
+        a = trace["l2topo"]["devices"][d]["alignment"]["recorder"]
+        assert a["matched"] == GRID and a["outside"] == 0
+
+
+def test_proton_ctas_merge_into_the_trace(tmp_path):
+    pytest.importorskip("triton.profiler")
+    x = torch.randn(1 << 20, device="cuda")
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch_l2topo.profile(tmp_path / "t.json", activities=acts, proton=True) as prof:
+        for _ in range(2):
+            y = scoped_copy(x)
+    torch.testing.assert_close(y, x)
+    trace = load_trace(prof.written[0])
+    a = trace["l2topo"]["devices"]["0"]["alignment"]["proton"]
+    n_ctas = (1 << 20) // 1024
+    assert a["matched"] == 2 * n_ctas
+    assert a["max_misalignment_ns"] <= TICK_NS + a["quantum_ns"]
+
+
+@pytest.mark.skipif(not CONTRACT_V2, reason="@sm_aware kernels take PLACE once placement contract v2 (issue 16) lands")
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "cuda-graph"])
+def test_the_example_model_end_to_end(tmp_path, graph):
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "profile_model", Path(__file__).resolve().parents[1] / "examples" / "profile_model.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    torch_l2topo.calibrate(0)
+    written = example.run(tmp_path, cycles=2, graph=graph)
+    assert len(written) == 2
+    for path in written:
+        trace = load_trace(path)
+        ls = [launch for launch in launches(trace) if launch["kernel"] == "gather_rows"]
+        assert len(ls) == 2 and all(launch["items"] == example.BATCH for launch in ls)
+        a = trace["l2topo"]["devices"]["0"]["alignment"]["recorder"]
+        assert a["outside"] == 0 and a["max_misalignment_ns"] <= TICK_NS
+
+
+@pytest.mark.skipif(not CONTRACT_V2, reason="@sm_aware kernels take PLACE once placement contract v2 (issue 16) lands")
+def test_a_compiled_model_calling_an_sm_aware_op_is_recorded(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "profile_model", Path(__file__).resolve().parents[1] / "examples" / "profile_model.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    model = example.Model(example.gather_op()).cuda()
+    compiled = torch.compile(model)
+    idx = torch.randint(0, example.N_ROWS, (example.BATCH,), device="cuda")
+    compiled(idx)  # compile outside the profiler
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch_l2topo.profile(tmp_path / "t.json", activities=acts) as prof:
+        torch.testing.assert_close(compiled(idx), model(idx))
+    ls = [launch for launch in launches(load_trace(prof.written[0])) if launch["kernel"] == "gather_rows"]
+    assert len(ls) == 2 and all(launch["items"] == example.BATCH for launch in ls)

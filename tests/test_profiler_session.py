@@ -1,0 +1,181 @@
+"""The torch.profiler hook on the CPU: torch_l2topo.profile and trace_handler write one enriched trace per cycle
+(named by cycle), a failed enrichment still leaves the profiler's own trace, Proton merges into a written
+trace without losing its CTAs, and trace-summary and the timeline figure read an enriched trace back."""
+import json
+
+import numpy as np
+import pytest
+import torch
+from synthetic_traces import (
+    KINETO_MINUS_GLOBALTIMER,
+    add_kernels,
+    cpu_trace,
+    ctas_inside,
+    kineto_start_ns,
+    proton_trace,
+)
+
+import torch_l2topo
+from torch_l2topo.cli import main as cli
+from torch_l2topo.errors import TraceFormatError
+from torch_l2topo.profiler import session
+from torch_l2topo.profiler.enrich import enrich
+from torch_l2topo.profiler.readback import calibrations, launches, recorded_ctas
+from torch_l2topo.profiler.smmap import SmMap
+from torch_l2topo.profiler.summary import summarize
+from torch_l2topo.profiler.timeline import pick_launch, render_timeline, timeline_rows
+from torch_l2topo.profiler.tracefile import load_trace, write_trace
+
+ACTIVITIES = [torch.profiler.ProfilerActivity.CPU]
+
+
+def _steps(prof, n):
+    model = torch.nn.Linear(16, 16)
+    for _ in range(n):
+        model(torch.randn(8, 16)).sum()
+        prof.step()
+
+
+def test_profile_writes_one_enriched_trace_per_cycle(tmp_path):
+    assert torch_l2topo.profile is session.profile  # the lazy top-level name
+    sched = torch.profiler.schedule(wait=1, warmup=1, active=2, repeat=2)
+    topo = torch_l2topo.load_example()
+    with torch_l2topo.profile(tmp_path, schedule=sched, activities=ACTIVITIES, topology={0: topo}) as prof:
+        _steps(prof, 8)
+    assert len(prof.written) == 2 and [p.name.split(".")[1] for p in prof.written] == ["0", "1"]
+    for path in prof.written:
+        trace = load_trace(path)
+        assert any(ev.get("name", "").startswith("ProfilerStep#") for ev in trace["traceEvents"])
+        assert calibrations(trace)[0].n_sm == topo.n_sm
+        assert trace["l2topo"]["devices"]["0"]["calibration"]["ids"]["uuid_hash"] == topo.meta["uuid_hash"]
+
+
+def test_a_file_name_gets_one_file_per_cycle(tmp_path):
+    sched = torch.profiler.schedule(wait=0, warmup=0, active=1, repeat=3)
+    with torch.profiler.profile(activities=ACTIVITIES, schedule=sched,
+                                on_trace_ready=torch_l2topo.profiler.trace_handler(tmp_path / "t.json.gz",
+                                                                                   topology=None)) as prof:
+        _steps(prof, 3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.1.json.gz", "t.2.json.gz", "t.json.gz"]
+    assert "l2topo" in load_trace(tmp_path / "t.2.json.gz")
+
+
+def test_a_failed_enrichment_still_writes_the_profilers_trace(tmp_path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated failure")
+
+    monkeypatch.setattr(session, "enrich", broken)
+    with pytest.warns(UserWarning, match="simulated failure"):
+        with torch_l2topo.profile(tmp_path / "t.json", activities=ACTIVITIES, topology=None) as prof:
+            _steps(prof, 1)
+    trace = load_trace(tmp_path / "t.json")
+    assert "l2topo" not in trace and any(ev.get("ph") == "X" for ev in trace["traceEvents"])
+
+
+def test_options_are_checked():
+    with pytest.raises(ValueError, match="topology"):
+        session.TraceHandler("x.json", topology="latest")
+    with pytest.raises(TypeError, match="on_trace_ready"):
+        torch_l2topo.profile("x", on_trace_ready=print)
+
+
+def _enriched_with_kernels(tmp_path, topo):
+    """A written enriched trace: 3 launches of row_sum_kernel (132 CTAs each) and 2 of other_kernel."""
+    trace = cpu_trace(tmp_path)
+    k0 = kineto_start_ns(trace)
+    trace = add_kernels(trace, 0, [("row_sum_kernel", k0 + i * 80_000, 50_000) for i in range(3)] +
+                        [("other_kernel", k0 + 55_000 + i * 80_000, 20_000) for i in range(2)])
+    cta_ns = np.full(132, 40_000)
+    cta_ns[17] = 47_000  # one slow SM: the tail
+    recs = ctas_inside([k0 + i * 80_000 + 2_000 - KINETO_MINUS_GLOBALTIMER for i in range(3)], 132, np.arange(132),
+                       cta_ns, 10)
+    path = write_trace(enrich(trace, maps={0: SmMap.from_topology(topo)}, records={0: recs}), tmp_path / "t.json")
+    return path, k0
+
+
+def test_merge_proton_keeps_the_recorded_ctas(tmp_path):
+    topo = torch_l2topo.load_example()
+    path, k0 = _enriched_with_kernels(tmp_path, topo)
+    before = recorded_ctas(load_trace(path))[0]
+    gt = k0 + 55_000 + 1_000 - KINETO_MINUS_GLOBALTIMER
+    proton = tmp_path / "p.chrome_trace"
+    proton.write_text(json.dumps(proton_trace("other_kernel", [[(s, s, gt, 9_900) for s in range(8)]], 1.98)))
+    torch_l2topo.profiler.merge_proton(path, proton)
+    merged = load_trace(path)
+    after = recorded_ctas(merged)[0]
+    assert len(after) == len(before) and (after.start_ns == before.start_ns).all()
+    assert merged["l2topo"]["devices"]["0"]["alignment"]["proton"]["matched"] == 8
+    assert {launch["kernel"] for launch in launches(merged)} == {"row_sum_kernel", "other_kernel"}
+    bad = tmp_path / "bad.chrome_trace"
+    bad.write_text("{not json")
+    content = path.read_bytes()
+    with pytest.raises(TraceFormatError):
+        torch_l2topo.profiler.merge_proton(path, bad)
+    assert path.read_bytes() == content
+
+
+def test_trace_summary_reads_the_launches_back(tmp_path, capsys):
+    topo = torch_l2topo.load_example()
+    path, _ = _enriched_with_kernels(tmp_path, topo)
+    summary = summarize(load_trace(path))
+    (row,) = summary["kernels"]
+    assert row["kernel"] == "row_sum_kernel" and row["launches"] == 3 and row["ctas"] == 3 * 132
+    # CTA j starts 10 j ns in: SM 17 ends at 170 + 47000 ns, the median SM at 10 x 65.5 + 40000 (32 ns ticks)
+    assert row["tail_ns"] == pytest.approx(170 + 47_000 - 655 - 40_000, abs=64)
+    assert row["busy_ns_max"] == pytest.approx(47_000, abs=64)
+    assert summary["devices"]["0"]["alignment"]["recorder"]["outside"] == 0
+    assert cli(["trace-summary", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "row_sum_kernel [GPU 0]" in text and "NVIDIA H200" in text
+    assert cli(["trace-summary", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["kernels"][0]["launches"] == 3
+    plain = write_trace(cpu_trace(tmp_path), tmp_path / "plain.json")
+    assert cli(["trace-summary", str(plain)]) == 2
+    assert "not enriched" in capsys.readouterr().err
+
+
+def test_the_timeline_draws_one_bar_per_cta_in_map_order(tmp_path):
+    pytest.importorskip("matplotlib")
+    topo = torch_l2topo.load_example()
+    path, k0 = _enriched_with_kernels(tmp_path, topo)
+    trace = load_trace(path)
+    launch = pick_launch(trace)
+    rows = timeline_rows(trace, launch)
+    assert rows["order"] == SmMap.from_topology(topo).order().tolist()  # the map's order, as enrich() wrote it
+    assert sum(len(b) for b in rows["bars"].values()) == 132 and all(len(b) == 1 for b in rows["bars"].values())
+    assert rows["bars"][17][0][1] == pytest.approx(47.0, abs=0.064) and rows["bars"][3][0][1] == pytest.approx(40.0,
+                                                                                                              abs=0.064)
+    out = render_timeline(trace, tmp_path / "timeline.png")
+    assert out.stat().st_size > 10_000 and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(TraceFormatError, match="no instrumented launch"):
+        pick_launch(trace, kernel="missing_kernel")
+
+
+def test_raw_inputs_saved_here_enrich_the_same_elsewhere(tmp_path):
+    from torch_l2topo.profiler.offline import enrich_raw, save_raw
+    from torch_l2topo.profiler.proton_trace import load_proton, proton_records
+
+    topo = torch_l2topo.load_example()
+    trace = cpu_trace(tmp_path)
+    k0 = kineto_start_ns(trace)
+    trace = add_kernels(trace, 0, [("row_sum_kernel", k0, 50_000), ("other_kernel", k0 + 55_000, 20_000)])
+    recs = ctas_inside([k0 + 2_000 - KINETO_MINUS_GLOBALTIMER], 132, np.arange(132), np.full(132, 40_000), 10)
+    gt = k0 + 56_000 - KINETO_MINUS_GLOBALTIMER
+    proton = tmp_path / "p.chrome_trace"
+    proton.write_text(json.dumps(proton_trace("other_kernel", [[(s, s, gt, 9_900) for s in range(4)]], 1.98)))
+    plain = write_trace(trace, tmp_path / "plain.json")
+    smmap = SmMap.from_topology(topo)
+    raw = save_raw(tmp_path / "raw", plain, {0: recs}, {0: smmap}, proton, {"what": "a test"})
+    p_records, quantum = proton_records(load_proton(proton), smmap.sm_clock_ghz)
+    direct = enrich(load_trace(plain), maps={0: smmap}, records={0: recs}, proton=p_records,
+                    proton_quantum_ns=quantum)
+    assert json.dumps(enrich_raw(raw), sort_keys=True) == json.dumps(direct, sort_keys=True)
+    with pytest.raises(TraceFormatError, match="no trace.json.gz"):
+        enrich_raw(tmp_path)
+
+
+def test_trace_summary_draws_the_timeline(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    path, _ = _enriched_with_kernels(tmp_path, torch_l2topo.load_example())
+    assert cli(["trace-summary", str(path), "--timeline", str(tmp_path / "t.png"), "--kernel", "row_sum_kernel"]) == 0
+    assert (tmp_path / "t.png").stat().st_size > 10_000 and "wrote" in capsys.readouterr().out

@@ -1,0 +1,25 @@
+"""The torch.profiler hook: the L2 map and per-CTA kernel timelines inside a PyTorch profiler trace.
+
+    with torch_l2topo.profile("traces/", schedule=torch.profiler.schedule(wait=1, warmup=1, active=2)) as prof:
+        for batch in data:
+            model(batch)
+            prof.step()
+
+writes one trace per active cycle that Perfetto and chrome://tracing open: the profiler's own events, the
+calibration as metadata, an "L2 map" process per GPU (one track per SM by partition and latency, latency
+counters), the CTAs of instrumented kernels on their SM's track, and per launch the figures a user acts on
+(busy time per SM, tail, imbalance, near share, the slowest decile, a placement estimate).
+docs/profiler.md is the guide. Modules: session (profile, trace_handler, merge_proton), enrich (the
+post-processing), align, metrics, tracks, kineto, tracefile, smmap, proton_trace, readback, summary
+(trace-summary), timeline (the figure), demo (an instrumented kernel). The recorder itself is in
+torch_l2topo.placement.recording (placement reads the same records), its device helpers in
+triton_kernels/recorder.py and cuda_ext/recorder.cuh.
+"""
+from ..placement.recording import CtaRecords, active_recorder, recording
+from .enrich import enrich, enrich_file
+from .session import TraceHandler, merge_proton, profile, trace_handler
+from .summary import format_summary, summarize
+from .timeline import render_timeline
+
+__all__ = ["profile", "trace_handler", "TraceHandler", "merge_proton", "recording", "active_recorder", "CtaRecords",
+           "enrich", "enrich_file", "summarize", "format_summary", "render_timeline"]

@@ -1,0 +1,276 @@
+"""The torch.profiler hook: trace_handler() for on_trace_ready, and profile(), a thin torch.profiler.profile
+that also manages the CTA recorders and Proton.
+
+    with torch_l2topo.profile("traces/", schedule=torch.profiler.schedule(wait=1, warmup=1, active=2),
+                              activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for batch in data:
+            model(batch)
+            prof.step()          # one enriched trace per active cycle, in traces/
+
+    # or, with torch.profiler.profile itself:
+    torch.profiler.profile(..., on_trace_ready=torch_l2topo.profiler.trace_handler("traces/"))
+
+Each trace is the profiler's own export plus what enrich.py adds (the L2 map, per-CTA tracks, per-launch
+metrics); if the enrichment fails, the profiler's plain trace is written instead and the reason is warned.
+
+Recording: kernels built on the recorder helpers (and @sm_aware kernels) record their CTAs while
+torch.profiler collects events (a TraceHandler switches that on; it is off during wait and warmup steps).
+profile() does more: it switches recording on from the warmup steps, so the recording variant of each
+kernel compiles before the active steps, and resets the recorders when each cycle starts, so that CUDA
+graphs replayed between cycles (they record whenever replayed, if captured while recording) do not fill the
+buffer. Capture graphs while recording is on (inside profile(), or recording()) to see their CTAs.
+
+Calibrations: topology="cached" (default) uses the latest cached calibration of each GPU in the trace and
+never measures (a GPU without one gets no L2 map, and a note says how to make one); "calibrate" measures
+missing ones with torch_l2topo.calibrate() (profile() does it before profiling starts); a Topology (for
+the GPU its metadata names, else GPU 0) or {device index: Topology} is used as given; None: no map.
+
+Proton: profile(proton=True) runs Proton's instrumentation for the whole block and merges its per-CTA
+records into every trace at the end (Triton kernels with proton scopes, including kernels you did not
+write); proton="path.chrome_trace" merges a Proton trace you recorded yourself. merge_proton() does it for
+files written earlier.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+from ..errors import L2TopoError
+from ..placement import recording as rec
+from . import readback
+from .enrich import enrich
+from .proton_trace import load_proton, proton_records
+from .smmap import SmMap
+from .tracefile import METADATA_KEY, dumps, is_ours, load_trace, parse, read_text, splice, write_trace
+
+TOPOLOGY_MODES = ("cached", "calibrate")
+
+
+class TraceHandler:
+    """on_trace_ready handler: export the cycle's trace, drain the CTA recorders, enrich, write.
+
+    path_or_dir: a file name ending in .json or .json.gz (cycle n > 0 goes to name.n.json[.gz]) or a
+    directory (one file per cycle: <host>_<pid>.<cycle>.l2topo.pt.trace.json, .gz with use_gzip).
+    topology, include_ids: module docstring and SmMap. record: switch CTA recording on while torch.profiler
+    collects. written: the paths written so far.
+    """
+
+    def __init__(self, path_or_dir, *, topology="cached", include_ids: bool = False, record: bool = True,
+                 use_gzip: bool = False):
+        if isinstance(topology, str) and topology not in TOPOLOGY_MODES:
+            raise ValueError(f"topology must be a Topology, a dict of them, None or one of {TOPOLOGY_MODES}; "
+                             f"got {topology!r}")
+        self.target = Path(path_or_dir)
+        self.is_file = self.target.name.endswith((".json", ".json.gz"))
+        self.use_gzip = use_gzip
+        self.topology, self.include_ids = topology, include_ids
+        self.written: list = []
+        self._maps: dict = {}      # device -> SmMap or None (looked up once)
+        self._notes: dict = {}     # device -> why it has no map
+        self._worker = f"{socket.gethostname()}_{os.getpid()}"
+        if record:
+            rec.follow_profiler()
+
+    # ---- calibrations --------------------------------------------------------------------------------------
+    def _given(self) -> dict:
+        if self.topology is None or isinstance(self.topology, str):
+            return {}
+        if isinstance(self.topology, dict):
+            return dict(self.topology)
+        return {int(self.topology.meta.get("device", {}).get("index", 0)): self.topology}
+
+    def smmap(self, device: int):
+        """The SmMap of GPU `device` (None when there is no calibration), looked up once per handler."""
+        if device not in self._maps:
+            topo = self._given().get(device)
+            if topo is None and isinstance(self.topology, str):
+                topo = self._calibration(device)
+            self._maps[device] = None if topo is None else SmMap.from_topology(topo, self.include_ids)
+        return self._maps[device]
+
+    def _calibration(self, device: int):
+        from ..device import device_uuid
+        from ..measure import cache
+        from ..measure.calibration import calibrate
+
+        if not torch.cuda.is_available() or device >= torch.cuda.device_count():
+            self._notes[device] = f"GPU {device}: not visible to this process, no calibration looked up"
+            return None
+        if self.topology == "calibrate":
+            return calibrate(device)
+        topo = cache.latest_for_gpu(device_uuid(device))
+        if topo is None:
+            self._notes[device] = (f"GPU {device}: no cached calibration, so no L2 map; run "
+                                   f"torch_l2topo.calibrate({device}) once, or pass topology='calibrate'")
+        return topo
+
+    def prepare(self, devices) -> None:
+        """Look up (or measure) the calibrations of `devices` now, before profiling starts."""
+        for d in devices:
+            self.smmap(d)
+
+    # ---- one cycle -----------------------------------------------------------------------------------------
+    def next_path(self) -> Path:
+        n = len(self.written)
+        if self.is_file:
+            if n == 0:
+                return self.target
+            name = self.target.name
+            stem, suffix = (name[:-8], ".json.gz") if name.endswith(".json.gz") else (name[:-5], ".json")
+            return self.target.with_name(f"{stem}.{n}{suffix}")
+        return self.target / f"{self._worker}.{n}.l2topo.pt.trace.json{'.gz' if self.use_gzip else ''}"
+
+    def __call__(self, prof) -> None:
+        records = rec.drain_all() if torch.cuda.is_available() else {}
+        path = self.next_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".l2topo-export.", suffix=".json", dir=path.parent)
+        os.close(fd)
+        try:
+            prof.export_chrome_trace(tmp)
+            text = read_text(tmp)
+            self.write(text, path, records)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+
+    def enriched(self, trace: dict, records: dict, proton=None, proton_quantum_ns: float = 0.0) -> dict:
+        """`trace` enriched with this handler's calibrations, `records` ({device: CtaRecords}) and Proton's."""
+        from .kineto import kernels_by_device
+
+        devices = sorted(set(kernels_by_device(trace)) | set(records) | set(self._given()))
+        maps = {d: m for d in devices if (m := self.smmap(d)) is not None}
+        return enrich(trace, maps=maps, records={d: r for d, r in records.items() if len(r) or r.dropped},
+                      proton=proton, proton_quantum_ns=proton_quantum_ns,
+                      notes=[self._notes[d] for d in devices if d in self._notes])
+
+    def write(self, text: str, path: Path, records: dict) -> Path:
+        """Enrich the exported trace `text` and write it to `path`: the profiler's text as it was plus what this
+        package adds (tracefile.splice). If that fails, write `text` as it is and warn why."""
+        try:
+            trace, end = parse(text, path.name)
+            out = self.enriched(trace, records)
+            if any(is_ours(ev) for ev in trace["traceEvents"]):  # enriched before: rewritten whole
+                text = dumps(out).decode()
+            else:
+                text = splice(text, end, out["traceEvents"][len(trace["traceEvents"]):], out[METADATA_KEY])
+        except Exception as exc:  # nothing lost: the profiler's own trace is written
+            warnings.warn(f"torch_l2topo could not enrich {path.name} ({type(exc).__name__}: {exc}); wrote the "
+                          f"plain torch.profiler trace", stacklevel=2)
+        write_trace(text, path)
+        if path not in self.written:
+            self.written.append(path)
+        return path
+
+    def merge_proton(self, proton_path) -> None:
+        """Merge a Proton instrumentation trace into every trace this handler wrote (module docstring)."""
+        for path in self.written:
+            merge_proton(path, proton_path, topology=self._given() or None, include_ids=self.include_ids)
+
+
+def trace_handler(path_or_dir, **options) -> TraceHandler:
+    """An on_trace_ready handler for torch.profiler.profile that writes enriched traces to `path_or_dir`
+    (TraceHandler has the options). Creating it switches per-CTA recording on for the steps torch.profiler
+    collects."""
+    return TraceHandler(path_or_dir, **options)
+
+
+class profile(torch.profiler.profile):
+    """torch.profiler.profile writing enriched traces to `path_or_dir` (module docstring), with the CTA
+    recorders switched on from the warmup steps and reset when each cycle starts.
+
+    topology, include_ids, use_gzip: TraceHandler's. record: record CTAs of instrumented kernels.
+    capacity: records per GPU per cycle (placement.recording.DEFAULT_CAPACITY). devices: GPUs whose
+    recorders and calibrations are set up before profiling (default: the current one). proton: False, True
+    (run Proton's instrumentation for the block) or the path of a Proton trace to merge at the end. Every
+    other keyword goes to torch.profiler.profile (activities, schedule, record_shapes, ...); on_trace_ready
+    is this class's own.
+    """
+
+    def __init__(self, path_or_dir="l2topo_traces", *, topology="cached", include_ids: bool = False,
+                 record: bool = True, capacity: int | None = None, devices=None, proton=False,
+                 use_gzip: bool = False, **profiler_options):
+        if "on_trace_ready" in profiler_options:
+            raise TypeError("torch_l2topo.profile writes its own traces; to combine with another on_trace_ready, "
+                            "use torch.profiler.profile(on_trace_ready=...) and call a TraceHandler from it")
+        # record=False: this class switches recording itself (prepare_trace .. stop_trace), so that a plain
+        # torch.profiler run in the same process does not start recording
+        self.handler = TraceHandler(path_or_dir, topology=topology, include_ids=include_ids, record=False,
+                                    use_gzip=use_gzip)
+        self.record, self.capacity, self.proton = record, capacity, proton
+        self.devices = devices
+        self._recording = False
+        self._proton_dir = None
+        super().__init__(on_trace_ready=self.handler, **profiler_options)
+
+    @property
+    def written(self) -> list:
+        return self.handler.written
+
+    def _device_list(self) -> list:
+        if self.devices is not None:
+            return [int(d) for d in self.devices]
+        return [torch.cuda.current_device()] if torch.cuda.is_available() else []
+
+    def start(self) -> None:
+        self.handler.prepare(self._device_list())
+        if self.proton is True:
+            import triton.profiler as proton
+
+            self._proton_dir = tempfile.mkdtemp(prefix="l2topo-proton-")
+            proton.start(os.path.join(self._proton_dir, "proton"), backend="instrumentation", data="trace")
+        super().start()
+
+    def stop(self) -> None:
+        super().stop()
+        if self.proton is True and self._proton_dir is not None:
+            import triton.profiler as proton
+
+            proton.finalize()
+            found = sorted(Path(self._proton_dir).glob("proton*"))
+            self._merge(found[0] if found else None)
+        elif self.proton:
+            self._merge(self.proton)
+
+    def _merge(self, proton_path) -> None:
+        """Merge Proton's trace into every trace written; a problem is warned, not raised (the traces stand)."""
+        try:
+            if proton_path is None:
+                raise FileNotFoundError("Proton wrote no trace (did a kernel with proton scopes run?)")
+            self.handler.merge_proton(proton_path)
+        except (OSError, ValueError, L2TopoError) as exc:
+            warnings.warn(f"Proton's CTAs were not merged: {exc}", stacklevel=3)
+
+    def prepare_trace(self) -> None:
+        if self.record and not self._recording and torch.cuda.is_available():
+            rec.start_recording(self._device_list(), self.capacity)
+            self._recording = True
+        super().prepare_trace()
+
+    def start_trace(self) -> None:
+        if self._recording:
+            rec.reset_all()
+        super().start_trace()
+
+    def stop_trace(self) -> None:
+        super().stop_trace()
+        if self._recording:
+            rec.stop_recording()
+            self._recording = False
+
+
+def merge_proton(trace_path, proton_path, dst=None, *, topology=None, include_ids: bool = False) -> Path:
+    """Merge Proton's per-CTA records into the trace file `trace_path`, plain or enriched, written to `dst`
+    (default: in place, atomically; an error leaves the file untouched). An enriched trace keeps its CTAs
+    (realigned on their own, already aligned, times) and its calibrations unless `topology` replaces them."""
+    trace = load_trace(trace_path)
+    maps = readback.calibrations(trace)
+    handler = TraceHandler(dst or trace_path, topology=topology, include_ids=include_ids, record=False)
+    handler._maps.update({d: m for d, m in maps.items() if d not in handler._given()})
+    clocks = [m.sm_clock_ghz for m in handler._maps.values() if m is not None]
+    records, quantum = proton_records(load_proton(proton_path), clocks[0] if clocks else 1.0, str(proton_path))
+    return write_trace(handler.enriched(trace, readback.recorded_ctas(trace), records, quantum), dst or trace_path)

@@ -1,0 +1,94 @@
+"""What a trace carries of a calibration: per SM its L2 partition, chain latency and clock, plus the device and
+where the calibration came from. The one form the profiler works from: built from a Topology, written into
+the trace's metadata, and read back from an enriched trace (trace-summary, the timeline figure).
+
+Identifiers: the device's uuid and board serial stay out unless the caller opts in (include_ids); the
+hashed ids (uuid_hash, serial_hash) are always kept: they match a trace to a calibration without exposing
+the machine.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..analysis.labels import sm_labels
+
+# Device fields copied into the trace; "uuid" only with include_ids (the rest identify a model, not a board).
+DEVICE_FIELDS = ("name", "cc", "sm_count", "l2_bytes", "driver", "mig")
+SLOW_FRACTION = 0.1  # "the slowest decile": the SMs with the highest chain latency, a tenth of them
+
+
+@dataclass(frozen=True)
+class SmMap:
+    """Per-SM arrays (index = %smid): partition (0/1, -1 undecided), chain_cycles (cycles per dependent L2
+    load), sm_clock_ghz; device: the device fields; ids: uuid_hash and serial_hash (plus uuid and serial when
+    opted in); trust: the calibration's self-check verdict (None: not recorded); measured: its date; source:
+    where it came from."""
+
+    partition: np.ndarray
+    chain_cycles: np.ndarray
+    sm_clock_ghz: np.ndarray
+    device: dict = field(default_factory=dict)
+    ids: dict = field(default_factory=dict)
+    trust: dict | None = None
+    measured: str | None = None
+    source: str | None = None
+
+    def __post_init__(self):
+        part = np.asarray(self.partition, dtype=np.int64)
+        chain = np.asarray(self.chain_cycles, dtype=np.float64)
+        clock = np.asarray(self.sm_clock_ghz, dtype=np.float64)
+        if part.ndim != 1 or chain.shape != part.shape or clock.shape != part.shape or part.size == 0:
+            raise ValueError(f"partition, chain_cycles and sm_clock_ghz must be 1-D of one length >= 1, got "
+                             f"{part.shape}, {chain.shape}, {clock.shape}")
+        if not np.isin(part, (-1, 0, 1)).all():
+            raise ValueError("partition values must be 0, 1 or -1 (undecided)")
+        if not (np.isfinite(chain).all() and np.isfinite(clock).all() and (clock > 0).all()):
+            raise ValueError("chain_cycles and sm_clock_ghz must be finite (and clocks > 0)")
+        for name, a in (("partition", part), ("chain_cycles", chain), ("sm_clock_ghz", clock)):
+            object.__setattr__(self, name, a)
+
+    @property
+    def n_sm(self) -> int:
+        return len(self.partition)
+
+    @classmethod
+    def from_topology(cls, topo, include_ids: bool = False) -> SmMap:
+        m = topo.meta
+        dev = m.get("device", {})
+        device = {k: dev[k] for k in DEVICE_FIELDS if k in dev}
+        device.setdefault("sm_count", topo.n_sm)
+        ids = {k: m[k] for k in ("uuid_hash", "serial_hash") if m.get(k)}
+        if include_ids:
+            ids.update({k: v for k, v in (("uuid", dev.get("uuid")), ("serial", m.get("serial"))) if v})
+        return cls(partition=sm_labels(topo).partition, chain_cycles=topo.chain_cycles,
+                   sm_clock_ghz=topo.sm_clock_ghz, device=device, ids=ids, trust=m.get("trust"),
+                   measured=m.get("date"), source=m.get("source"))
+
+    def to_json(self) -> dict:
+        # full precision: a map read back from a trace orders its SMs exactly as the one that wrote it
+        return {"device": self.device, "ids": self.ids, "trust": self.trust, "measured": self.measured,
+                "source": self.source, "partition": self.partition.tolist(),
+                "chain_cycles": self.chain_cycles.tolist(), "sm_clock_ghz": self.sm_clock_ghz.tolist()}
+
+    @classmethod
+    def from_json(cls, d: dict) -> SmMap:
+        return cls(partition=d["partition"], chain_cycles=d["chain_cycles"], sm_clock_ghz=d["sm_clock_ghz"],
+                   device=d.get("device", {}), ids=d.get("ids", {}), trust=d.get("trust"),
+                   measured=d.get("measured"), source=d.get("source"))
+
+    def order(self) -> np.ndarray:
+        """SM ids by partition (0, 1, then undecided) and, within one, by chain latency (fastest first)."""
+        part_key = np.where(self.partition < 0, 2, self.partition)
+        return np.lexsort((np.arange(self.n_sm), self.chain_cycles, part_key))
+
+    def track_name(self, sm: int) -> str:
+        """"SM 43 · p1 · 297.1 cyc" ("p?" for an undecided partition)."""
+        p = self.partition[sm]
+        return f"SM {sm} · p{p if p >= 0 else '?'} · {self.chain_cycles[sm]:.1f} cyc"
+
+    def slowest(self, fraction: float = SLOW_FRACTION) -> np.ndarray:
+        """The ceil(fraction x n_sm) SMs with the highest chain latency (ties: lower SM id first)."""
+        k = int(np.ceil(fraction * self.n_sm))
+        return np.sort(np.lexsort((np.arange(self.n_sm), -self.chain_cycles))[:k])

@@ -1,0 +1,110 @@
+"""The trace events of the "L2 map": one process per GPU, one track per SM named with its partition and
+latency, counters of per-SM latency, the CTAs on their SM's track, and one slice per instrumented launch.
+
+Tracks (threads of the process L2MAP_PID + device) are sorted by partition, then latency (SmMap.order), so
+the map reads top to bottom from the fastest SM of partition 0. CTAs resident on one SM at the same time
+would overlap on one track, which trace viewers draw wrongly (slices on a track must nest), so an SM gets
+further lanes, "SM 43 · p1 · 297.1 cyc ·2", as its CTAs need: tid = sm + lane * LANE_STRIDE. The per-launch
+slices sit on their own track above the SMs (tid LAUNCH_TID), named like the kernel, their args the
+metrics of metrics.py. Times: trace ns in, Kineto's microseconds out.
+"""
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+from .tracefile import L2MAP_PID
+
+LANE_STRIDE = 1 << 16           # tid = sm + lane * LANE_STRIDE (sm < 65536 on any GPU)
+LAUNCH_TID = (1 << 31) - 1      # the per-launch track, sorted first
+CTA_CATEGORY = "l2topo.cta"
+LAUNCH_CATEGORY = "l2topo.launch"
+COUNTER_CATEGORY = "l2topo.latency"
+
+
+def pid_of(device: int) -> int:
+    return L2MAP_PID + device
+
+
+def us(ns) -> float:
+    return round(float(ns) / 1000.0, 3)
+
+
+def lanes(sm: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Per CTA, the lowest lane of its SM free at its start (greedy in start order)."""
+    lane = np.zeros(len(sm), np.int64)
+    order = np.lexsort((start, sm))
+    s_sorted, st, en = sm[order], start[order], end[order]
+    same = s_sorted[1:] == s_sorted[:-1]
+    if not (same & (st[1:] < en[:-1])).any():
+        return lane  # the common case: one CTA at a time on every SM, all in lane 0
+    free: list = []   # (end, lane) of the lanes in use on the current SM
+    spare: list = []  # lanes given back
+    used, current = 0, None
+    for i, (s, t0, t1) in enumerate(zip(s_sorted.tolist(), st.tolist(), en.tolist())):
+        if s != current:
+            free, spare, used, current = [], [], 0, s
+        while free and free[0][0] <= t0:
+            heapq.heappush(spare, heapq.heappop(free)[1])
+        if spare:
+            k = heapq.heappop(spare)
+        else:
+            k, used = used, used + 1
+        heapq.heappush(free, (t1, k))
+        lane[order[i]] = k
+    return lane
+
+
+def process_events(device: int, title: str, sm_names: dict, sort_rank: dict, lanes_used: dict) -> list:
+    """Metadata: the process, its per-launch track and one track per SM lane (sm_names: {sm: name};
+    sort_rank: {sm: position}; lanes_used: {sm: lanes})."""
+    pid = pid_of(device)
+    out = [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": title}},
+           {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}},
+           {"ph": "M", "name": "thread_name", "pid": pid, "tid": LAUNCH_TID,
+            "args": {"name": "instrumented launches"}},
+           {"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": LAUNCH_TID, "args": {"sort_index": -1}}]
+    for sm, name in sm_names.items():
+        for lane in range(max(lanes_used.get(sm, 1), 1)):
+            tid = sm + lane * LANE_STRIDE
+            out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+                        "args": {"name": name if lane == 0 else f"{name} ·{lane + 1}"}})
+            out.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
+                        "args": {"sort_index": sort_rank[sm] * 64 + lane}})
+    return out
+
+
+def latency_counters(device: int, smmap, t0_ns: int, t1_ns: int) -> list:
+    """One counter track per SM holding its chain latency (cycles) from t0 to t1, in SmMap.order."""
+    pid = pid_of(device)
+    out = []
+    for sm in smmap.order().tolist():
+        name = f"L2 latency SM {sm} (cyc)"
+        value = round(float(smmap.chain_cycles[sm]), 2)
+        out += [{"ph": "C", "cat": COUNTER_CATEGORY, "name": name, "pid": pid, "ts": us(t), "args": {"cycles": value}}
+                for t in (t0_ns, t1_ns)]
+    return out
+
+
+def cta_events(device: int, kernel: str, sm, program, start, end, items, near, lane, launch, source) -> list:
+    """One slice per CTA on its SM's lane (columns of one kernel; launch: the kernel event's traceEvents
+    index, the key that ties a CTA to its launch slice)."""
+    pid = pid_of(device)
+    ts = np.round(np.asarray(start) / 1000.0, 3).tolist()
+    dur = np.round(np.maximum(np.asarray(end) - np.asarray(start), 0) / 1000.0, 3).tolist()
+    tid = (np.asarray(sm) + np.asarray(lane) * LANE_STRIDE).tolist()
+    out = []
+    for s, p, t, d, i, n, k, li in zip(sm.tolist(), program.tolist(), ts, dur, tid, items.tolist(), near.tolist(),
+                                       launch.tolist()):
+        args = {"sm": s, "program": p, "items": n, "launch": li, "source": source}
+        if k >= 0:
+            args["near"] = k
+        out.append({"ph": "X", "cat": CTA_CATEGORY, "name": kernel, "pid": pid, "tid": i, "ts": t, "dur": d,
+                    "args": args})
+    return out
+
+
+def launch_event(device: int, kernel: str, start_ns: int, end_ns: int, args: dict) -> dict:
+    return {"ph": "X", "cat": LAUNCH_CATEGORY, "name": kernel, "pid": pid_of(device), "tid": LAUNCH_TID,
+            "ts": us(start_ns), "dur": us(end_ns - start_ns), "args": args}
