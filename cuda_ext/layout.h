@@ -26,6 +26,7 @@ constexpr int PLACE_DIRECT = 0;
 constexpr int PLACE_SHARES = 1;
 constexpr int PLACE_QUEUES = 2;
 constexpr int PLACE_MODE_MASK = 3;
+constexpr int PLACE_RECORD = 4;
 
 // ---- CTA recorder buffer (int64) ----
 constexpr int REC_CURSOR = 0;
@@ -49,7 +50,10 @@ constexpr int PLAN_MODE = 4;
 constexpr int PLAN_N_QUEUES = 5;
 constexpr int PLAN_GROUP_QUEUES = 6;
 constexpr int PLAN_CHUNK = 7;
-constexpr int PLAN_HEADER = 8;
+constexpr int PLAN_REC_LO = 8;
+constexpr int PLAN_REC_HI = 9;
+constexpr int PLAN_REC_TAG = 10;
+constexpr int PLAN_HEADER = 11;
 constexpr int PLAN_MAGIC_VALUE = 0x4C32504C;
 constexpr int PLAN_MAX_SLOTS = 256;
 constexpr int PLAN_MAX_QUEUES = 64;

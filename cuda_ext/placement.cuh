@@ -13,6 +13,8 @@
 // PLACE_QUEUES (a plain-sized grid): each CTA claims PLAN_CHUNK items at a time from its SM's home queue, then
 // from the other queues in its order; the launcher zeroes the queue cursors before every launch.
 // PLACE_SHARES (a persistent grid): the SM's share, the dynamic tail, then stealing; the last CTA resets.
+// With the PLACE_RECORD bit (profiling on) plan_finish also appends the CTA's record (recorder.cuh) to the
+// recorder whose address and tag the plan's header holds; without it none of that is compiled in.
 //
 // Where the Triton version returns tuples, these return the small structs PlanCta and PlanItem. Usage:
 //
@@ -38,6 +40,7 @@
 #include <cuda/atomic>
 #include "layout.h"
 #include "protocol.cuh"
+#include "recorder.cuh"
 
 namespace l2topo {
 
@@ -218,6 +221,7 @@ __device__ inline PlanItem next_queued(const int32_t* plan, int64_t* state, int6
 template <int PLACE>
 __device__ inline PlanCta plan_start(const int32_t* plan, int64_t* state) {
   if constexpr ((PLACE & PLACE_MODE_MASK) == PLACE_DIRECT) {
+    if constexpr ((PLACE & PLACE_RECORD) != 0) return {sm_id(), global_ns()};  // the record needs them
     return {0, 0};
   } else {
     // Every thread reads the plan itself (the same words), so every thread sees the same verdict; only thread
@@ -259,6 +263,13 @@ __device__ inline PlanItem plan_next(const int32_t* plan, int64_t* state, int64_
 
 template <int PLACE>
 __device__ inline void plan_finish(const int32_t* plan, int64_t* state, int64_t sm, int64_t t0, int64_t n_done) {
+  if constexpr ((PLACE & PLACE_RECORD) != 0) {
+    if (sm >= 0) {  // a bad plan (sm -1, the same in every thread) holds no recorder address to trust
+      const int64_t address = (static_cast<int64_t>(plan[PLAN_REC_HI]) << 32) |
+                              static_cast<int64_t>(static_cast<uint32_t>(plan[PLAN_REC_LO]));
+      record_cta<true>(recorder_at(address), plan[PLAN_REC_TAG], sm, t0, n_done, -1);
+    }
+  }
   if constexpr ((PLACE & PLACE_MODE_MASK) == PLACE_SHARES) {
     // The CTA's last plan_next call ended with __syncthreads after its last item, so thread 0 alone finishes.
     if (detail::thread_rank() != 0) return;

@@ -32,7 +32,7 @@ def gather_op():
 
     from torch_l2topo.triton_kernels.placement import plan_finish, plan_next, plan_start
 
-    @torch_l2topo.sm_aware(policy="dynamic")
+    @torch_l2topo.sm_aware  # "auto": a plain launch unless placement pays on this GPU
     @triton.jit
     def gather_rows(table_ptr, idx_ptr, out_ptr, dim, plan_ptr, state_ptr, PLACE: tl.constexpr,
                     BLOCK: tl.constexpr):

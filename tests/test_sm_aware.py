@@ -36,7 +36,7 @@ def no_plan_args(out_ptr, n):
 
 
 @triton.jit
-def plan_args_not_last(plan_ptr, state_ptr, PLACE: tl.constexpr, out_ptr):
+def plan_args_out_of_order(state_ptr, plan_ptr, PLACE: tl.constexpr, out_ptr):
     sm, t0 = plan_start(plan_ptr, state_ptr, PLACE)
     item, phase = plan_next(plan_ptr, state_ptr, sm, 0, PLACE)
     plan_finish(plan_ptr, state_ptr, sm, t0, 0, PLACE)
@@ -60,7 +60,15 @@ def no_finish(out_ptr, plan_ptr, state_ptr, PLACE: tl.constexpr):
     tl.store(out_ptr + item, 1)
 
 
+@triton.jit
+def constexpr_after_place(out_ptr, plan_ptr, state_ptr, PLACE: tl.constexpr, BLOCK: tl.constexpr):
+    sm, t0 = plan_start(plan_ptr, state_ptr, PLACE)
+    item, phase = plan_next(plan_ptr, state_ptr, sm, 0, PLACE)
+    plan_finish(plan_ptr, state_ptr, sm, t0, 0, PLACE)
+
+
 def test_a_kernel_built_on_the_helpers_is_accepted_bare_and_with_options():
+    sm_aware(constexpr_after_place)  # parameters after PLACE are passed by keyword
     bare = sm_aware(good_kernel)
     assert bare.fn is good_kernel and bare.policy == "auto" and bare.ctas_per_sm is None and bare.num_warps == 4
     tuned = sm_aware(policy="dynamic", ctas_per_sm=2, num_warps=8)(good_kernel)
@@ -68,7 +76,7 @@ def test_a_kernel_built_on_the_helpers_is_accepted_bare_and_with_options():
 
 
 @pytest.mark.parametrize("fn, needle", [(no_plan_args, "plan_ptr, state_ptr"),
-                                        (plan_args_not_last, "plan_ptr, state_ptr"),
+                                        (plan_args_out_of_order, "plan_ptr, state_ptr"),
                                         (no_place, "PLACE"),
                                         (no_helpers, "plan_start, plan_next, plan_finish"),
                                         (no_finish, "plan_finish")])

@@ -45,6 +45,8 @@ PLACE_SHARES = 1     # a persistent grid: each CTA takes its SM's share, then th
 PLACE_QUEUES = 2     # a plain-sized grid: each program claims items of its SM's queue (its L2 partition's
                      # items), then of the other queues, a chunk per atomic
 PLACE_MODE_MASK = 3
+PLACE_RECORD = 4     # bit: profiling is on. plan_finish appends this CTA's record to the recorder the plan's
+                     # header points at (PLAN_REC_*); without the bit none of it is compiled in
 
 # ---- placement plan (int32, read-only on the device) --------------------------------------------------
 PLAN_N_SLOTS = 0    # SM slots (the calibration's SM count)
@@ -55,7 +57,10 @@ PLAN_MODE = 4       # the PLACE_* mode the plan was built for; a kernel compiled
 PLAN_N_QUEUES = 5   # queues mode: queues (groups x queues per group)
 PLAN_GROUP_QUEUES = 6  # queues mode: queues per group (queue q belongs to group q // PLAN_GROUP_QUEUES)
 PLAN_CHUNK = 7      # queues mode: items claimed per atomic
-PLAN_HEADER = 8     # shares mode: offsets[n_slots + 1] start here, then items[n_static], then tail[n_tail];
+PLAN_REC_LO = 8     # the CTA recorder buffer's address, low and high 32 bits (PLACE_RECORD launches only)
+PLAN_REC_HI = 9
+PLAN_REC_TAG = 10   # this kernel's tag in that recorder
+PLAN_HEADER = 11    # shares mode: offsets[n_slots + 1] start here, then items[n_static], then tail[n_tail];
                     # queues mode: home queue of each SM slot [n_slots], queue offsets [n_queues + 1], items
 PLAN_MAGIC_VALUE = 0x4C32504C  # "L2PL"
 # Width of the device's steal scan and queue scan: every slot's (queue's) cursor is read in one vector. 256

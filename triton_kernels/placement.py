@@ -13,7 +13,9 @@ it takes a constexpr PLACE (a torch_l2topo.layout.PLACE_* mode, passed by the la
         the phase it returns (an opaque int64).
     plan_finish(plan_ptr, state_ptr, sm, t0, n_done, PLACE)
         shares mode: add this program's items, busy ns and 1 CTA to its SM's statistics, and the last
-        program out resets the cursors. Nothing in the other modes.
+        program out resets the cursors. Nothing in the other modes. With the PLACE_RECORD bit (profiling on),
+        in every mode: this program's record (triton_kernels/recorder.py) goes to the recorder buffer whose
+        address and tag the plan's header holds (PLAN_REC_*); without it none of that is compiled in.
 
 Usage (torch_l2topo.placement.sm_aware launches it, with the plan and state tensors of
 torch_l2topo.placement.slots as plan_ptr and state_ptr and the mode as PLACE):
@@ -67,12 +69,17 @@ import triton.language as tl
 
 from torch_l2topo import layout as _layout
 from torch_l2topo.triton_kernels.protocol import global_ns, sm_id
+from torch_l2topo.triton_kernels.recorder import record_cta, recorder_at
 
 # Triton kernels may only read module globals that are constexpr.
 PLACE_DIRECT = tl.constexpr(_layout.PLACE_DIRECT)
 PLACE_SHARES = tl.constexpr(_layout.PLACE_SHARES)
 PLACE_QUEUES = tl.constexpr(_layout.PLACE_QUEUES)
 PLACE_MODE_MASK = tl.constexpr(_layout.PLACE_MODE_MASK)
+PLACE_RECORD = tl.constexpr(_layout.PLACE_RECORD)
+PLAN_REC_LO = tl.constexpr(_layout.PLAN_REC_LO)
+PLAN_REC_HI = tl.constexpr(_layout.PLAN_REC_HI)
+PLAN_REC_TAG = tl.constexpr(_layout.PLAN_REC_TAG)
 PLAN_N_SLOTS = tl.constexpr(_layout.PLAN_N_SLOTS)
 PLAN_N_STATIC = tl.constexpr(_layout.PLAN_N_STATIC)
 PLAN_N_TAIL = tl.constexpr(_layout.PLAN_N_TAIL)
@@ -115,6 +122,11 @@ def _mode(PLACE: tl.constexpr):
 
 
 @triton.jit
+def _recording(PLACE: tl.constexpr):
+    return (tl.constexpr(PLACE) & PLACE_RECORD) != 0
+
+
+@triton.jit
 def _plan_ok(plan_ptr, PLACE: tl.constexpr):
     # A plan without the magic word is not read any further: its sizes could point anywhere.
     ok = tl.load(plan_ptr + PLAN_MAGIC) == PLAN_MAGIC_VALUE
@@ -126,9 +138,12 @@ def _plan_ok(plan_ptr, PLACE: tl.constexpr):
 
 @triton.jit
 def plan_start(plan_ptr, state_ptr, PLACE: tl.constexpr):
-    if _mode(PLACE) == PLACE_DIRECT:
+    if (_mode(PLACE) == PLACE_DIRECT) and not _recording(PLACE):
         sm = tl.zeros((), tl.int64)
         t0 = tl.zeros((), tl.int64)
+    elif _mode(PLACE) == PLACE_DIRECT:  # recorded: the record needs the SM and the start, nothing else
+        sm = sm_id()
+        t0 = global_ns()
     else:
         sm = sm_id()
         t0 = global_ns()
@@ -272,7 +287,18 @@ def plan_next(plan_ptr, state_ptr, sm, phase, PLACE: tl.constexpr):
 
 
 @triton.jit
+def _record(plan_ptr, sm, t0, n_done):
+    # the recorder's address, rebuilt from its two int32 header words (the low one read as unsigned)
+    low = tl.load(plan_ptr + PLAN_REC_LO).to(tl.int64) & 0xFFFFFFFF
+    address = (tl.load(plan_ptr + PLAN_REC_HI).to(tl.int64) << 32) | low
+    record_cta(recorder_at(address), tl.load(plan_ptr + PLAN_REC_TAG), sm, t0, n_done, -1, True)
+
+
+@triton.jit
 def plan_finish(plan_ptr, state_ptr, sm, t0, n_done, PLACE: tl.constexpr):
+    if _recording(PLACE):
+        if sm >= 0:  # a bad plan (sm -1) holds no recorder address to trust
+            _record(plan_ptr, sm, t0, n_done)
     if _mode(PLACE) == PLACE_SHARES:
         ok = sm >= 0
         n_slots = tl.load(plan_ptr + PLAN_N_SLOTS)

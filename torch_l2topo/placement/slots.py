@@ -21,6 +21,8 @@ from ..layout import (
     N_STATS,
     PLACE_QUEUES,
     PLAN_MAX_SLOTS,
+    PLAN_REC_LO,
+    PLAN_REC_TAG,
     STAT_BUSY_NS,
     STAT_CTAS,
     STAT_ITEMS,
@@ -92,6 +94,7 @@ class PlanSlot:
             self.state = torch.zeros(state_words(self.n_slots), dtype=torch.int64, device=self.device)
         self.plan = None
         self.loaded = None  # the plans.Plan last loaded
+        self.recorder = None  # (id of the CtaRecorder, tag) the plan's header points at
         self._pinned = None  # the host buffer of snapshot(), allocated once: pinning memory costs ~100 us
 
     def load(self, plan) -> None:
@@ -116,6 +119,21 @@ class PlanSlot:
             self.plan[:words.size].copy_(torch.from_numpy(words).pin_memory(), non_blocking=True)
             self.state[STATE_ERROR].zero_()
         self.loaded = plan
+        self.recorder = None  # the new plan's header points at no recorder
+
+    def attach_recorder(self, recorder, tag: int) -> None:
+        """Point the plan's header at a CTA recorder (placement/recording.py) and this kernel's tag in it, for
+        launches with the PLACE_RECORD bit: three int32 words, queued on the current stream; not during capture
+        (a captured copy would replay from a host buffer that is gone by then)."""
+        import torch
+
+        if torch.cuda.is_current_stream_capturing():
+            raise PlacementError(CAPTURE_MESSAGE)
+        address = int(recorder.address)
+        words = np.array([address & 0xFFFFFFFF, address >> 32, tag], dtype=np.uint32).view(np.int32)
+        with torch.cuda.device(self.device):
+            self.plan[PLAN_REC_LO:PLAN_REC_TAG + 1].copy_(torch.from_numpy(words).pin_memory(), non_blocking=True)
+        self.recorder = (id(recorder), tag)
 
     def prepare(self) -> None:
         """What a launch of the loaded plan needs first: in queues mode the queue cursors zeroed (a memset queued

@@ -59,6 +59,7 @@ import numpy as np
 import torch
 
 from ..errors import DeviceError, PlacementError, check_choice
+from ..layout import PLACE_RECORD
 from . import choice
 from .choice import Candidate, Decision
 from .plans import POLICIES, POLICY_TABLE, SpeedModel, Workload, make_plan
@@ -203,6 +204,7 @@ class Placement:
         self.tolerance, self.candidates = tolerance, tuple(candidates)
         self.plan_options = {} if tail_fraction is None else {"tail_fraction": tail_fraction}
         self.decisions: dict = {}
+        self.record_name: str | None = None  # the kernel name CTA records carry (SmAwareKernel: the Triton name)
         self._entries: dict = {}    # (device index, WorkloadKey) -> _Entry
         self._settled: dict = {}    # fast key -> (weak refs, device index, launch args) once a plan is final
         self._devices: dict = {}    # device index -> (Topology, SpeedModel)
@@ -216,10 +218,10 @@ class Placement:
         fast = _fast_key(device, n_items, item_class, loads_per_item)
         settled = self._settled.get(fast[0]) if fast else None
         if settled is not None and all(r is None or r() is obj for r, obj in zip(settled[0], fast[1])):
-            _, index, (grid, slot) = settled
+            _, index, (grid, slot, classes) = settled
             with torch.cuda.device(index):
                 slot.prepare()
-                launch(grid, slot.plan, slot.state, slot.loaded.mode)
+                launch(grid, slot.plan, slot.state, slot.loaded.mode | self._record_bit(index, slot, classes))
             return
         index = resolve_device(device)
         with torch.cuda.device(index):
@@ -231,7 +233,7 @@ class Placement:
                 slot = None if cand is None else entry.slots.get(cand.policy)
                 if slot is None:
                     raise PlacementError(CAPTURE_MESSAGE)
-                self._launch(launch, index, cand, slot, n_items)
+                self._launch(launch, index, cand, slot, n_items, item_class)
                 return
             entry = self._entry(index, key, n_items, item_class, loads_per_item)
             self._read_timings(key, entry, index)
@@ -246,7 +248,7 @@ class Placement:
                 torch.cuda._sleep(HOST_GAP_CYCLES)
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
-            grid = self._launch(launch, index, cand, slot, n_items)
+            grid = self._launch(launch, index, cand, slot, n_items, item_class)
             if timed:
                 end.record()
                 entry.pending.append((cand, start, end))
@@ -257,13 +259,32 @@ class Placement:
                 entry.snapshot = slot.snapshot()
             if fast and cand == self._final(entry) and cand.policy != "measured":
                 # from now on this workload always launches this slot: skip the bookkeeping
-                self._settled[fast[0]] = (fast[2], index, (grid, slot))
+                self._settled[fast[0]] = (fast[2], index, (grid, slot, item_class))
 
-    def _launch(self, launch, index: int, cand: Candidate, slot: PlanSlot, n_items: int) -> int:
+    def _launch(self, launch, index: int, cand: Candidate, slot: PlanSlot, n_items: int, item_class) -> int:
         grid = cand.grid(self._device(index)[1].n_sm, n_items, self.chunk)
         slot.prepare()
-        launch(grid, slot.plan, slot.state, slot.loaded.mode)
+        launch(grid, slot.plan, slot.state, slot.loaded.mode | self._record_bit(index, slot, item_class))
         return grid
+
+    def _record_bit(self, index: int, slot: PlanSlot, item_class) -> int:
+        """PLACE_RECORD when profiling records this GPU's CTAs (placement/recording.py) and the kernel has a
+        name to record under, with the plan's header pointing at the recorder; else 0 (nothing compiled in).
+        A slot first used for recording inside a CUDA graph capture is not recorded there: its header cannot
+        be written during capture (launch it once while recording before capturing)."""
+        if self.record_name is None:
+            return 0
+        from .recording import active_recorder
+
+        rec = active_recorder(index)
+        if rec is None:
+            return 0
+        if slot.recorder is None or slot.recorder[0] != id(rec):
+            if torch.cuda.is_current_stream_capturing():
+                return 0
+            classes = None if item_class is None else _host_array(item_class, "item_class")
+            slot.attach_recorder(rec, rec.register(self.record_name, classes))
+        return PLACE_RECORD
 
     def _final(self, entry: _Entry) -> Candidate | None:
         """The candidate a workload launches once it is decided (None: "auto" still on trial)."""
@@ -425,6 +446,7 @@ class SmAwareKernel(Placement):
         super().__init__(**options)
         self.__name__ = getattr(fn, "__name__", "sm_aware_kernel")
         self.__doc__ = getattr(fn, "__doc__", None)
+        self.record_name = self.__name__  # Kineto names a Triton kernel's launches by its function name
         self._occupancy: dict = {}  # device index -> CTAs per SM of the shares-mode kernel
         self._call = None           # (args, kwargs) of the call being launched, for the occupancy compile
 
@@ -481,18 +503,21 @@ def cuda_device_of(args, name: str):
 
 
 def check_kernel(fn) -> None:
-    """Raise PlacementError unless fn is a @triton.jit function whose last three parameters are plan_ptr,
-    state_ptr and the PLACE constexpr, and whose source calls plan_start, plan_next and plan_finish: a kernel
-    written without the placement helpers gets a clear error, not a wrong result."""
+    """Raise PlacementError unless fn is a @triton.jit function with the parameters plan_ptr, state_ptr and the
+    PLACE constexpr in that order (after the call's positional arguments; any parameter after PLACE is passed
+    by keyword) and whose source calls plan_start, plan_next and plan_finish: a kernel written without the
+    placement helpers gets a clear error, not a wrong result."""
     names, src = getattr(fn, "arg_names", None), getattr(fn, "src", None)
     if names is None or not isinstance(src, str):
         raise PlacementError(f"@sm_aware takes a @triton.jit function (put @sm_aware above @triton.jit); got "
                              f"{type(fn).__name__}")
     name = getattr(fn, "__name__", "the kernel")
-    if list(names[-3:]) != ["plan_ptr", "state_ptr", PLACE_ARG]:
-        raise PlacementError(f"{name}'s last three parameters must be plan_ptr, state_ptr, {PLACE_ARG}: "
-                             f"tl.constexpr (got {list(names)}): @sm_aware passes the plan tensors and the "
-                             f"placement mode there")
+    names = list(names)
+    at = names.index("plan_ptr") if "plan_ptr" in names else -1
+    if at < 0 or names[at:at + 3] != ["plan_ptr", "state_ptr", PLACE_ARG]:
+        raise PlacementError(f"{name} must take plan_ptr, state_ptr, {PLACE_ARG}: tl.constexpr, in that order, "
+                             f"after its own positional arguments (got {names}): @sm_aware passes the plan tensors "
+                             f"and the placement mode there")
     missing = [h for h in HELPERS if not re.search(rf"\b{h}\s*\(", src)]
     if missing:
         raise PlacementError(f"{name} does not call {', '.join(missing)}: an @sm_aware kernel must take its items "
