@@ -25,7 +25,7 @@ COPY_N, COPY_BLOCK = 1 << 18, 1024
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def record(device: int, out: Path) -> dict:
+def record(device: int, out: Path, proton_on: bool = True) -> dict:
     import torch
     from common import calibrated_device, command_line, environment
 
@@ -49,12 +49,17 @@ def record(device: int, out: Path) -> dict:
         recording.recorder(device).drain()
         acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
         with torch.profiler.profile(activities=acts) as prof:
-            try:
-                import triton.profiler as proton
+            proton = None
+            if not proton_on:
+                note = "Proton not run (--no-proton): on an H200 with Triton 3.6 a Proton session inside this " \
+                       "torch.profiler cycle killed the process (SIGFPE)"
+            else:
+                try:
+                    import triton.profiler as proton
 
-                proton.start(str(work / "proton"), backend="instrumentation", data="trace")
-            except Exception as exc:  # said in the manifest: the torch trace stands on its own
-                proton, note = None, f"Proton did not start: {type(exc).__name__}: {exc}"
+                    proton.start(str(work / "proton"), backend="instrumentation", data="trace")
+                except Exception as exc:  # said in the manifest: the torch trace stands on its own
+                    proton, note = None, f"Proton did not start: {type(exc).__name__}: {exc}"
             for _ in range(LAUNCHES):
                 row_sums(x, item_class=classes, sm_partition=part, grid=GRID)
                 x @ w
@@ -84,10 +89,11 @@ def main(argv=None) -> None:
     p.add_argument("--out", default=str(ROOT / "tests" / "data" / "profiler"), help="fixture directory to write")
     p.add_argument("--from", dest="from_dir", help="draw from this fixture directory instead of recording")
     p.add_argument("--figure", help="also draw the per-SM timeline of one row_sum_kernel launch into this PNG")
+    p.add_argument("--no-proton", action="store_true", help="record without the Proton session")
     args = p.parse_args(argv)
     raw = Path(args.from_dir or args.out)
     if not args.from_dir:
-        manifest = record(args.device, raw)
+        manifest = record(args.device, raw, proton_on=not args.no_proton)
         sizes = {f.name: f.stat().st_size for f in sorted(raw.iterdir())}
         print(json.dumps({"records": manifest["records"], "dropped": manifest["dropped"],
                           "proton": manifest["proton"]["note"] or "merged", "bytes": sizes}, indent=1))

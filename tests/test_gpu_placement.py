@@ -263,6 +263,28 @@ def test_cuda_graph_replays_start_clean(gpu, backend, policy):
     _check(out, count, n, 15)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_auto_captured_before_its_decision_runs_plain(gpu, backend):
+    """A graph captured after one eager launch of "auto" (its first trial: plain) replays plain: every item once,
+    and no trial candidate is frozen into the graph."""
+    import torch
+
+    dev, topo = gpu
+    n = 1000
+    placement, run = _placed(backend, dev, "auto", topo)
+    classes = _classes(n)
+    out, count = _buffers(dev, n)
+    run(out, count, n, classes)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run(out, count, n, classes)
+    for _ in range(4):
+        graph.replay()
+    _check(out, count, n, 5)
+    assert not placement.decisions  # the captured launch took no trial
+
+
 def test_capture_without_a_plan_is_a_clear_error(gpu):
     import torch
 

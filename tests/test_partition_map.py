@@ -551,14 +551,14 @@ def test_partition_map_flow_on_a_stand_in_gpu(h200, monkeypatch):
 
 def test_plan_data_is_made_once_per_size_and_device(h200, monkeypatch):
     """GpuSetup.plan: the same object for every call with one (n_blocks, device), made by one probe_plan and one
-    block_pairs, and only the PLANS_KEPT sizes used last are kept."""
+    block_pairs_of_plan, and only the PLANS_KEPT sizes used last are kept."""
     topo, labels = h200
     pairs = choose_pairs(topo.line_cycles, labels.partition, labels.line_partition)
     setup = pm.GpuSetup.of(topo)
     assert np.array_equal(setup.pairs.sms, pairs.sms) and setup.n_sm == topo.n_sm
     made = []
-    real = pm.block_pairs
-    monkeypatch.setattr(pm, "block_pairs", lambda *a, **k: made.append(a) or real(*a, **k))
+    real = pm.block_pairs_of_plan
+    monkeypatch.setattr(pm, "block_pairs_of_plan", lambda *a, **k: made.append(a) or real(*a, **k))
     cpu = torch.device("cpu")
     first = setup.plan(4096, cpu)
     assert setup.plan(4096, cpu) is first and setup.plan(4096, "cpu") is first and len(made) == 1
@@ -568,6 +568,22 @@ def test_plan_data_is_made_once_per_size_and_device(h200, monkeypatch):
         assert setup.plan(n, cpu).n_blocks == n
     assert len(setup.plans) == pm.PLANS_KEPT and (4096, "cpu") not in setup.plans  # the least recently used
     assert setup.plan(4096, cpu) is not first and len(made) == pm.PLANS_KEPT + 2
+
+
+@pytest.mark.parametrize("n_blocks", [1, 5, 65, 4096, 131072, 131075])
+def test_pairs_built_from_the_plan_equal_the_per_block_oracle(h200, n_blocks):
+    """block_pairs_of_plan (runs of blocks, expanded on the device) against block_pairs on timers_of_blocks
+    (a host pass over every block): the same pairs, contrasts and per-block pair ids, at sizes with fewer blocks
+    than pairs, ragged runs and a 32 MB tensor's 131,072 blocks."""
+    topo, labels = h200
+    setup = pm.GpuSetup.of(topo)
+    plan = probe_plan(n_blocks, setup.pairs.sms, topo.n_sm)
+    want = decision.block_pairs(timers_of_blocks(plan, n_blocks), setup.near, setup.far)
+    got = decision.block_pairs_of_plan(plan, n_blocks, setup.near, setup.far)
+    for name in ("pairs", "mid", "half", "usable"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
+    for name in ("pair", "mid_g", "half_g", "ids", "fallback"):
+        np.testing.assert_array_equal(getattr(got, name).numpy(), getattr(want, name).numpy(), err_msg=name)
 
 
 def test_agreement_counts_undecided_blocks_as_disagreeing():

@@ -175,19 +175,38 @@ def test_queue_plans_of_one_side_or_unknown_homes_still_cover_everything():
 
 
 def test_queue_predictions_match_hand_computed_schedules():
-    # Two SMs (0 near side 0, 1 near side 1), near 1, far 3 per load; items 0-3 on side 0, item 4 on side 1,
-    # one queue per side. By hand, the earliest free SM first (ties: lower id): t=0: SM0 takes 0 (ends 1), SM1
-    # takes 4 (ends 1); t=1: SM0 takes 1 (ends 2), SM1's queue is empty, it takes 2 from side 0 (far: ends 4);
-    # t=2: SM0 takes 3 (ends 3); then nothing is left. Makespan 4; SM0 did 3 items, SM1 2.
+    # Two SMs (0 near side 0, 1 near side 1), near 1, far 3 per load; items 0-3 on side 0, item 4 on side 1.
+    # The LP gives SM 1 one of side 0's items (3.25 of them rounded): queue 0 = [0, 1, 2], queue 1 = [3 (far,
+    # first), 4]. By hand, one program per SM at a time, the earliest free SM first (ties: lower id): t=0: SM0
+    # takes 0 (ends 1), SM1 takes 3 (far: ends 3); SM0 takes 1 (2), 2 (3); t=3: SM0's queue is empty, it takes
+    # 4 from queue 1 (far: ends 6); SM1 finds nothing. Makespan 6; SM0 did 4 items, SM1 1. (With every item
+    # claimed at once, as on a GPU with room for all, SM1 would run 3 and 4 itself: the model is pessimistic.)
     speeds = SpeedModel(np.array([[1.0, 3.0, 2.0], [3.0, 1.0, 2.0]]), np.array([0, 1]), "hand")
     work = Workload(5, np.array([0, 0, 0, 0, 1]))
     plan = make_plan("partition_queues", speeds, work)
-    assert plan.n_queues == 2 and plan.share(0).tolist() == [0, 1, 2, 3] and plan.share(1).tolist() == [4]
+    assert plan.n_queues == 2 and plan.share(0).tolist() == [0, 1, 2] and plan.share(1).tolist() == [3, 4]
     makespan, done = predict(plan, speeds, work, return_counts=True)
-    assert makespan == 4.0 and done.tolist() == [3, 2]
-    # chunks of 2: SM0 takes [0, 1] (ends 2), SM1 [4] (1); t=1: SM1 takes [2, 3] far (7); makespan 7
+    assert makespan == 6.0 and done.tolist() == [4, 1]
+    # chunks of 2: SM0 takes [0, 1] (ends 2), SM1 [3, 4] (3 far + 1 near: ends 4); t=2: SM0 takes [2] (3)
     makespan, done = predict(make_plan("partition_queues", speeds, work, chunk=2), speeds, work, return_counts=True)
-    assert makespan == 7.0 and done.tolist() == [2, 3]
+    assert makespan == 4.0 and done.tolist() == [3, 2]
+
+
+def test_queues_put_far_items_first_where_the_sides_are_uneven():
+    # 64 SMs near partition 0, 68 near partition 1, 4 items per SM split 50/50 (an H200 with a 64/68 layout):
+    # side 1 has more room than its own items; the LP sends it some of side 0's, at the front of its queues
+    part = np.r_[np.zeros(64, int), np.ones(68, int)]
+    cost = np.where(part[:, None] == np.arange(3)[None, :], 280.0, 312.0)
+    cost[:, 2] = 296.0
+    speeds = SpeedModel(cost, part, "synthetic 64/68")
+    n = 4 * 132
+    classes = np.arange(n) % 2
+    plan = make_plan("partition_queues", speeds, Workload(n, classes))
+    width = plan.group_queues
+    far = [classes[plan.share(q)] != q // width for q in range(plan.n_queues)]
+    assert sum(f.sum() for f in far[:width]) == 0 and sum(f.sum() for f in far[width:]) > 0  # only side 1 gets far
+    for f in far:  # far items first in every queue
+        assert not f.any() or (np.flatnonzero(f).max() < np.flatnonzero(~f).min())
 
 
 def test_queue_plan_rejections():

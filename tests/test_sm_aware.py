@@ -184,7 +184,7 @@ def test_without_classes_no_affinity_candidate_is_tried(monkeypatch):
     assert first == Candidate("plain") and set(entry.timings) == {Candidate("plain"), Candidate("weighted", 2)}
 
 
-def test_before_a_decision_a_capture_has_no_plan_and_a_fixed_policy_has_its_grid(monkeypatch):
+def test_before_a_decision_no_candidate_is_final_and_a_fixed_policy_has_its_grid(monkeypatch):
     p = _h200(monkeypatch, Placement(policy="auto"))
     assert p._final(p._entry(0, workload_key(10), 10, None, 1.0)) is None
     fixed = _h200(monkeypatch, Placement(policy="uniform", max_ctas_per_sm=4))

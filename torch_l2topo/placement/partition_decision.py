@@ -109,12 +109,43 @@ def block_pairs(timers, near, far, device="cpu") -> BlockPairs:
     """Prepare classify_blocks' per-plan data. timers: (n_blocks, 2) the SMs that timed each block into row 0
     and row 1 (timers_of_blocks; -1: none). near, far: (n_sm,) the SMs' calibrated near/far latencies
     (labels.sm_labels). Host work in O(n_blocks + n_sm^2), then one copy of the pair ids to `device`."""
-    import torch
-
     t = _host(timers, np.int64)
-    near, far = _host(near, np.float64), _host(far, np.float64)
     if t.ndim != 2 or t.shape[1] != 2:
         raise ValueError(f"timers must have shape (n_blocks, 2), got {t.shape}")
+    runs = np.arange(len(t))
+    return _pairs_of_runs(t, np.ones(len(t), dtype=np.int64), near, far, device, runs)
+
+
+def block_pairs_of_plan(plan, n_blocks: int, near, far, device="cpu") -> BlockPairs:
+    """block_pairs(timers_of_blocks(plan, n_blocks), near, far, device), the same BlockPairs, built from the
+    probe plan's contiguous runs of blocks (one per timing SM pair) in O(n_sm^2) host work: the pair id of every
+    block is expanded on `device` (repeat_interleave), so a tensor size seen for the first time costs no host
+    pass over its blocks and no copy of a per-block array (a 32 MB tensor has 131,072 blocks)."""
+    plan = _host(plan, np.int64)
+    runs = {}  # first block -> [end, SM timing into row 0, SM timing into row 1]
+    for sm in np.flatnonzero(plan[:, 1] > plan[:, 0]):
+        lo, hi, row = (int(v) for v in plan[sm])
+        runs.setdefault(lo, [hi, -1, -1])[1 + row] = int(sm)
+    timers, counts, at = [], [], 0
+    for lo in sorted(runs):  # in block order, with the blocks between runs as untimed runs
+        hi, sm0, sm1 = runs[lo]
+        if lo > at:
+            timers.append((-1, -1))
+            counts.append(lo - at)
+        timers.append((sm0, sm1))
+        counts.append(hi - lo)
+        at = hi
+    if at < n_blocks:
+        timers.append((-1, -1))
+        counts.append(n_blocks - at)
+    return _pairs_of_runs(np.array(timers, dtype=np.int64).reshape(-1, 2), counts, near, far, device, None)
+
+
+def _pairs_of_runs(t, counts, near, far, device, block_runs) -> BlockPairs:
+    """BlockPairs of blocks given as runs: run r holds counts[r] consecutive blocks timed by the SMs t[r]."""
+    import torch
+
+    near, far = _host(near, np.float64), _host(far, np.float64)
     if near.ndim != 1 or far.shape != near.shape:
         raise ValueError(f"near and far must have one shape (n_sm,), got {near.shape} and {far.shape}")
     n_sm = len(near)
@@ -132,15 +163,19 @@ def block_pairs(timers, near, far, device="cpu") -> BlockPairs:
     with np.errstate(invalid="ignore"):
         usable = np.isfinite(mid) & (half > 0)
     trash = n_pairs + 1
-    pair = np.full(len(t), trash, dtype=np.int64)
+    run_pair = np.full(len(t), trash, dtype=np.int64)
     inv = pair_of_key[key]
-    pair[timed] = np.where(usable[inv], inv, trash)
+    run_pair[timed] = np.where(usable[inv], inv, trash)
     mid_g = np.concatenate([np.where(usable, mid, 0.0), [0.0, np.nan]])  # the trash's NaN marks its blocks
     half_g = np.concatenate([np.where(usable, half, 1.0), [1.0, 1.0]])
     fallback = np.full(n_pairs + 2, n_pairs, dtype=np.int64)
     fallback[trash] = trash
     device = torch.device(device)
-    return BlockPairs(pairs=pairs, mid=mid, half=half, usable=usable, pair=to_device(pair, device),
+    if block_runs is not None:  # one run per block: the per-block array itself
+        pair = to_device(run_pair, device)
+    else:
+        pair = torch.repeat_interleave(to_device(run_pair, device), to_device(np.asarray(counts, np.int64), device))
+    return BlockPairs(pairs=pairs, mid=mid, half=half, usable=usable, pair=pair,
                       mid_g=to_device(mid_g, device), half_g=to_device(half_g, device),
                       ids=to_device(np.arange(n_pairs + 2, dtype=np.int64), device),
                       fallback=to_device(fallback, device))

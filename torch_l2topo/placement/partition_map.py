@@ -34,8 +34,8 @@ from ..errors import ProbeError, check_choice
 from ..layout import LINE_BYTES
 from ..measure.probes import to_device
 from .partition_cache import MapCache
-from .partition_decision import BlockPairs, block_pairs, classify_blocks
-from .partition_pairs import Pairs, choose_pairs, probe_plan, timers_of_blocks
+from .partition_decision import BlockPairs, block_pairs_of_plan, classify_blocks
+from .partition_pairs import Pairs, choose_pairs, probe_plan
 
 N_TIMED = 4            # timed loads per block and SM, of which the map keeps the fastest (cost count in
                        # triton_kernels/partition_probe.py)
@@ -109,7 +109,7 @@ class GpuSetup:
             plan = probe_plan(n_blocks, self.pairs.sms, self.n_sm)
             hit = ProbePlan(n_blocks=int(n_blocks), plan=plan, plan_t=to_device(plan.ravel(), device),
                             n_timing=int(np.sum(plan[:, 1] > plan[:, 0])),
-                            blocks=block_pairs(timers_of_blocks(plan, n_blocks), self.near, self.far, device))
+                            blocks=block_pairs_of_plan(plan, n_blocks, self.near, self.far, device))
             while len(self.plans) >= PLANS_KEPT:
                 del self.plans[next(iter(self.plans))]
         self.plans[key] = hit

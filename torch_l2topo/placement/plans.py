@@ -486,11 +486,16 @@ def make_plan(policy: str, speeds: SpeedModel, workload: Workload, *, k: int | N
 
 
 def queue_plan(speeds: SpeedModel, workload: Workload, *, chunk: int = 1) -> Plan:
-    """The "partition_queues" plan: per L2 partition (group) about one queue per QUEUE_SMS of its SMs, each SM
-    homed in one queue of its partition (SMs of an undecided side, or a partition without SMs, go to group 0).
-    A class-p item goes to a queue of partition p, an item of unknown home (class 2) to any queue; within a
-    group the items are dealt to the queues in proportion to the speed of the SMs homed there (so the queues
-    drain together), in id order. Each queue is the device's claim counter: spread over ~16 on an H200."""
+    """The "partition_queues" plan: per L2 partition (side) about one queue per QUEUE_SMS of its SMs, each SM
+    homed in one queue of its side (SMs of an undecided side, or a partition without SMs, go to side 0).
+
+    Which items a side's queues hold is limit()'s LP summed over the side's SMs (affine_weighted's counts): a
+    side holds its own partition's items, and the other's or unknown ones only where the sides' SM counts or
+    speeds ask for it (an H200 with 64/68 SMs per side and items split 50/50 sends a few items to the far
+    side). Those far items come first in their queues: claimed at the start, they do not become the last, slow
+    items of the launch (at 4 items per SM on such an H200 the far items claimed last set the makespan). Within
+    a side the items are dealt to its queues in proportion to the speed of the SMs homed there, in id order
+    after that ordering. Each queue is the device's claim counter: spread over ~16 on an H200."""
     n_sm = speeds.n_sm
     side = np.where(speeds.partition >= 0, speeds.partition, 0)
     sides = [np.flatnonzero(side == g) for g in (0, 1)]
@@ -506,16 +511,26 @@ def queue_plan(speeds: SpeedModel, workload: Workload, *, chunk: int = 1) -> Pla
     speed = np.bincount(home, weights=1.0 / speeds.cost[np.arange(n_sm), side if n_groups == 2 else 2],
                         minlength=n_queues)
     classes = workload.classes()
-    owner = np.empty(workload.n_items, dtype=np.int64)
-    # class-g items to the queues of side g; items of unknown home (and all items when there is one group) to
-    # any queue
-    groups = [np.flatnonzero(classes == g) for g in range(n_groups)] if n_groups == 2 else []
-    spread = np.flatnonzero(classes == 2) if n_groups == 2 else np.arange(workload.n_items)
-    for g, mine in enumerate(groups):
-        queues = np.arange(g * width, (g + 1) * width)
-        owner[mine] = np.repeat(queues, _largest_remainder(len(mine), speed[queues]))
-    owner[spread] = np.repeat(np.arange(n_queues), _largest_remainder(len(spread), speed))
-    items = np.argsort(owner, kind="stable")
+    if n_groups == 1:
+        # one group: every item, in id order, dealt to the queues by speed
+        owner = np.repeat(np.arange(n_queues), _largest_remainder(workload.n_items, speed))
+        order = np.arange(workload.n_items)
+    else:
+        # items of class c per side (the LP's counts summed over the side's SMs), far ones first in each queue
+        counts = _counts("affine_weighted", speeds, workload, None)
+        per_side = np.stack([counts[s].sum(axis=0) for s in sides])  # (2 sides, 3 classes)
+        owner = np.empty(workload.n_items, dtype=np.int64)
+        rank = np.empty(workload.n_items, dtype=np.int64)  # 0 far, 1 unknown home, 2 near: the order in a queue
+        for c in range(N_CLASSES):
+            ids = np.flatnonzero(classes == c)
+            split = np.cumsum([0, *per_side[:, c]])
+            for g in range(n_groups):
+                mine = ids[split[g]:split[g + 1]]
+                queues = np.arange(g * width, (g + 1) * width)
+                owner[mine] = np.repeat(queues, _largest_remainder(len(mine), speed[queues]))
+                rank[mine] = 1 if c == 2 else (2 if c == g else 0)
+        order = np.lexsort((np.arange(workload.n_items), rank))
+    items = order[np.argsort(owner[order], kind="stable")]
     offsets = np.concatenate([[0], np.cumsum(np.bincount(owner, minlength=n_queues))])
     plan = Plan("partition_queues", n_sm, offsets, items, [], mode=PLACE_QUEUES, home_queue=home,
                 group_queues=width, chunk=chunk)

@@ -227,9 +227,10 @@ class Placement:
         with torch.cuda.device(index):
             key = workload_key(n_items, item_class, loads_per_item)
             if torch.cuda.is_current_stream_capturing():
-                # Use the current plan: record no events, allocate nothing, load nothing.
+                # Use the current plan: record no events, allocate nothing, load nothing. Before "auto" has
+                # decided, plain (its first trial built it): a graph must not freeze a trial candidate in.
                 entry = self._entries.get((index, key))
-                cand = None if entry is None else self._final(entry)
+                cand = None if entry is None else (self._final(entry) or Candidate(choice.PLAIN))
                 slot = None if cand is None else entry.slots.get(cand.policy)
                 if slot is None:
                     raise PlacementError(CAPTURE_MESSAGE)
