@@ -73,7 +73,8 @@ SAME_STATE_OFFSET = 0.3
 def test_recorded_h200_calibrations_agree_once_aligned(path):
     """Three or four default calibrations per backend, back to back, on each recorded H200: plain medians differ
     by up to 0.43 cycles per SM after a constant offset; put at their wave's clock and aligned (what calibrate()
-    does), ones made in one GPU state by < 0.2 (0.05-0.17 measured), and the pipeline never makes a pair worse.
+    does), ones made in one GPU state by < 0.2 (0.04-0.17 measured), and the pipeline never makes such a pair
+    worse (pairs 1.5 cycles apart, in two states, differ by 0.10-0.15 either way: a state is more than an offset).
     0.15-0.17 is on 5455fea76280, SMs 128-131 alone: the four TPCs outside any GPC, which move more than the
     others when the GPU's latency level steps (1.15-1.25 against 0.9 cycles in c7c0b2d62f61's +1.0 state), so
     a step leaves them off the wave level by 20-30% of it."""
@@ -86,9 +87,9 @@ def test_recorded_h200_calibrations_agree_once_aligned(path):
             plain = [np.median(c, axis=0) for c, _ in runs]
             for i in range(len(runs)):
                 for j in range(i + 1, len(runs)):
-                    spread = _spread_after_offset(aligned[i], aligned[j])
-                    assert spread <= _spread_after_offset(plain[i], plain[j]) + 0.03, (backend, i, j)
                     if abs(np.median(aligned[i] - aligned[j])) < SAME_STATE_OFFSET:
+                        spread = _spread_after_offset(aligned[i], aligned[j])
+                        assert spread <= _spread_after_offset(plain[i], plain[j]) + 0.03, (backend, i, j)
                         assert spread < 0.2, (backend, i, j)
 
 
