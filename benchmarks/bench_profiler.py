@@ -193,7 +193,14 @@ def hta_check(trace_path: Path, work: Path) -> dict:
     rich = load_trace(trace_path)
     write_trace(strip(rich), work / "hta_plain" / "rank0.json")
     write_trace(rich, work / "hta_rich" / "rank0.json")
-    a = TraceAnalysis(trace_dir=str(work / "hta_plain")).get_gpu_kernel_breakdown(visualize=False)
+    try:
+        a = TraceAnalysis(trace_dir=str(work / "hta_plain")).get_gpu_kernel_breakdown(visualize=False)
+    except Exception as exc:  # HTA itself, on the unenriched trace: nothing to compare here
+        import pandas
+
+        return {"skipped": f"HTA cannot parse even the plain trace here ({type(exc).__name__}: {exc}; "
+                           f"pandas {pandas.__version__}); tests/test_profiler_fixture.py runs the check on the "
+                           f"recorded H200 trace where HTA works"}
     b = TraceAnalysis(trace_dir=str(work / "hta_rich")).get_gpu_kernel_breakdown(visualize=False)
     same = all(x.sort_values(list(x.columns)).reset_index(drop=True).equals(
         y.sort_values(list(y.columns)).reset_index(drop=True)) for x, y in zip(a, b))

@@ -87,6 +87,14 @@ def test_a_noisy_winner_is_not_trusted():
     assert choose(timings, 0.01) == QUEUES
 
 
+def test_a_noisy_fastest_median_does_not_hide_a_steady_winner():
+    # the lowest median, but a spread past plain's median; a steadier candidate also beats plain clearly
+    noisy, steady = Candidate("affine_weighted", 8), QUEUES
+    timings = {PLAIN: [0.411, 0.410, 0.412, 0.411, 0.410], noisy: [0.360, 0.365, 0.370, 0.45, 0.46],
+               steady: [0.377, 0.378, 0.376, 0.379, 0.377]}
+    assert choose(timings, 0.01) == steady
+
+
 def test_a_slower_placement_never_wins_against_plain():
     # recorded shape of the H200 chase at 16 items per SM (a persistent grid of 1 CTA per SM: 1.22x plain)
     timings = {PLAIN: [3.10, 3.12, 3.11], Candidate("affine_weighted", 1): [3.79, 3.80, 3.78]}

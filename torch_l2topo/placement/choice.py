@@ -22,7 +22,7 @@ from ..errors import check_choice
 from .plans import POLICIES, POLICY_TABLE
 
 PLAIN = "plain"
-DEFAULT_TRIALS = 5
+DEFAULT_TRIALS = 8  # timed rounds: with 4 candidates, 36 trial launches (9 rounds) before the choice
 DEFAULT_TOLERANCE = 0.01
 MAX_TRIAL_LAUNCHES = 40  # (1 untimed + trials) x candidates stays below this: trials must stay cheap
 
@@ -90,23 +90,26 @@ def trial_schedule(cands, trials: int) -> list:
 
 
 def choose(timings: dict, tolerance: float = DEFAULT_TOLERANCE):
-    """The candidate with the lowest median time, unless plain was timed and the winner does not beat it
-    clearly: by more than `tolerance` (a fraction) in median, and with its upper quartile below plain's median
-    (short kernels time noisily: one lucky trial must not decide). Then plain: no choice is slower than a plain
-    launch. Keys are Candidates (or any hashable with plain as Candidate("plain")); candidates without timings
-    are ignored."""
+    """The candidate with the lowest median time among those that beat plain clearly: by more than `tolerance`
+    (a fraction) in median, and with their upper quartile below plain's median (short kernels time noisily: one
+    lucky trial must not decide). Plain when none does: no choice is slower than a plain launch. A candidate
+    whose median is lowest but whose spread reaches past plain's median does not hide a steadier one that also
+    wins. Without plain timed, the lowest median. Keys are Candidates; candidates without timings are ignored."""
     medians = {c: statistics.median(t) for c, t in timings.items() if len(t)}
     if not medians:
         raise ValueError("choose needs at least one candidate with timings")
     if not 0 <= tolerance < 1:
         raise ValueError(f"tolerance must be in [0, 1), got {tolerance!r}")
-    best = min(medians, key=medians.get)
     plain = Candidate(PLAIN)
-    if plain in medians and best != plain:
-        upper = float(np.quantile(timings[best], 0.75))
-        if medians[best] >= medians[plain] * (1 - tolerance) or upper >= medians[plain]:
-            return plain
-    return best
+    if plain not in medians:
+        return min(medians, key=medians.get)
+    for cand in sorted(medians, key=medians.get):
+        if cand == plain:
+            break
+        clear = medians[cand] < medians[plain] * (1 - tolerance)
+        if clear and float(np.quantile(timings[cand], 0.75)) < medians[plain]:
+            return cand
+    return plain
 
 
 @dataclass(frozen=True)
