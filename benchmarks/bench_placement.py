@@ -70,6 +70,10 @@ def timed(launch, reps: int) -> dict:
     return interleaved({"one": launch}, reps)["one"]
 
 
+EAGER = False  # --eager: time eager launches behind a GPU spin (as "auto"'s trials do) instead of graph replays
+SPIN_CYCLES = 200_000  # ~0.1 ms: the host queues the launch while the GPU spins, so its launch cost is not timed
+
+
 def interleaved(runs: dict, reps: int, per_run: int = 1, warmup: int = 2) -> dict:
     """{name: quantiles of ms per launch}: `reps` rounds, each replaying every entry's graph once (per_run
     launches), after `warmup` rounds. Side by side in rounds: timed one after the other in blocks, the same
@@ -80,6 +84,8 @@ def interleaved(runs: dict, reps: int, per_run: int = 1, warmup: int = 2) -> dic
     for r in range(warmup + reps):
         for name, replay in runs.items():
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            if EAGER:
+                torch.cuda._sleep(SPIN_CYCLES)
             start.record()
             replay()
             end.record()
@@ -129,7 +135,7 @@ def run_point(make, launch_plain, n_items, classes, loads, check, reps, per_run,
         launch()  # builds the plan (and compiles) outside capture
         torch.cuda.synchronize()
         check(name)
-        graphs[name] = graph_of(launch, per_run).replay
+        graphs[name] = launch if EAGER else graph_of(launch, per_run).replay
     times = interleaved(graphs, reps, per_run)
     plain = times["plain_kernel"]["p50"]
     c_star = persistent_ctas(max_ctas, n_items, topo.n_sm)
@@ -406,14 +412,17 @@ def main(argv=None) -> dict:
     p = gpu_parser(__doc__, reps=10)
     p.add_argument("--only", choices=(*PARTS, "overhead", "partition_map"), action="append")
     p.add_argument("--items-per-sm", type=int, nargs="*", help="a subset of the items per SM (default: all)")
+    p.add_argument("--eager", action="store_true", help="time eager launches behind a GPU spin, as auto's trials "
+                                                        "do, instead of CUDA graph replays (chase, gather, capped)")
     args = p.parse_args(argv)
-    global ITEMS_PER_SM, CAPPED_ITEMS_PER_SM
+    global ITEMS_PER_SM, CAPPED_ITEMS_PER_SM, EAGER
+    EAGER = args.eager
     if args.items_per_sm:
         ITEMS_PER_SM = tuple(args.items_per_sm)
         CAPPED_ITEMS_PER_SM = tuple(m for m in args.items_per_sm if m <= max(CAPPED_ITEMS_PER_SM))
     dev, topo, calibration = calibrated_device(args.device, "placement")
     parts = args.only or (*PARTS, "overhead", "partition_map")
-    figures = {"calibration": calibration, "reps": args.reps}
+    figures = {"calibration": calibration, "reps": args.reps, "timing": "eager" if EAGER else "graph replays"}
     for part in parts:
         print(f"== {part}", flush=True)
         t0 = time.perf_counter()
