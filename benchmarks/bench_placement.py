@@ -136,7 +136,7 @@ def run_point(make, launch_plain, n_items, classes, loads, check, reps, per_run,
         torch.cuda.synchronize()
         check(name)
         graphs[name] = launch if EAGER else graph_of(launch, per_run).replay
-    times = interleaved(graphs, reps, per_run)
+    times = interleaved(graphs, reps, 1 if EAGER else per_run)
     plain = times["plain_kernel"]["p50"]
     c_star = persistent_ctas(max_ctas, n_items, topo.n_sm)
     uniform = times.get(Candidate("uniform", c_star).label, {}).get("p50")
