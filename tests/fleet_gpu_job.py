@@ -6,12 +6,10 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
+from placement_watch import placement_calibrations
 
 from torch_l2topo.device import device_info
 from torch_l2topo.distributed import gather_fleet, torchrun_group
-from torch_l2topo.measure import calibration
-from torch_l2topo.placement.sm_aware import Placement
 
 
 def main(out_dir: str) -> None:
@@ -23,20 +21,8 @@ def main(out_dir: str) -> None:
         assert joined, "run me under torchrun"
         rank = dist.get_rank()
         fleet = gather_fleet(timeout_s=120, progress=lambda line: print(line, flush=True))
-        calls, real = [], calibration.calibrate
-
-        def watched(device=None, **options):
-            topo = real(device, **options)
-            calls.append({"device": device, "uuid_hash": topo.meta["uuid_hash"],
-                          "chain_median_cycles": float(np.median(topo.chain_cycles))})
-            return topo
-
-        calibration.calibrate = watched
-        try:
-            # a persistent grid of one CTA per SM on the current device (torchrun_group set it): takes its calibration
-            grid = Placement(policy="dynamic", ctas_per_sm=1).grid(n_items=4096)
-        finally:
-            calibration.calibrate = real
+        # a persistent grid of one CTA per SM on the current device (torchrun_group set it): takes its calibration
+        calls, grid = placement_calibrations()
         current = torch.cuda.current_device()
         doc = {"rank": rank, "current_device": current, "own_uuid_hash": device_info(current).uuid_hash,
                "calls": calls, "grid": grid}

@@ -18,7 +18,6 @@ import os
 import time
 from pathlib import Path
 
-import numpy as np
 from fake_fleet import FakeGpu, install
 
 WORLD = 2
@@ -78,22 +77,8 @@ def gathered() -> dict:
 def placement(rank: int) -> dict:
     """Which map this rank's Placement took: the device it asked calibrate() for and the calibration that came
     back (calibrate() is watched, not replaced); then the fleet of the same GPUs, to compare with."""
-    from torch_l2topo.measure import calibration
-    from torch_l2topo.placement.sm_aware import Placement
+    from placement_watch import placement_calibrations
 
-    calls, real = [], calibration.calibrate
-
-    def watched(device=None, **options):
-        topo = real(device, **options)
-        calls.append({"device": device, "uuid_hash": topo.meta["uuid_hash"],
-                      "chain_median_cycles": float(np.median(topo.chain_cycles))})
-        return topo
-
-    calibration.calibrate = watched
-    try:
-        # a persistent grid of one CTA per SM: it takes the calibration of this rank's device
-        grid = Placement(policy="dynamic", ctas_per_sm=1).grid(n_items=4096)
-    finally:
-        calibration.calibrate = real
+    calls, grid = placement_calibrations()
     return {"calls": calls, "grid": grid, "own_uuid_hash": SCENARIOS["placement"][rank].info(rank).uuid_hash,
             "fleet": gathered()}

@@ -3,11 +3,11 @@ on: L2 loads that skip L1, %clock64 / %smid / %globaltimer reads, the chain's AN
 folded), and, in the offsets chase, the read of the next offset issued before the timed load. The layout fixes'
 column read is one 16-byte L2 load per struct, with and without the XOR swizzle, and the burst fix's lane counts
 (1 and 8) compile."""
-import os
 import re
 
 import pytest
-from test_partition_probe_compile import I32, I64, PTR, _triton_compile, _zero_register
+from kernel_compile import sm90_ptx
+from test_partition_probe_compile import I32, I64, PTR, _zero_register
 
 
 def _offsets_ptx():
@@ -15,7 +15,7 @@ def _offsets_ptx():
 
     sig = dict(ctrl_ptr=PTR, base=I64, offsets_ptr=PTR, rows_ptr="*i32", cycles_ptr="*i32", per_row_ptr=PTR,
                n_loads=I32, zero=I32, n_sm=I32, wave=I32, timeout_ns=I64)
-    return _triton_compile(k.offsets_chase_kernel, sig, {})
+    return sm90_ptx(k.offsets_chase_kernel, sig, {})
 
 
 def _lanes_ptx(lanes):
@@ -23,7 +23,7 @@ def _lanes_ptx(lanes):
 
     sig = dict(ctrl_ptr=PTR, starts_ptr=PTR, rows_ptr="*i32", out_ptr=PTR, n_warm=I32, n_timed=I32, n_sm=I32,
                wave=I32, timeout_ns=I64, LANES="constexpr")
-    return _triton_compile(k.lanes_chase_kernel, sig, {"LANES": lanes})
+    return sm90_ptx(k.lanes_chase_kernel, sig, {"LANES": lanes})
 
 
 def test_offsets_chase_times_each_load_and_reads_ahead():
@@ -51,29 +51,19 @@ def test_ring_chase_is_the_chain_probe_loop():
 
     sig = dict(ctrl_ptr=PTR, starts_ptr=PTR, rows_ptr="*i32", out_ptr=PTR, n_warm=I32, n_timed=I32, n_sm=I32,
                wave=I32, timeout_ns=I64)
-    ptx = _triton_compile(k.ring_chase_kernel, sig, {})
+    ptx = sm90_ptx(k.ring_chase_kernel, sig, {})
     assert ptx.count("ld.global.cg.u64") == 2 and ptx.count("%clock64") == 2 and "ld.global.ca" not in ptx
 
 
 def _column_ptx(swizzle: bool) -> str:
     """column_read_kernel for sm_90 as it is launched: 4 warps, the table pointer 16-byte aligned (torch's
-    allocations are, and Triton specializes on it). Missing Triton: a skip here, a failure on CI."""
-    try:
-        import triton
-    except ImportError:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail("triton is missing on CI")
-        pytest.skip("triton not available here")
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
+    allocations are, and Triton specializes on it)."""
     from torch_l2topo.triton_kernels import geometry as k
 
     sig = dict(src_ptr="*fp32", out_ptr="*fp32", n_rows=I32, pitch_structs=I32, reps=I32, COLS="constexpr",
                SWIZZLE="constexpr", BLOCK_R="constexpr")
-    src = ASTSource(k.column_read_kernel, sig, {"COLS": 1024, "SWIZZLE": swizzle, "BLOCK_R": 128},
+    return sm90_ptx(k.column_read_kernel, sig, {"COLS": 1024, "SWIZZLE": swizzle, "BLOCK_R": 128}, num_warps=4,
                     attrs={(0,): [["tt.divisibility", 16]]})
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
 
 
 @pytest.mark.parametrize("swizzle", [False, True])

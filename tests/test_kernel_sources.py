@@ -4,26 +4,17 @@ target and emits the instructions it relies on.
 
 On CI (CI=true) a missing nvcc or Triton is a failure, not a skip: these are CI's only look at the kernels.
 """
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+from kernel_compile import nvcc, sm90_ptx
 
 from torch_l2topo import layout
 
 ROOT = Path(__file__).resolve().parents[1]
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 CU_SOURCES = sorted((ROOT / "cuda_ext").glob("*.cu"))
-
-
-def _need(available: bool, what: str):
-    if not available:
-        if IN_CI:
-            pytest.fail(f"{what} is missing on CI")
-        pytest.skip(f"{what} not available here")
 
 
 def test_cuda_layout_header_matches_python():
@@ -52,15 +43,9 @@ def test_device_api_is_mirrored_in_both_backends(triton_file, cuda_file):
     assert t and t == c, (sorted(t - c), sorted(c - t))
 
 
-def _nvcc():
-    nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
-    _need(nvcc is not None, "nvcc")
-    return nvcc
-
-
 @pytest.mark.parametrize("source", CU_SOURCES, ids=[p.name for p in CU_SOURCES])
 def test_cuda_kernels_compile_for_sm90_without_spills(tmp_path, source):
-    out = subprocess.run([_nvcc(), "-arch=sm_90", "-O3", "-Xptxas", "-v", "-c", str(source),
+    out = subprocess.run([nvcc(), "-arch=sm_90", "-O3", "-Xptxas", "-v", "-c", str(source),
                           "-o", str(tmp_path / "k.o")], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     kernels = re.findall(r"Compiling entry function '(\w+)'", out.stderr)
@@ -75,7 +60,7 @@ def test_public_headers_compile_in_a_users_kernel(tmp_path):
     src.write_text('#include "protocol.cuh"\n#include "l2_signature.cuh"\n#include "placement.cuh"\n'
                    '#include "recorder.cuh"\n'
                    "__global__ void user(int64_t* ctrl) { if (threadIdx.x == 0) l2topo::finish_turn(ctrl); }\n")
-    out = subprocess.run([_nvcc(), "-arch=sm_90", "-I", str(ROOT / "cuda_ext"), "-c", str(src), "-o",
+    out = subprocess.run([nvcc(), "-arch=sm_90", "-I", str(ROOT / "cuda_ext"), "-c", str(src), "-o",
                           str(tmp_path / "user.o")], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
 
@@ -88,24 +73,12 @@ def test_address_after_keeps_the_chain_in_cuda(tmp_path):
                    "__global__ void chain(int64_t base, int64_t zero, int64_t* out) {\n"
                    "  int64_t v = l2topo::chase(base);\n"
                    "  out[0] = l2topo::chase(l2topo::address_after(base + 128, v, zero));\n}\n")
-    out = subprocess.run([_nvcc(), "-arch=sm_90", "-I", str(ROOT / "cuda_ext"), "-ptx", str(src), "-o",
+    out = subprocess.run([nvcc(), "-arch=sm_90", "-I", str(ROOT / "cuda_ext"), "-ptx", str(src), "-o",
                           str(tmp_path / "chain.ptx")], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     ptx = (tmp_path / "chain.ptx").read_text()
     first, second = [m.start() for m in re.finditer(r"ld\.global\.cg\.u64", ptx)]
     assert "and.b64" in ptx[first:second]
-
-
-def _triton_compile(fn, signature, constexprs, num_warps=1):
-    try:
-        import triton
-    except ImportError:
-        _need(False, "triton")
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    return triton.compile(ASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": num_warps}).asm["ptx"]
 
 
 PTR, I32, I64 = "*i64", "i32", "i64"
@@ -116,7 +89,7 @@ def test_triton_chain_probe_compiles_to_sm90_ptx():
 
     sig = dict(ctrl_ptr=PTR, starts_ptr=PTR, out_ptr=PTR, n_loads=I32, n_warm_first=I32, n_first=I32, n_warm=I32,
                n_sm=I32, wave=I32, timeout_ns=I64)
-    ptx = _triton_compile(k.chain_probe_kernel, sig, {})
+    ptx = sm90_ptx(k.chain_probe_kernel, sig, {})
     assert ptx.count("ld.global.cg.u64") >= 2  # warm and timed chase
     for needle in ("%smid", "%clock64", "%globaltimer", "nanosleep.u32", "atom.global"):
         assert needle in ptx, needle
@@ -127,7 +100,7 @@ def test_triton_line_probe_compiles_to_sm90_ptx():
 
     sig = dict(ctrl_ptr=PTR, lines_ptr=PTR, cycles_ptr=PTR, per_sm_ptr=PTR, n_lines=I32, n_warm=I32, n_timed=I32,
                n_sm=I32, wave=I32, timeout_ns=I64)
-    ptx = _triton_compile(k.line_probe_kernel, sig, {})
+    ptx = sm90_ptx(k.line_probe_kernel, sig, {})
     assert "ld.global.cg.u64" in ptx and "%clock64" in ptx and "setp.ne.s64" in ptx
 
 
@@ -135,7 +108,7 @@ def test_triton_whereami_compiles_to_sm90_ptx():
     from torch_l2topo.triton_kernels import whereami
 
     sig = dict(lines_ptr=PTR, idx_ptr="*i32", out_ptr=PTR, N_WARM="constexpr", N_TIMED="constexpr", K="constexpr")
-    ptx = _triton_compile(whereami.whereami_kernel, sig, {"N_WARM": 2, "N_TIMED": 8, "K": 4})
+    ptx = sm90_ptx(whereami.whereami_kernel, sig, {"N_WARM": 2, "N_TIMED": 8, "K": 4})
     # 4 lines x (2 warm + 8 timed) unrolled dependent loads, a clock read before and after each timed run
     assert ptx.count("ld.global.cg.u64") == 40
     assert ptx.count("%clock64") == 8 and "%smid" in ptx
@@ -145,7 +118,7 @@ def test_triton_occupy_kernel_compiles_to_sm90_ptx():
     from torch_l2topo.triton_kernels import occupy
 
     sig = dict(chosen_ptr="*i32", held_ptr="*i32", duration_ns=I64)
-    ptx = _triton_compile(occupy.occupy_kernel, sig, {}, num_warps=occupy.WARPS_PER_CTA)
+    ptx = sm90_ptx(occupy.occupy_kernel, sig, {}, num_warps=occupy.WARPS_PER_CTA)
     assert "%smid" in ptx and "%globaltimer" in ptx
 
 
@@ -154,6 +127,6 @@ def test_triton_latency_oracle_compiles_to_sm90_ptx(l1, load):
     from torch_l2topo.triton_kernels import oracle
 
     sig = dict(starts_ptr=PTR, out_ptr=PTR, n_warm=I32, n_timed=I32, L1="constexpr")
-    ptx = _triton_compile(oracle.latency_oracle_kernel, sig, {"L1": l1})
+    ptx = sm90_ptx(oracle.latency_oracle_kernel, sig, {"L1": l1})
     other = "ld.global.cg.u64" if l1 else "ld.global.ca.u64"
     assert ptx.count(load) == 2 and other not in ptx  # warm and timed loop, the one cache policy asked for

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from kernel_compile import sm90_ptx
 
 ROOT = Path(__file__).resolve().parents[1]
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 XGBOOST = ROOT / "tests" / "data" / "xgboost"
 VECTOR_LOAD = re.compile(r"ld\.global[\w.]*\.v4\.b32")
 bags = importlib.import_module("torch_l2topo.ops.embedding_bag")
@@ -28,20 +28,10 @@ forests = importlib.import_module("torch_l2topo.ops.forest_predict")
 def _compile(kernel, types: dict, constexprs: dict, aligned: tuple, num_warps: int):
     """The kernel's PTX for sm_90; `aligned` arguments specialised as multiples of 16 (as Triton does at launch
     for 16-byte aligned pointers and integers divisible by 16)."""
-    try:
-        import triton
-    except ImportError:
-        if IN_CI:
-            pytest.fail("triton is missing on CI")
-        pytest.skip("triton not available here")
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     names = kernel.arg_names
     signature = {n: "constexpr" if n in constexprs else types[n] for n in names}
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
-    source = ASTSource(kernel, signature, constexprs, attrs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps}).asm["ptx"]
+    return sm90_ptx(kernel, signature, constexprs, num_warps, attrs)
 
 
 ROW_TYPES = {"fp32": 4, "bf16": 2, "fp16": 2}

@@ -2,28 +2,12 @@
 they rely on: L2 loads that skip L1, %clock64 and %smid reads, and the AND with the runtime zero that chains
 each load to the one before (not folded: its operand is a register loaded from the kernel parameter). The
 map times each of its N_TIMED loads alone (a clock read after each); the reprobe times its loads together."""
-import os
 import re
 
 import pytest
+from kernel_compile import sm90_ptx
 
 PTR, I32, I64 = "*i64", "i32", "i64"
-
-
-def _triton_compile(fn, signature, constexprs):
-    """PTX of a one-warp program for sm_90, as tests/test_kernel_sources.py compiles (missing Triton: a skip
-    here, a failure on CI)."""
-    try:
-        import triton
-    except ImportError:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail("triton is missing on CI")
-        pytest.skip("triton not available here")
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    return triton.compile(ASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": 1}).asm["ptx"]
 
 
 def _map_ptx(n_timed: int):
@@ -31,7 +15,7 @@ def _map_ptx(n_timed: int):
 
     sig = dict(ctrl_ptr=PTR, base=I64, plan_ptr=PTR, cycles_ptr="*i32", n_blocks=I32, block_bytes=I32, zero=I32,
                N_TIMED="constexpr", n_sm=I32, wave=I32, timeout_ns=I64)
-    return _triton_compile(k.partition_probe_kernel, sig, {"N_TIMED": n_timed})
+    return sm90_ptx(k.partition_probe_kernel, sig, {"N_TIMED": n_timed})
 
 
 def _reprobe_ptx(n_warm: int, n_timed: int):
@@ -40,7 +24,7 @@ def _reprobe_ptx(n_warm: int, n_timed: int):
     sig = dict(ctrl_ptr=PTR, base=I64, sample_ptr=PTR, rows_ptr="*i32", cycles_ptr=PTR, n_sample=I32,
                block_bytes=I32, zero=I32, N_WARM="constexpr", N_TIMED="constexpr", n_sm=I32, wave=I32,
                timeout_ns=I64)
-    return _triton_compile(k.partition_reprobe_kernel, sig, {"N_WARM": n_warm, "N_TIMED": n_timed})
+    return sm90_ptx(k.partition_reprobe_kernel, sig, {"N_WARM": n_warm, "N_TIMED": n_timed})
 
 
 def _zero_register(ptx: str, kernel: str, index: int) -> str:

@@ -9,43 +9,23 @@ On CI (CI=true) a missing nvcc or Triton is a failure, not a skip (as in test_ke
 """
 import os
 import re
-import shutil
 import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from kernel_compile import derives_from_thread_id, nvcc, register_definitions, sm90_ptx
 
 ROOT = Path(__file__).resolve().parents[1]
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 ATOMIC = re.compile(r"^\s*(@!?%p\d+\s+)?(atom|red)\.")
-
-
-def _need(available: bool, what: str):
-    if not available:
-        if IN_CI:
-            pytest.fail(f"{what} is missing on CI")
-        pytest.skip(f"{what} not available here")
-
-
-def _ptx(fn, sig: dict, constexprs: dict, num_warps: int) -> str:
-    try:
-        import triton
-    except ImportError:
-        _need(False, "triton")
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    return triton.compile(ASTSource(fn, sig, constexprs), target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": num_warps}).asm["ptx"]
 
 
 def _checksum_ptx(num_warps: int, place: int = 1) -> str:
     from torch_l2topo.triton_kernels.placement_demo import checksum_kernel
 
     sig = dict(out_ptr="*i64", count_ptr="*i32", n_out="i32", plan_ptr="*i32", state_ptr="*i64", PLACE="constexpr")
-    return _ptx(checksum_kernel, sig, {"PLACE": place}, num_warps)
+    return sm90_ptx(checksum_kernel, sig, {"PLACE": place}, num_warps)
 
 
 def _instructions(ptx: str) -> list:
@@ -106,9 +86,9 @@ def test_direct_mode_compiles_to_the_plain_kernel(tmp_path, num_warps):
     from torch_l2topo.layout import PLACE_DIRECT
 
     mod = _chase_kernels(tmp_path)
-    helped = _ptx(mod.with_helpers, dict(starts_ptr="*i64", ends_ptr="*i64", n_loads="i32", plan_ptr="*i32",
+    helped = sm90_ptx(mod.with_helpers, dict(starts_ptr="*i64", ends_ptr="*i64", n_loads="i32", plan_ptr="*i32",
                                          state_ptr="*i64", PLACE="constexpr"), {"PLACE": PLACE_DIRECT}, num_warps)
-    plain = _ptx(mod.without_helpers, dict(starts_ptr="*i64", ends_ptr="*i64", n_loads="i32"), {}, num_warps)
+    plain = sm90_ptx(mod.without_helpers, dict(starts_ptr="*i64", ends_ptr="*i64", n_loads="i32"), {}, num_warps)
     for needle in ("atom.", "red.", "%smid", "%globaltimer", "bar.sync"):
         assert needle not in helped, needle
     # the plan and state pointers are never read: no load from params 3 and 4
@@ -128,30 +108,6 @@ def test_the_other_modes_are_not_compiled_in():
     assert re.search(r"shl\.b64\s+%\w+,\s*%\w+,\s*56;", queues)
 
 
-def _definitions(ptx: str) -> dict:
-    """register -> the instructions that write it (a register may be written more than once)."""
-    defs = {}
-    for line in ptx.splitlines():
-        m = re.match(r"\s*(?:@!?%p\d+\s+)?[a-z][\w.:]*\s+(%\w+)\s*(?:\|\s*%\w+)?\s*,(.*);", line)
-        if m:
-            defs.setdefault(m.group(1), []).append(line)
-    return defs
-
-
-def _from_thread_id(reg: str, defs: dict, seen: set) -> bool:
-    """True if some write of `reg` derives (through any chain of instructions) from %tid.x."""
-    if reg in seen:
-        return False
-    seen.add(reg)
-    for line in defs.get(reg, []):
-        if "%tid.x" in line:
-            return True
-        sources = re.findall(r"%\w+", line.split(",", 1)[1])
-        if any(_from_thread_id(r, defs, seen) for r in sources):
-            return True
-    return False
-
-
 @pytest.mark.parametrize("num_warps, place", [(1, 1), (4, 1), (4, 2)])
 def test_triton_checksum_kernel_compiles_with_scalar_atomics(num_warps, place):
     ptx = _checksum_ptx(num_warps, place)
@@ -159,7 +115,7 @@ def test_triton_checksum_kernel_compiles_with_scalar_atomics(num_warps, place):
         assert needle in ptx, needle
     if place == 1:
         assert "atom.global.gpu.acq_rel.add" in ptx  # the FINISHED count orders every claim before the reset
-    defs = _definitions(ptx)
+    defs = register_definitions(ptx)
     atomics = [line for line in ptx.splitlines() if ATOMIC.match(line)]
     # shares: claims (share, tail, steal, in both inlined copies of plan_next), error flag, statistics,
     # FINISHED; queues: claims, error flag; and the kernel's own two adds
@@ -171,7 +127,7 @@ def test_triton_checksum_kernel_compiles_with_scalar_atomics(num_warps, place):
         setp = [d for d in defs.get(pred.group(1), []) if d.strip().startswith("setp.eq")]
         assert setp, f"{pred.group(1)} is not an equality test: {line.strip()}"
         compared, value = re.search(r",\s*(%\w+),\s*(\w+);", setp[0]).groups()
-        assert value == "0" and _from_thread_id(compared, defs, set()), setp[0]
+        assert value == "0" and derives_from_thread_id(compared, defs), setp[0]
 
 
 def test_triton_atomic_results_are_broadcast_through_shared_memory():
@@ -186,14 +142,8 @@ def test_triton_atomic_results_are_broadcast_through_shared_memory():
         assert re.search(r"st\.shared.*\n(?:.*\n)*?\s*bar\.sync.*\n(?:.*\n)*?\s*ld\.shared", window), window
 
 
-def _nvcc():
-    nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
-    _need(nvcc is not None, "nvcc")
-    return nvcc
-
-
 def test_cuda_placement_demo_compiles_for_sm90_without_spills_in_every_mode(tmp_path):
-    out = subprocess.run([_nvcc(), "-arch=sm_90", "-O3", "-Xptxas", "-v", "-I", str(ROOT / "cuda_ext"), "-c",
+    out = subprocess.run([nvcc(), "-arch=sm_90", "-O3", "-Xptxas", "-v", "-I", str(ROOT / "cuda_ext"), "-c",
                           str(ROOT / "cuda_ext" / "placement_demo.cu"), "-o", str(tmp_path / "k.o")],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
@@ -206,7 +156,7 @@ def test_cuda_placement_demo_compiles_for_sm90_without_spills_in_every_mode(tmp_
 
 def test_cuda_placement_demo_ptx_reads_cursors_from_l2_and_orders_the_reset(tmp_path):
     ptx = tmp_path / "k.ptx"
-    out = subprocess.run([_nvcc(), "-arch=sm_90", "-O3", "-I", str(ROOT / "cuda_ext"), "-ptx",
+    out = subprocess.run([nvcc(), "-arch=sm_90", "-O3", "-I", str(ROOT / "cuda_ext"), "-ptx",
                           str(ROOT / "cuda_ext" / "placement_demo.cu"), "-o", str(ptx)],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
@@ -250,7 +200,7 @@ template __global__ void user<l2topo::PLACE_DIRECT>(const float*, float*, const 
 template __global__ void user<l2topo::PLACE_SHARES>(const float*, float*, const int32_t*, int64_t*);
 template __global__ void user<l2topo::PLACE_QUEUES>(const float*, float*, const int32_t*, int64_t*);
 ''')
-    out = subprocess.run([_nvcc(), "-arch=sm_90", "-I", str(ROOT / "cuda_ext"), "-c", str(src), "-o",
+    out = subprocess.run([nvcc(), "-arch=sm_90", "-I", str(ROOT / "cuda_ext"), "-c", str(src), "-o",
                           str(tmp_path / "user.o")], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
 

@@ -5,13 +5,12 @@ and the CUDA header the same: nothing with RECORD false, the atomic and the barr
 
 On CI (CI=true) a missing nvcc or Triton is a failure, not a skip (as in test_kernel_sources.py).
 """
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+from kernel_compile import derives_from_thread_id, nvcc, register_definitions, sm90_ptx, triton_module
 
 from torch_l2topo.profiler.demo import ptx_instructions
 
@@ -21,99 +20,55 @@ except ImportError:
     tl = None
 
 ROOT = Path(__file__).resolve().parents[1]
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 ROW_SUM_SIG = dict(x_ptr="*fp32", out_ptr="*fp32", n_rows="i32", dim="i32", class_ptr="*i32", part_ptr="*i32",
                    rec_ptr="*i64", tag="i64", RECORD="constexpr", BLOCK="constexpr")
 RECORDING = ("%smid", "%globaltimer", "atom.")
 
 
-def _need(available: bool, what: str):
-    if not available:
-        if IN_CI:
-            pytest.fail(f"{what} is missing on CI")
-        pytest.skip(f"{what} not available here")
-
-
-def _triton():
-    try:
-        import triton
-    except ImportError:
-        _need(False, "triton")
-    return triton
-
-
-def _ptx(fn, signature, constexprs, num_warps=4) -> str:
-    triton = _triton()
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    return triton.compile(ASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": num_warps}).asm["ptx"]
-
-
 @pytest.mark.parametrize("num_warps", [1, 4])
 def test_recording_off_compiles_to_the_helper_free_kernel(num_warps):
-    _triton()
+    triton_module()
     from torch_l2topo.triton_kernels.recorder_demo import row_sum_kernel, row_sum_plain_kernel
 
-    off = _ptx(row_sum_kernel, ROW_SUM_SIG, {"RECORD": False, "BLOCK": 64}, num_warps)
-    plain = _ptx(row_sum_plain_kernel, ROW_SUM_SIG, {"RECORD": False, "BLOCK": 64}, num_warps)
+    off = sm90_ptx(row_sum_kernel, ROW_SUM_SIG, {"RECORD": False, "BLOCK": 64}, num_warps)
+    plain = sm90_ptx(row_sum_plain_kernel, ROW_SUM_SIG, {"RECORD": False, "BLOCK": 64}, num_warps)
     assert not any(needle in off for needle in RECORDING)
     assert ptx_instructions(off, "row_sum_kernel") == ptx_instructions(plain, "row_sum_plain_kernel")
 
 
 def test_the_comparison_sees_a_recording_kernel():
     # negative control: with RECORD on, the same comparison must fail
-    _triton()
+    triton_module()
     from torch_l2topo.triton_kernels.recorder_demo import row_sum_kernel, row_sum_plain_kernel
 
-    on = _ptx(row_sum_kernel, ROW_SUM_SIG, {"RECORD": True, "BLOCK": 64})
-    plain = _ptx(row_sum_plain_kernel, ROW_SUM_SIG, {"RECORD": False, "BLOCK": 64})
+    on = sm90_ptx(row_sum_kernel, ROW_SUM_SIG, {"RECORD": True, "BLOCK": 64})
+    plain = sm90_ptx(row_sum_plain_kernel, ROW_SUM_SIG, {"RECORD": False, "BLOCK": 64})
     assert ptx_instructions(on, "row_sum_kernel") != ptx_instructions(plain, "row_sum_plain_kernel")
-
-
-def _defs(ptx: str) -> dict:
-    defs = {}
-    for line in ptx.splitlines():
-        m = re.match(r"\s*(?:@!?%p\d+\s+)?[a-z][\w.:]*\s+(%\w+)\s*(?:\|\s*%\w+)?\s*,(.*);", line)
-        if m:
-            defs.setdefault(m.group(1), []).append(line)
-    return defs
-
-
-def _depends_on_tid(reg: str, defs: dict, seen: set) -> bool:
-    if reg in seen:
-        return False
-    seen.add(reg)
-    for line in defs.get(reg, []):
-        if "%tid.x" in line or any(_depends_on_tid(r, defs, seen) for r in re.findall(r"%\w+", line.split(",", 1)[1])):
-            return True
-    return False
 
 
 @pytest.mark.parametrize("num_warps", [1, 4])
 def test_recording_on_writes_one_record_from_one_thread(num_warps):
-    _triton()
+    triton_module()
     from torch_l2topo.triton_kernels.recorder_demo import row_sum_kernel
 
-    ptx = _ptx(row_sum_kernel, ROW_SUM_SIG, {"RECORD": True, "BLOCK": 64}, num_warps)
+    ptx = sm90_ptx(row_sum_kernel, ROW_SUM_SIG, {"RECORD": True, "BLOCK": 64}, num_warps)
     for needle in RECORDING:
         assert needle in ptx, needle
     atomics = [line for line in ptx.splitlines() if re.match(r"\s*(@!?%p\d+\s+)?(atom|red)\.", line)]
     assert len(atomics) == 1 and "relaxed.add" in atomics[0], atomics  # one atomic reserves the slot
-    defs = _defs(ptx)
+    defs = register_definitions(ptx)
     stores = [line for line in ptx.splitlines() if "st.global.b64" in line]
     assert len(stores) == 7, stores  # the seven words of layout.REC_*
     for line in atomics + stores:
         pred = re.match(r"\s*@(%p\d+)\s", line)
         assert pred, f"runs on every thread: {line.strip()}"
         # the predicate comes from the thread id: one thread of the program writes
-        assert _depends_on_tid(pred.group(1), defs, set()), line
+        assert derives_from_thread_id(pred.group(1), defs), line
 
 
 def test_record_flag_may_come_from_placement_bits():
     """plan_finish passes `PLACE & PLACE_RECORD`: a constexpr computed from another constexpr."""
-    triton = _triton()
+    triton = triton_module()
     from torch_l2topo.triton_kernels.recorder import record_cta, record_start
 
     @triton.jit
@@ -123,12 +78,12 @@ def test_record_flag_may_come_from_placement_bits():
         record_cta(rec_ptr, tag, sm, t0, 1, -1, PLACE & 4)
 
     sig = dict(out_ptr="*i32", rec_ptr="*i64", tag="i32", PLACE="constexpr")
-    assert all(n in _ptx(placed, sig, {"PLACE": 5}) for n in RECORDING)
-    assert not any(n in _ptx(placed, sig, {"PLACE": 1}) for n in RECORDING)
+    assert all(n in sm90_ptx(placed, sig, {"PLACE": 5}) for n in RECORDING)
+    assert not any(n in sm90_ptx(placed, sig, {"PLACE": 1}) for n in RECORDING)
 
 
 def test_recorder_at_turns_an_address_into_the_buffer():
-    triton = _triton()
+    triton = triton_module()
     from torch_l2topo.triton_kernels.recorder import record_cta, record_start, recorder_at
 
     @triton.jit
@@ -136,14 +91,8 @@ def test_recorder_at_turns_an_address_into_the_buffer():
         sm, t0 = record_start(RECORD)
         record_cta(recorder_at(address), 0, sm, t0, 1, -1, RECORD)
 
-    ptx = _ptx(from_address, dict(address="i64", RECORD="constexpr"), {"RECORD": True})
+    ptx = sm90_ptx(from_address, dict(address="i64", RECORD="constexpr"), {"RECORD": True})
     assert "atom.global" in ptx and ptx.count("st.global.b64") == 7
-
-
-def _nvcc():
-    nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
-    _need(nvcc is not None, "nvcc")
-    return nvcc
 
 
 def test_cuda_recorder_compiles_out_and_in(tmp_path):
@@ -160,7 +109,7 @@ template __global__ void user<false>(const float*, float*, int64_t*, int64_t);
 template __global__ void user<true>(const float*, float*, int64_t*, int64_t);
 ''')
     ptx = tmp_path / "user.ptx"
-    out = subprocess.run([_nvcc(), "-arch=sm_90", "-O3", "-I", str(ROOT / "cuda_ext"), "-ptx", str(src), "-o",
+    out = subprocess.run([nvcc(), "-arch=sm_90", "-O3", "-I", str(ROOT / "cuda_ext"), "-ptx", str(src), "-o",
                           str(ptx)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     bodies = {m.group(1): m.group(2) for m in re.finditer(r"\.entry (\w+)\((.*?)\n}", ptx.read_text(), re.S)}

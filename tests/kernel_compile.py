@@ -1,0 +1,67 @@
+"""What the compile-check tests share: the sm_90 PTX of a Triton kernel and the nvcc they compile CUDA with,
+both without a GPU (a missing one is a skip here and a failure on CI, where CI=true), and a small def-use
+reading of PTX that tells whether a predicate derives from the thread id."""
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+_DEFINITION = re.compile(r"\s*(?:@!?%p\d+\s+)?[a-z][\w.:]*\s+(%\w+)\s*(?:\|\s*%\w+)?\s*,(.*);")
+
+
+def need(available: bool, what: str):
+    if not available:
+        if IN_CI:
+            pytest.fail(f"{what} is missing on CI")
+        pytest.skip(f"{what} not available here")
+
+
+def nvcc() -> str:
+    path = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
+    need(path is not None, "nvcc")
+    return path
+
+
+def triton_module():
+    try:
+        import triton
+    except ImportError:
+        need(False, "triton")
+    return triton
+
+
+def sm90_ptx(fn, signature: dict, constexprs: dict, num_warps: int = 1, attrs: dict = None) -> str:
+    """PTX of `fn` compiled for sm_90 at `num_warps` warps; `attrs` as ASTSource takes them."""
+    triton = triton_module()
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    return triton.compile(ASTSource(fn, signature, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": num_warps}).asm["ptx"]
+
+
+def register_definitions(ptx: str) -> dict:
+    """register -> the instructions that write it (a register may be written more than once)."""
+    defs = {}
+    for line in ptx.splitlines():
+        m = _DEFINITION.match(line)
+        if m:
+            defs.setdefault(m.group(1), []).append(line)
+    return defs
+
+
+def derives_from_thread_id(reg: str, defs: dict, seen: set = None) -> bool:
+    """True if some write of `reg` derives (through any chain of instructions) from %tid.x."""
+    seen = set() if seen is None else seen
+    if reg in seen:
+        return False
+    seen.add(reg)
+    for line in defs.get(reg, []):
+        if "%tid.x" in line:
+            return True
+        if any(derives_from_thread_id(r, defs, seen) for r in re.findall(r"%\w+", line.split(",", 1)[1])):
+            return True
+    return False
