@@ -3,7 +3,7 @@
 Three parts, one command each (results under benchmarks/results/, with the usual header):
 
     python benchmarks/bench_fleet.py calibrate-all --out benchmarks/results/fleet_h200_calibrate_all_1gpu.json
-    torchrun --nproc_per_node=2 benchmarks/bench_fleet.py gather --out benchmarks/results/fleet_h200_table_2gpu.json
+    torchrun --nproc_per_node=N benchmarks/bench_fleet.py gather --out benchmarks/results/fleet_h200_table_<N>gpu.json
     python benchmarks/bench_fleet.py paper --out benchmarks/results/fleet_h200_cpu.json
 
 calibrate-all (a GPU machine; every visible GPU): wall time of calibrating 1, 2, ... N GPUs, uncached, three
