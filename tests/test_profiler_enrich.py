@@ -19,7 +19,7 @@ from synthetic_traces import (
 
 import torch_l2topo
 from torch_l2topo.errors import TraceFormatError
-from torch_l2topo.profiler.enrich import enrich, enrich_file
+from torch_l2topo.profiler.enrich import enrich, enrich_file, enrichment
 from torch_l2topo.profiler.proton_trace import proton_records
 from torch_l2topo.profiler.smmap import SmMap
 from torch_l2topo.profiler.tracefile import L2MAP_PID, load_trace, write_trace
@@ -238,9 +238,9 @@ def test_splicing_the_additions_into_the_profilers_text_equals_a_full_rewrite(ba
     text = json.dumps(trace, indent=1)  # laid out unlike our compact dumps: the profiler's own text is kept
     parsed, end = parse(text, "t")
     assert parsed == trace
-    out = enrich(parsed, maps={0: SmMap.from_topology(topo)}, records={0: _records(k0)})
-    spliced = splice(text, end, out["traceEvents"][len(trace["traceEvents"]):], out["l2topo"])
-    assert json.loads(spliced) == json.loads(dumps(out)) and spliced.startswith(text[:end - 1])
+    added = enrichment(parsed, maps={0: SmMap.from_topology(topo)}, records={0: _records(k0)})
+    spliced = splice(text, end, added.fragments(), added.meta)
+    assert json.loads(spliced) == json.loads(dumps(added.trace())) and spliced.startswith(text[:end - 1].encode())
     empty = json.dumps({**trace, "traceEvents": []})
     e_trace, e_end = parse(empty, "t")
-    assert json.loads(splice(empty, e_end, [{"ph": "i"}], {"a": 1}))["traceEvents"] == [{"ph": "i"}]
+    assert json.loads(splice(empty, e_end, [b'{"ph":"i"}', b""], {"a": 1}))["traceEvents"] == [{"ph": "i"}]

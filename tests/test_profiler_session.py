@@ -2,6 +2,9 @@
 (named by cycle), a failed enrichment still leaves the profiler's own trace, Proton merges into a written
 trace without losing its CTAs, and trace-summary and the timeline figure read an enriched trace back."""
 import json
+import signal
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,13 +21,15 @@ from synthetic_traces import (
 import torch_l2topo
 from torch_l2topo.cli import main as cli
 from torch_l2topo.errors import TraceFormatError
-from torch_l2topo.profiler import session
+from torch_l2topo.profiler import cycle, session
+from torch_l2topo.profiler.cycle import CycleJob
 from torch_l2topo.profiler.enrich import enrich
 from torch_l2topo.profiler.readback import calibrations, launches, recorded_ctas
 from torch_l2topo.profiler.smmap import SmMap
 from torch_l2topo.profiler.summary import summarize
 from torch_l2topo.profiler.timeline import pick_launch, render_timeline, timeline_rows
 from torch_l2topo.profiler.tracefile import load_trace, write_trace
+from torch_l2topo.profiler.worker import Worker
 
 ACTIVITIES = [torch.profiler.ProfilerActivity.CPU]
 
@@ -64,12 +69,92 @@ def test_a_failed_enrichment_still_writes_the_profilers_trace(tmp_path, monkeypa
     def broken(*args, **kwargs):
         raise RuntimeError("simulated failure")
 
-    monkeypatch.setattr(session, "enrich", broken)
+    monkeypatch.setattr(cycle, "enrich_with", broken)
     with pytest.warns(UserWarning, match="simulated failure"):
-        with torch_l2topo.profile(tmp_path / "t.json", activities=ACTIVITIES, topology=None) as prof:
+        with torch_l2topo.profile(tmp_path / "t.json", activities=ACTIVITIES, topology=None,
+                                  background=False) as prof:
             _steps(prof, 1)
     trace = load_trace(tmp_path / "t.json")
     assert "l2topo" not in trace and any(ev.get("ph") == "X" for ev in trace["traceEvents"])
+    assert not list(tmp_path.glob(".l2topo-*"))  # no export or job file left behind
+
+
+def _export(tmp_path, name="export.json") -> Path:
+    with torch.profiler.profile(activities=ACTIVITIES) as prof:
+        _steps(prof, 1)
+    prof.export_chrome_trace(str(tmp_path / name))
+    return tmp_path / name
+
+
+def _ready_worker(on_done, **options) -> Worker:
+    worker = Worker(on_done, **options)
+    worker.start()
+    deadline = time.monotonic() + 120
+    while not worker.ready():
+        assert time.monotonic() < deadline, "the worker did not start"
+        time.sleep(0.05)
+    return worker
+
+
+def test_jobs_run_here_until_the_worker_is_ready(tmp_path):
+    done = []
+    worker = Worker(lambda path, problem: done.append((path, problem)))
+    worker.submit(CycleJob(_export(tmp_path), tmp_path / "t.json", {}, {}, {}, ()))
+    assert done == [(tmp_path / "t.json", None)]  # written before submit returned: the worker was starting
+    assert worker._proc is not None
+    worker.close()
+
+
+def test_the_worker_writes_what_the_handler_would(tmp_path):
+    topo = torch_l2topo.load_example()
+    done = []
+    worker = _ready_worker(lambda path, problem: done.append((path, problem)), max_pending=1)
+    jobs = []
+    for i in range(3):  # max_pending 1: every submit after the first waits for the one before
+        export = _export(tmp_path, f"e{i}.json")
+        text = export.read_text()
+        (tmp_path / f"copy{i}.json").write_text(text)
+        maps = {0: SmMap.from_topology(topo)}
+        jobs.append(CycleJob(export, tmp_path / f"bg{i}.json", {}, maps, {}, (0,)))
+        worker.submit(jobs[-1])
+        assert len(done) == i  # the submit returned before this job was done
+    worker.close()
+    assert [p for p, _ in done] == [j.path for j in jobs] and all(problem is None for _, problem in done)
+    for i, job in enumerate(jobs):  # the same job run here gives the same file
+        assert not job.export.exists()
+        here = CycleJob(tmp_path / f"copy{i}.json", tmp_path / f"fg{i}.json", {}, job.maps, {}, (0,))
+        assert cycle.run(here) is None
+        assert load_trace(job.path) == load_trace(here.path) and "l2topo" in load_trace(job.path)
+    assert not list(tmp_path.glob(".l2topo-job*"))
+
+
+def test_a_job_that_fails_in_the_worker_writes_the_plain_trace(tmp_path):
+    done = []
+    worker = _ready_worker(lambda path, problem: done.append((path, problem)))
+    export = _export(tmp_path)
+    plain = load_trace(export)
+    worker.submit(CycleJob(export, tmp_path / "t.json", {}, {0: "not a calibration"}, {}, (0,)))
+    worker.close()
+    (path, problem), = done
+    assert "could not enrich" in problem and load_trace(path) == plain
+
+
+def test_a_dead_worker_leaves_its_jobs_to_this_process(tmp_path):
+    done = []
+    worker = _ready_worker(lambda path, problem: done.append((path, problem)))
+    export = _export(tmp_path)
+    worker._proc.send_signal(signal.SIGSTOP)  # paused: the job cannot run there before the kill
+    worker.submit(CycleJob(export, tmp_path / "t.json", {}, {}, {}, ()))
+    worker._proc.kill()
+    with pytest.warns(UserWarning, match="exited"):
+        worker.close()
+    assert done == [(tmp_path / "t.json", None)] and load_trace(tmp_path / "t.json")["traceEvents"]
+
+
+def test_the_lazy_names_are_the_exported_ones():
+    import torch_l2topo.profiler as profiler
+
+    assert set(profiler.__all__) == set(profiler._LAZY) and all(getattr(profiler, n) for n in profiler.__all__)
 
 
 def test_options_are_checked():

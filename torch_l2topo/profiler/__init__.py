@@ -15,11 +15,27 @@ post-processing), align, metrics, tracks, kineto, tracefile, smmap, proton_trace
 torch_l2topo.placement.recording (placement reads the same records), its device helpers in
 triton_kernels/recorder.py and cuda_ext/recorder.cuh.
 """
-from ..placement.recording import CtaRecords, active_recorder, recording
-from .enrich import enrich, enrich_file
-from .session import TraceHandler, merge_proton, profile, trace_handler
-from .summary import format_summary, summarize
-from .timeline import render_timeline
+from __future__ import annotations
 
+import importlib
+
+# name -> module, imported on first access (PEP 562): the background worker (worker.py) imports this package
+# and must not pay for torch, which session.py and the recorder need
+_LAZY = {"profile": ".session", "trace_handler": ".session", "TraceHandler": ".session", "merge_proton": ".session",
+         "recording": "..placement.recording", "active_recorder": "..placement.recording",
+         "CtaRecords": "..placement.recording", "enrich": ".enrich", "enrich_file": ".enrich",
+         "summarize": ".summary", "format_summary": ".summary", "render_timeline": ".timeline"}
 __all__ = ["profile", "trace_handler", "TraceHandler", "merge_proton", "recording", "active_recorder", "CtaRecords",
            "enrich", "enrich_file", "summarize", "format_summary", "render_timeline"]
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

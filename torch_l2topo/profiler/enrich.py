@@ -12,6 +12,8 @@ enrich_file() does the same on files, writing atomically and never touching the 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ..placement.recording import CtaRecords
@@ -19,12 +21,11 @@ from ..version import __version__
 from .align import TICK_NS, align
 from .kineto import Kernels, device_sm_counts, kernels_by_device, time_range_ns
 from .metrics import launch_metrics
-from .tracefile import METADATA_KEY, load_trace, strip, write_trace
-from .tracks import cta_events, lanes, latency_counters, launch_event, process_events
+from .tracefile import METADATA_KEY, dumps, load_trace, strip, write_trace
+from .tracks import CtaSlices, lanes, latency_counters, launch_event, process_events
 
 RECORDER, PROTON = "recorder", "proton"
-_COLUMNS = {"kernel": object, "source": object, "sm": np.int64, "program": np.int64, "start": np.int64,
-            "end": np.int64, "items": np.int64, "near": np.int64, "launch": np.int64, "misalignment": np.int64}
+_COLUMNS = ("group", "sm", "program", "start", "end", "items", "near", "launch", "misalignment")
 
 
 def _proton_by_device(kernels: dict, proton: CtaRecords) -> dict:
@@ -39,23 +40,26 @@ def _proton_by_device(kernels: dict, proton: CtaRecords) -> dict:
 
 
 def _aligned_columns(kernels: Kernels, sources: list, tick_ns: int) -> tuple:
-    """(columns of every CTA that fell inside a kernel event, {source: alignment summary}). A launch that our
-    recorder covered keeps only its CTAs (Proton's, from scopes in the same kernel, would duplicate them)."""
-    parts, summaries = [], {}
+    """(int64 columns of every CTA that fell inside a kernel event, [(kernel, source)] that column "group"
+    indexes, {source: alignment summary}). A launch that our recorder covered keeps only its CTAs (Proton's,
+    from scopes in the same kernel, would duplicate them)."""
+    parts, groups, summaries = [], [], {}
     for source, recs, quantum in sources:
         if not len(recs):
             continue
         al = align(kernels, recs)
         summaries[source] = {**al.summary(tick_ns + int(np.ceil(quantum))), "quantum_ns": quantum}
         keep = al.kernel >= 0
-        parts.append({"kernel": np.array([recs.names[t] for t in recs.tag[keep].tolist()], dtype=object),
-                      "source": np.full(int(keep.sum()), source, dtype=object), "sm": recs.sm[keep],
-                      "program": recs.program[keep], "start": al.start[keep], "end": al.end[keep],
-                      "items": recs.items[keep], "near": recs.near[keep], "launch": al.kernel[keep],
-                      "misalignment": al.misalignment_ns[keep]})
-    cols = {k: np.concatenate([p[k] for p in parts]) if parts else np.zeros(0, t) for k, t in _COLUMNS.items()}
-    duplicate = (cols["source"] == PROTON) & np.isin(cols["launch"], cols["launch"][cols["source"] == RECORDER])
-    return {k: v[~duplicate] for k, v in cols.items()}, summaries
+        tags, tag_index = np.unique(recs.tag[keep], return_inverse=True)
+        codes = np.array([len(groups) + i for i in range(len(tags))], np.int64)
+        groups += [(recs.names[t], source) for t in tags.tolist()]
+        parts.append({"group": codes[tag_index], "sm": recs.sm[keep], "program": recs.program[keep],
+                      "start": al.start[keep], "end": al.end[keep], "items": recs.items[keep],
+                      "near": recs.near[keep], "launch": al.kernel[keep], "misalignment": al.misalignment_ns[keep]})
+    cols = {k: np.concatenate([p[k] for p in parts]) if parts else np.zeros(0, np.int64) for k in _COLUMNS}
+    source = np.array([src for _, src in groups] or [""], dtype=object)[cols["group"]]
+    duplicate = (source == PROTON) & np.isin(cols["launch"], cols["launch"][source == RECORDER])
+    return {k: v[~duplicate] for k, v in cols.items()}, groups, summaries
 
 
 def _tracks(smmap, n_sm: int, sms_seen) -> tuple:
@@ -70,8 +74,8 @@ def _tracks(smmap, n_sm: int, sms_seen) -> tuple:
 
 def _device_events(device: int, kernels: Kernels, smmap, sources: list, trace_range, base_events, tick_ns: int,
                    n_sm: int) -> tuple:
-    """(events, metadata) of one GPU: its L2 map process, CTAs and launch slices."""
-    c, summaries = _aligned_columns(kernels, sources, tick_ns)
+    """(events, CTA slices, metadata) of one GPU: its L2 map process, launch slices and CTAs."""
+    c, groups, summaries = _aligned_columns(kernels, sources, tick_ns)
     class_counts = {recs.names[t]: v for _, recs, _ in sources for t, v in recs.class_counts.items()}
     meta = {"calibration": None if smmap is None else smmap.to_json(), "alignment": summaries,
             "dropped": {source: int(recs.dropped) for source, recs, _ in sources}, "class_counts": class_counts}
@@ -82,21 +86,24 @@ def _device_events(device: int, kernels: Kernels, smmap, sources: list, trace_ra
     events = process_events(device, title, names, rank, lanes_used)
     if smmap is not None and trace_range[0] is not None:
         events += latency_counters(device, smmap, *trace_range)
-    for name, source in sorted(set(zip(c["kernel"].tolist(), c["source"].tolist()))):
-        rows = (c["kernel"] == name) & (c["source"] == source)
-        events += cta_events(device, name, *(c[k][rows] for k in ("sm", "program", "start", "end", "items", "near")),
-                             lane[rows], kernels.index[c["launch"][rows]], source)
+    slices = []
+    for g in sorted(np.unique(c["group"]).tolist(), key=groups.__getitem__):
+        rows = c["group"] == g
+        name, source = groups[g]
+        slices.append(CtaSlices(device, name, source, *(c[k][rows] for k in ("sm", "program", "start", "end", "items",
+                                                                             "near")),
+                                lane[rows], kernels.index[c["launch"][rows]]))
     for k in np.unique(c["launch"]).tolist():
         rows = c["launch"] == k
         name = str(kernels.names[k])
         kineto_args = base_events[kernels.index[k]].get("args") or {}
-        args = {"kernel": name, "source": str(c["source"][rows][0]), "launch": int(kernels.index[k]),
+        args = {"kernel": name, "source": groups[int(c["group"][rows][0])][1], "launch": int(kernels.index[k]),
                 "kineto_correlation": kineto_args.get("correlation"),
                 "max_misalignment_ns": int(c["misalignment"][rows].max()),
                 **launch_metrics(c["sm"][rows], c["start"][rows], c["end"][rows], c["items"][rows], c["near"][rows],
                                  n_sm, int(kernels.end_ns[k] - kernels.start_ns[k]), smmap, class_counts.get(name))}
         events.append(launch_event(device, name, int(kernels.start_ns[k]), int(kernels.end_ns[k]), args))
-    return events, meta
+    return events, slices, meta
 
 
 def _no_kernels(device: int) -> Kernels:
@@ -104,11 +111,32 @@ def _no_kernels(device: int) -> Kernels:
     return Kernels(device, np.zeros(0, dtype=object), empty, empty, empty, empty)
 
 
-def enrich(trace: dict, *, maps: dict | None = None, records: dict | None = None, proton: CtaRecords | None = None,
-           proton_quantum_ns: float = 0.0, tick_ns: int = TICK_NS, notes=()) -> dict:
-    """The enriched copy of `trace` (module docstring); `trace` itself is not modified. maps: {device: SmMap};
-    records: {device: CtaRecords}; proton: Proton's CTAs and the quantum of their timestamps
-    (proton_trace.proton_records); notes: lines for the metadata (what was skipped and why)."""
+@dataclass
+class Enrichment:
+    """What enrichment adds to a trace: events (dicts: the L2 map processes, counters, launch slices), the CTA
+    slices (columns) and the metadata; base is the trace without anything of ours."""
+
+    base: dict
+    events: list
+    slices: list
+    meta: dict
+
+    def trace(self) -> dict:
+        """The enriched trace as a dict."""
+        out = dict(self.base)
+        out["traceEvents"] = self.base["traceEvents"] + self.events + [ev for s in self.slices for ev in s.dicts()]
+        out[METADATA_KEY] = self.meta
+        return out
+
+    def fragments(self) -> list:
+        """The added events as JSON text pieces (tracefile.splice's fragments), in trace()'s order."""
+        return [dumps(self.events)[1:-1]] + [s.json() for s in self.slices]
+
+
+def enrichment(trace: dict, *, maps: dict | None = None, records: dict | None = None,
+               proton: CtaRecords | None = None, proton_quantum_ns: float = 0.0, tick_ns: int = TICK_NS,
+               notes=()) -> Enrichment:
+    """What enrich() adds to `trace`, not yet joined to it (the writer splices it into the profiler's text)."""
     base = strip(trace)
     kernels = kernels_by_device(base)
     sm_counts = device_sm_counts(base)
@@ -129,18 +157,24 @@ def enrich(trace: dict, *, maps: dict | None = None, records: dict | None = None
                          f"or another GPU): its map is left out")
             del maps[d]
     meta = {"version": __version__, "tick_ns": tick_ns, "devices": {}, "notes": notes}
-    events, trace_range = [], time_range_ns(base)
+    events, slices, trace_range = [], [], time_range_ns(base)
     for d in sorted(set(maps) | set(sources)):
         src = sources.get(d, [])
         seen = [int(r.sm.max()) + 1 for _, r, _ in src if len(r)]
         n_sm = maps[d].n_sm if d in maps else sm_counts.get(d, max(seen, default=1))
-        ev, meta["devices"][str(d)] = _device_events(d, kernels.get(d, _no_kernels(d)), maps.get(d), src,
-                                                     trace_range, base["traceEvents"], tick_ns, n_sm)
+        ev, sl, meta["devices"][str(d)] = _device_events(d, kernels.get(d, _no_kernels(d)), maps.get(d), src,
+                                                         trace_range, base["traceEvents"], tick_ns, n_sm)
         events += ev
-    out = dict(base)
-    out["traceEvents"] = base["traceEvents"] + events
-    out[METADATA_KEY] = meta
-    return out
+        slices += sl
+    return Enrichment(base, events, slices, meta)
+
+
+def enrich(trace: dict, **options) -> dict:
+    """The enriched copy of `trace` (module docstring); `trace` itself is not modified. Options (enrichment's):
+    maps: {device: SmMap}; records: {device: CtaRecords}; proton: Proton's CTAs and proton_quantum_ns, the
+    quantum of their timestamps (proton_trace.proton_records); tick_ns; notes: lines for the metadata (what
+    was skipped and why)."""
+    return enrichment(trace, **options).trace()
 
 
 def enrich_file(src, dst=None, **options):

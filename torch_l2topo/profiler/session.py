@@ -43,10 +43,12 @@ import torch
 from ..errors import L2TopoError
 from ..placement import recording as rec
 from . import readback
-from .enrich import enrich
+from .cycle import CycleJob, enrich_with, run
+from .enrich import Enrichment
 from .proton_trace import load_proton, proton_records
 from .smmap import SmMap
-from .tracefile import METADATA_KEY, dumps, is_ours, load_trace, parse, read_text, splice, write_trace
+from .tracefile import load_trace, write_trace
+from .worker import DEFAULT_MAX_PENDING, Worker
 
 TOPOLOGY_MODES = ("cached", "calibrate")
 
@@ -57,11 +59,13 @@ class TraceHandler:
     path_or_dir: a file name ending in .json or .json.gz (cycle n > 0 goes to name.n.json[.gz]) or a
     directory (one file per cycle: <host>_<pid>.<cycle>.l2topo.pt.trace.json, .gz with use_gzip).
     topology, include_ids: module docstring and SmMap. record: switch CTA recording on while torch.profiler
-    collects. written: the paths written so far.
+    collects. background: hand each cycle's enrichment and writing to a worker process (worker.py), so the
+    training loop waits only for the profiler's export and the recorders' drain; at most max_pending cycles
+    in flight; call wait() (or close()) before reading the traces. written: the paths written so far.
     """
 
     def __init__(self, path_or_dir, *, topology="cached", include_ids: bool = False, record: bool = True,
-                 use_gzip: bool = False):
+                 use_gzip: bool = False, background: bool = False, max_pending: int = DEFAULT_MAX_PENDING):
         if isinstance(topology, str) and topology not in TOPOLOGY_MODES:
             raise ValueError(f"topology must be a Topology, a dict of them, None or one of {TOPOLOGY_MODES}; "
                              f"got {topology!r}")
@@ -70,9 +74,11 @@ class TraceHandler:
         self.use_gzip = use_gzip
         self.topology, self.include_ids = topology, include_ids
         self.written: list = []
+        self._cycles = 0           # traces handed out (written, or in the worker's hands)
+        self._worker = Worker(self._done, max_pending) if background else None
         self._maps: dict = {}      # device -> SmMap or None (looked up once)
         self._notes: dict = {}     # device -> why it has no map
-        self._worker = f"{socket.gethostname()}_{os.getpid()}"
+        self._host = f"{socket.gethostname()}_{os.getpid()}"
         if record:
             rec.follow_profiler()
 
@@ -110,61 +116,70 @@ class TraceHandler:
         return topo
 
     def prepare(self, devices) -> None:
-        """Look up (or measure) the calibrations of `devices` now, before profiling starts."""
+        """Look up (or measure) the calibrations of `devices` now, and start the background worker, before
+        profiling starts."""
         for d in devices:
             self.smmap(d)
+        if self._worker is not None:
+            self._worker.start()
 
     # ---- one cycle -----------------------------------------------------------------------------------------
     def next_path(self) -> Path:
-        n = len(self.written)
+        n = self._cycles
         if self.is_file:
             if n == 0:
                 return self.target
             name = self.target.name
             stem, suffix = (name[:-8], ".json.gz") if name.endswith(".json.gz") else (name[:-5], ".json")
             return self.target.with_name(f"{stem}.{n}{suffix}")
-        return self.target / f"{self._worker}.{n}.l2topo.pt.trace.json{'.gz' if self.use_gzip else ''}"
+        return self.target / f"{self._host}.{n}.l2topo.pt.trace.json{'.gz' if self.use_gzip else ''}"
 
     def __call__(self, prof) -> None:
         records = rec.drain_all() if torch.cuda.is_available() else {}
         path = self.next_path()
+        self._cycles += 1
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".l2topo-export.", suffix=".json", dir=path.parent)
+        fd, export = tempfile.mkstemp(prefix=".l2topo-export.", suffix=".json", dir=path.parent)
         os.close(fd)
         try:
-            prof.export_chrome_trace(tmp)
-            text = read_text(tmp)
-            self.write(text, path, records)
-        finally:
-            Path(tmp).unlink(missing_ok=True)
+            prof.export_chrome_trace(export)
+        except BaseException:
+            Path(export).unlink(missing_ok=True)
+            raise
+        job = CycleJob(Path(export), path, records, *self.calibrations(records))
+        if self._worker is not None:
+            self._worker.submit(job)
+        else:
+            self._done(path, run(job))
 
-    def enriched(self, trace: dict, records: dict, proton=None, proton_quantum_ns: float = 0.0) -> dict:
-        """`trace` enriched with this handler's calibrations, `records` ({device: CtaRecords}) and Proton's."""
-        from .kineto import kernels_by_device
+    def calibrations(self, records: dict) -> tuple:
+        """({device: SmMap or None}, {device: note}, given devices) for the GPUs a trace may hold: those given,
+        looked up before, recorded, and, for cached calibrations (a file lookup each, once per handler), every
+        visible GPU. enrich_with shows the maps of the GPUs the trace has kernels or records of, and the given."""
+        devices = set(self._given()) | set(self._maps) | set(records)
+        if self.topology == "cached" and torch.cuda.is_available():
+            devices |= set(range(torch.cuda.device_count()))
+        maps = {d: self.smmap(d) for d in sorted(devices)}
+        return maps, {d: self._notes[d] for d in maps if d in self._notes}, tuple(sorted(self._given()))
 
-        devices = sorted(set(kernels_by_device(trace)) | set(records) | set(self._given()))
-        maps = {d: m for d in devices if (m := self.smmap(d)) is not None}
-        return enrich(trace, maps=maps, records={d: r for d, r in records.items() if len(r) or r.dropped},
-                      proton=proton, proton_quantum_ns=proton_quantum_ns,
-                      notes=[self._notes[d] for d in devices if d in self._notes])
+    def _done(self, path: Path, problem: str | None) -> None:
+        if problem:
+            warnings.warn(problem, stacklevel=3)
+        self.written.append(path)
 
-    def write(self, text: str, path: Path, records: dict) -> Path:
-        """Enrich the exported trace `text` and write it to `path`: the profiler's text as it was plus what this
-        package adds (tracefile.splice). If that fails, write `text` as it is and warn why."""
-        try:
-            trace, end = parse(text, path.name)
-            out = self.enriched(trace, records)
-            if any(is_ours(ev) for ev in trace["traceEvents"]):  # enriched before: rewritten whole
-                text = dumps(out).decode()
-            else:
-                text = splice(text, end, out["traceEvents"][len(trace["traceEvents"]):], out[METADATA_KEY])
-        except Exception as exc:  # nothing lost: the profiler's own trace is written
-            warnings.warn(f"torch_l2topo could not enrich {path.name} ({type(exc).__name__}: {exc}); wrote the "
-                          f"plain torch.profiler trace", stacklevel=2)
-        write_trace(text, path)
-        if path not in self.written:
-            self.written.append(path)
-        return path
+    def wait(self) -> None:
+        """Wait until every trace handed to the background worker is written (profile() does it when it stops)."""
+        if self._worker is not None:
+            self._worker.drain()
+
+    def close(self) -> None:
+        """wait(), then end the background worker."""
+        if self._worker is not None:
+            self._worker.close()
+
+    def enrichment(self, trace: dict, records: dict, proton=None, proton_quantum_ns: float = 0.0) -> Enrichment:
+        """What enriches `trace` with this handler's calibrations, `records` ({device: CtaRecords}) and Proton's."""
+        return enrich_with(trace, *self.calibrations(records), records, proton, proton_quantum_ns)
 
     def merge_proton(self, proton_path) -> None:
         """Merge a Proton instrumentation trace into every trace this handler wrote (module docstring)."""
@@ -183,7 +198,9 @@ class profile(torch.profiler.profile):
     """torch.profiler.profile writing enriched traces to `path_or_dir` (module docstring), with the CTA
     recorders switched on from the warmup steps and reset when each cycle starts.
 
-    topology, include_ids, use_gzip: TraceHandler's. record: record CTAs of instrumented kernels.
+    topology, include_ids, use_gzip: TraceHandler's. background: enrich and write each cycle's trace in a
+    worker process while the steps go on (TraceHandler; every trace is written when the block ends).
+    record: record CTAs of instrumented kernels.
     capacity: records per GPU per cycle (placement.recording.DEFAULT_CAPACITY). devices: GPUs whose
     recorders and calibrations are set up before profiling (default: the current one). proton: False, True
     (run Proton's instrumentation for the block) or the path of a Proton trace to merge at the end. Every
@@ -193,14 +210,14 @@ class profile(torch.profiler.profile):
 
     def __init__(self, path_or_dir="l2topo_traces", *, topology="cached", include_ids: bool = False,
                  record: bool = True, capacity: int | None = None, devices=None, proton=False,
-                 use_gzip: bool = False, **profiler_options):
+                 use_gzip: bool = False, background: bool = True, **profiler_options):
         if "on_trace_ready" in profiler_options:
             raise TypeError("torch_l2topo.profile writes its own traces; to combine with another on_trace_ready, "
                             "use torch.profiler.profile(on_trace_ready=...) and call a TraceHandler from it")
         # record=False: this class switches recording itself (prepare_trace .. stop_trace), so that a plain
         # torch.profiler run in the same process does not start recording
         self.handler = TraceHandler(path_or_dir, topology=topology, include_ids=include_ids, record=False,
-                                    use_gzip=use_gzip)
+                                    use_gzip=use_gzip, background=background)
         self.record, self.capacity, self.proton = record, capacity, proton
         self.devices = devices
         self._recording = False
@@ -227,6 +244,7 @@ class profile(torch.profiler.profile):
 
     def stop(self) -> None:
         super().stop()
+        self.handler.close()  # every trace written before stop() returns
         if self.proton is True and self._proton_dir is not None:
             import triton.profiler as proton
 
@@ -273,4 +291,5 @@ def merge_proton(trace_path, proton_path, dst=None, *, topology=None, include_id
     handler._maps.update({d: m for d, m in maps.items() if d not in handler._given()})
     clocks = [m.sm_clock_ghz for m in handler._maps.values() if m is not None]
     records, quantum = proton_records(load_proton(proton_path), clocks[0] if clocks else 1.0, str(proton_path))
-    return write_trace(handler.enriched(trace, readback.recorded_ctas(trace), records, quantum), dst or trace_path)
+    return write_trace(handler.enrichment(trace, readback.recorded_ctas(trace), records, quantum).trace(),
+                       dst or trace_path)

@@ -72,15 +72,17 @@ def load_trace(path) -> dict:
     return parse(read_text(path), str(path))[0]
 
 
-def splice(text: str, end: int, events: list, metadata: dict) -> str:
-    """`text` (a trace and parse()'s `end`) with `events` appended to its traceEvents and `metadata` under
-    METADATA_KEY, leaving the profiler's own text as it was: no second serialization of its events."""
+def splice(text: str, end: int, fragments: list, metadata: dict) -> bytes:
+    """`text` (a trace and parse()'s `end`) with `fragments` (JSON text of events, comma-separated, as bytes)
+    appended to its traceEvents and `metadata` under METADATA_KEY, as bytes, leaving the profiler's own text
+    as it was: no second serialization of its events, and the added text copied once."""
     close = end - 1  # the array's "]"
-    head = text[:close]
-    joiner = "," if events and head.rstrip()[-1] != "[" else ""
-    body = head + joiner + dumps(events).decode()[1:-1] + text[close:]
-    last = body.rstrip().rfind("}")
-    return body[:last] + f',"{METADATA_KEY}":' + dumps(metadata).decode() + body[last:]
+    head, tail = text[:close], text[close:]
+    added = [f for f in fragments if f]
+    joiner = b"," if added and head.rstrip()[-1] != "[" else b""
+    last = tail.rfind("}")  # the top-level object's closing brace
+    return b"".join([head.encode(), joiner, b",".join(added), tail[:last].encode(),
+                     f',"{METADATA_KEY}":'.encode(), dumps(metadata), tail[last:].encode()])
 
 
 def check_kineto(trace, source: str) -> None:
@@ -103,8 +105,9 @@ def dumps(trace: dict) -> bytes:
 
 
 def write_trace(trace, path) -> Path:
-    """Write `trace` (a dict, or its JSON text) atomically to `path`, gzipped when the name ends in .gz."""
-    data = trace.encode() if isinstance(trace, str) else dumps(trace)
+    """Write `trace` (a dict, or its JSON text as str or bytes) atomically to `path`, gzipped when the name ends
+    in .gz."""
+    data = trace.encode() if isinstance(trace, str) else trace if isinstance(trace, bytes) else dumps(trace)
     if is_gzip(path):
         data = gzip.compress(data, compresslevel=GZIP_LEVEL)
     return atomic_write(Path(path), data)

@@ -1,0 +1,44 @@
+"""The columnar JSON writer of the per-CTA events: every number as json.dumps would give it back, any sign and
+size, and CtaSlices.json() the same events as CtaSlices.dicts() (json.loads is the oracle)."""
+import json
+
+import numpy as np
+import pytest
+
+from torch_l2topo.profiler import jsonrows
+from torch_l2topo.profiler.tracks import CtaSlices
+
+EDGES = [0, 1, -1, 9, 10, -10, 999, 1000, 9999, 10000, -10000, 123456789, -5, 2**62, -(2**62), 4503599627370495]
+
+
+@pytest.mark.parametrize("decimals", [0, 1, 3, 5])
+def test_numbers_read_back_as_written(decimals):
+    rng = np.random.default_rng(decimals)
+    values = np.concatenate([EDGES, rng.integers(-10**15, 10**15, 500), rng.integers(-50, 50, 200)])
+    text = jsonrows.rows(['{"v":', ',"n":', "}"], [values, np.arange(len(values))], [decimals, 0])
+    back = json.loads(b"[" + text + b"]")
+    expected = [v if decimals == 0 else round(v / 10**decimals, decimals) for v in values.tolist()]
+    assert [e["v"] for e in back] == expected and [e["n"] for e in back] == list(range(len(values)))
+
+
+def test_rows_are_checked_and_empty_is_empty():
+    assert jsonrows.rows(["{", "}"], [np.zeros(0, np.int64)]) == b""
+    with pytest.raises(ValueError, match="text pieces"):
+        jsonrows.rows(["{"], [np.zeros(3)])
+    with pytest.raises(ValueError, match="same length"):
+        jsonrows.rows(["[", ",", "]"], [np.zeros(3), np.zeros(2)])
+
+
+@pytest.mark.parametrize("kernel", ["row_sum_kernel", 'odd "name" 100%s\\n', "ядро"])
+def test_cta_slices_json_is_their_dicts(kernel):
+    rng = np.random.default_rng(7)
+    n = 300
+    start = rng.integers(10**12, 2 * 10**12, n)
+    near = np.where(np.arange(n) % 3 == 0, -1, rng.integers(0, 5, n))  # some CTAs counted no near items
+    slices = CtaSlices(1, kernel, "recorder", rng.integers(0, 132, n), np.arange(n), start,
+                       start + rng.integers(-5, 10**6, n), rng.integers(1, 9, n), near, rng.integers(0, 3, n),
+                       rng.integers(0, 4000, n))
+    assert json.loads(b"[" + slices.json() + b"]") == slices.dicts()
+    by_program = {ev["args"]["program"]: ev for ev in slices.dicts()}
+    assert all(("near" in by_program[p]["args"]) == (near[p] >= 0) for p in range(n))
+    assert all(by_program[p]["dur"] >= 0 for p in range(n))  # an end before its start is clamped
