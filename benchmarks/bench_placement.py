@@ -8,8 +8,11 @@ the host's launch cost):
   the hardware: what a user would run instead, and the reference of every ratio (`vs_plain_kernel`);
 - "auto" (@sm_aware's default): its ratio, what it chose, and the trial launches it spent;
 - every (policy, CTAs per SM) pair an exhaustive search can try: "plain" (the helpers in direct mode),
-  "partition_queues", and each persistent policy at 1, 2, 4, ... CTAs per SM up to what the kernel holds and the
-  items fill; the best of them;
+  "partition_queues" at 1 item per claim and at claim_chunk()'s (where an SM cannot hold all its items' programs),
+  and each persistent policy at 1, 2, 4, ... CTAs per SM up to what the kernel holds and the items fill; the best;
+- persistent "uniform" at equal concurrency (as many CTAs per SM as items per SM, where the kernel holds them):
+  what the shares mode's claims cost against the plain kernel running the same programs at once
+  (`uniform_equal_concurrency_vs_plain_kernel`; target <= 1.02);
 - the limit: plans.limit of the calibration's near/far costs over plans.predict of the plain plan, times the plain
   kernel's time (a model estimate of what placement by partition could reach, labelled so).
 `vs_uniform` is the ratio to persistent "uniform" at the CTAs per SM "auto" would give a persistent policy.
@@ -96,14 +99,15 @@ def interleaved(runs: dict, reps: int, per_run: int = 1, warmup: int = 2) -> dic
 
 
 def pairs(max_ctas: int, items_per_sm: int, has_classes: bool) -> list:
-    """The exhaustive search: plain, partition_queues, and each persistent policy at every power-of-two CTAs per
-    SM (and the auto value) up to what the kernel holds and the items fill."""
-    from torch_l2topo.placement.choice import Candidate, persistent_ctas
+    """The exhaustive search: plain, partition_queues (1 item per claim, and claim_chunk()'s), and each persistent
+    policy at every power-of-two CTAs per SM (and the auto value) up to what the kernel holds and the items fill."""
+    from torch_l2topo.placement.choice import Candidate, claim_chunk, persistent_ctas
 
     top = persistent_ctas(max_ctas, items_per_sm, 1)
     ctas = sorted({c for c in CTAS if c <= top} | {top})
     policies = PERSISTENT if has_classes else tuple(p for p in PERSISTENT if "affin" not in p)
-    return [Candidate("plain")] + ([Candidate("partition_queues")] if has_classes else []) \
+    chunks = dict.fromkeys((1, claim_chunk(max_ctas, items_per_sm, 1)))
+    return [Candidate("plain")] + ([Candidate("partition_queues", chunk=c) for c in chunks] if has_classes else []) \
         + [Candidate(p, c) for p in policies for c in ctas]
 
 
@@ -145,6 +149,8 @@ def run_point(make, launch_plain, n_items, classes, loads, check, reps, per_run,
         if uniform:
             t["vs_uniform"] = t["p50"] / uniform
     searched = {k: v for k, v in times.items() if k not in ("plain_kernel", "auto")}
+    per_sm = -(-n_items // topo.n_sm)
+    equal = times.get(Candidate("uniform", per_sm).label) if per_sm <= max_ctas else None
     best = min(searched, key=lambda k: searched[k]["p50"])
     speeds = SpeedModel.from_topology(topo)
     work = Workload(n_items, classes, loads)
@@ -155,10 +161,12 @@ def run_point(make, launch_plain, n_items, classes, loads, check, reps, per_run,
            "auto_chose": decision.chosen.label, "auto_trial_launches": decision.launches,
            "auto_decision": decision.as_dict(), "auto_explain": decision.explain(),
            "best_fixed": best, "best_fixed_vs_plain_kernel": searched[best]["vs_plain_kernel"],
+           "uniform_equal_concurrency_vs_plain_kernel": equal["vs_plain_kernel"] if equal else None,
            "limit_vs_plain_kernel_model_estimate": model, "entries": times}
     print(f"  {n_items / topo.n_sm:5.0f} items/SM: plain kernel {plain:8.4f} ms  auto {row['auto_vs_plain_kernel']:.3f}"
           f" ({row['auto_chose']}, {decision.launches} trials)  best {best} {row['best_fixed_vs_plain_kernel']:.3f}"
-          + (f"  limit~{model:.3f}" if model else ""), flush=True)
+          + (f"  limit~{model:.3f}" if model else "")
+          + (f"  uniform x{per_sm} {equal['vs_plain_kernel']:.3f}" if equal else ""), flush=True)
     return row
 
 
@@ -170,8 +178,8 @@ def triton_maker(fn, args, n_items, classes, loads, topo, num_warps, kwargs=None
         if cand == "auto":
             kernel = sm_aware(fn, num_warps=num_warps, topology=topo)
         else:
-            kernel = sm_aware(fn, policy=cand.policy, ctas_per_sm=cand.ctas_per_sm, num_warps=num_warps,
-                              topology=topo)
+            kernel = sm_aware(fn, policy=cand.policy, ctas_per_sm=cand.ctas_per_sm, chunk=cand.chunk,
+                              num_warps=num_warps, topology=topo)
         return kernel, lambda: kernel(*args, n_items=n_items, item_class=classes, loads_per_item=loads,
                                       **(kwargs or {}))
 
@@ -260,7 +268,8 @@ def bench_capped(dev, topo, reps) -> list:
 
         def make(cand, w=w, ends=ends, n=n, loads=loads):
             placement = Placement(topology=topo, max_ctas_per_sm=max_ctas) if cand == "auto" else \
-                Placement(policy=cand.policy, ctas_per_sm=cand.ctas_per_sm, topology=topo, max_ctas_per_sm=max_ctas)
+                Placement(policy=cand.policy, ctas_per_sm=cand.ctas_per_sm, chunk=cand.chunk, topology=topo,
+                          max_ctas_per_sm=max_ctas)
 
             def run():
                 placement(lambda grid, plan, state, place: launch("capped_chase", "cuda", grid, w.starts, ends, loads,

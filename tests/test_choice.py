@@ -9,7 +9,9 @@ from torch_l2topo.placement.choice import (
     Decision,
     candidates,
     choose,
+    claim_chunk,
     persistent_ctas,
+    trial_rounds,
     trial_schedule,
 )
 from torch_l2topo.placement.occupancy import SmLimits, resident_ctas
@@ -41,7 +43,28 @@ def test_candidates_start_with_plain_and_keep_affinity_for_workloads_with_classe
 
 def test_the_trial_budget_holds_for_any_candidate_list():
     every = candidates(POLICIES, has_classes=True, n_items=10**5, n_sm=132, max_ctas_per_sm=32)
-    assert len(trial_schedule(every, 5)) <= MAX_TRIAL_LAUNCHES and every[0] == PLAIN
+    assert every[0] == PLAIN
+    for n in range(1, len(every) + 1):
+        assert len(trial_schedule(every[:n], 8)) <= MAX_TRIAL_LAUNCHES
+    assert [trial_rounds(n) for n in (1, 2, 4, 5)] == [8, 8, 8, 7]  # 36 launches with 4 candidates, 40 with 5
+
+
+def test_queues_claim_several_items_where_an_sm_cannot_hold_all_its_programs():
+    assert claim_chunk(32, n_items=132 * 64, n_sm=132) == 2     # 64 items per SM, 32 resident: two per claim
+    assert claim_chunk(24, n_items=132 * 64, n_sm=132) == 3
+    assert claim_chunk(32, n_items=132 * 32, n_sm=132) == 1     # every program resident at once: one per claim
+    assert claim_chunk(None, n_items=10**6, n_sm=132) == 1      # occupancy unknown
+    policies = ("plain", "partition_queues", "affine_weighted", "weighted")
+    got = candidates(policies, has_classes=True, n_items=132 * 64, n_sm=132, max_ctas_per_sm=32)
+    assert got == (PLAIN, QUEUES, Candidate("partition_queues", chunk=2), Candidate("affine_weighted", 32),
+                   Candidate("weighted", 32))
+    assert len(trial_schedule(got, 8)) == MAX_TRIAL_LAUNCHES
+    # a chunk asked for by the user is tried as well as the one that keeps the waves
+    got = candidates(policies, has_classes=True, n_items=132 * 64, n_sm=132, max_ctas_per_sm=32, chunk=8)
+    assert got[1:3] == (Candidate("partition_queues", chunk=8), Candidate("partition_queues", chunk=2))
+    # few items per SM: no chunked candidate, the list of before
+    assert Candidate("partition_queues", chunk=2) not in candidates(policies, has_classes=True, n_items=132 * 8,
+                                                                     n_sm=132, max_ctas_per_sm=32)
 
 
 def test_trials_are_interleaved_after_one_untimed_round():
@@ -53,7 +76,13 @@ def test_trials_are_interleaved_after_one_untimed_round():
 def test_candidates_check_their_policy_and_grid():
     assert Candidate("uniform", 4).grid(132, 10**6) == 528 and Candidate("uniform", 4).label == "uniform x4"
     assert PLAIN.grid(132, 1000) == 1000 and PLAIN.grid(132, 0) == 1
-    assert QUEUES.grid(132, 1000, chunk=8) == 125 and QUEUES.grid(132, 1001, chunk=8) == 126
+    queues8 = Candidate("partition_queues", chunk=8)
+    assert queues8.grid(132, 1000) == 125 and queues8.grid(132, 1001) == 126 and queues8.label == "partition_queues c8"
+    assert queues8.plan_key != QUEUES.plan_key and Candidate("uniform", 2).plan_key == Candidate("uniform", 4).plan_key
+    with pytest.raises(ValueError, match="several items"):
+        Candidate("uniform", 4, chunk=2)
+    with pytest.raises(ValueError, match="chunk"):
+        Candidate("partition_queues", chunk=0)
     with pytest.raises(ValueError, match="persistent"):
         Candidate("plain", 2)
     with pytest.raises(ValueError, match="persistent"):
@@ -122,9 +151,9 @@ def test_the_decision_says_in_words_what_was_kept_and_why():
     assert "12 trial launches" in kept.explain() and "32 CTAs/SM" in kept.explain()
     won = Decision(QUEUES, {PLAIN: 2.0, QUEUES: 1.8}, {}, 12)
     assert won.explain().startswith("chose partition_queues (") and "0.900x plain" in won.explain()
-    assert won.as_dict() == {"policy": "partition_queues", "ctas_per_sm": None, "chosen": "partition_queues",
-                             "medians": {"plain": 2.0, "partition_queues": 1.8}, "launches": 12,
-                             "max_ctas_per_sm": None}
+    assert won.as_dict() == {"policy": "partition_queues", "ctas_per_sm": None, "chunk": 1,
+                             "chosen": "partition_queues", "medians": {"plain": 2.0, "partition_queues": 1.8},
+                             "launches": 12, "discarded": 0, "max_ctas_per_sm": None}
 
 
 # ---- occupancy (the CUDA occupancy calculator's arithmetic, cc 9.0) ---------------------------------------------

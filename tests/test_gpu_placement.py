@@ -437,3 +437,29 @@ def test_auto_is_not_slower_than_a_hand_written_plain_kernel_on_a_small_chase(gp
             end.synchronize()
             times[name].append(start.elapsed_time(end))
     assert np.median(times["auto"]) <= 1.15 * np.median(times["plain"]), (kernel.explain(), times)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_auto_tries_queues_with_several_items_per_claim_where_sms_cannot_hold_every_program(gpu, backend):
+    """64 items per SM against a kernel an SM holds 4 CTAs of: "auto" also times partition_queues at
+    claim_chunk()'s items per claim, within the trial budget, and every item is done once through all trials."""
+    import torch
+
+    from torch_l2topo.placement.choice import MAX_TRIAL_LAUNCHES, Candidate, claim_chunk
+    from torch_l2topo.placement.sm_aware import workload_key
+
+    dev, topo = gpu
+    n = 64 * topo.n_sm
+    placement, run = _placed(backend, dev, "auto", topo, max_ctas_per_sm=4)
+    classes = _classes(n)
+    out, count = _buffers(dev, n)
+    key, launches = workload_key(n, classes), 0
+    while key not in placement.decisions:
+        assert launches < MAX_AUTO_LAUNCHES, "auto did not decide"
+        run(out, count, n, classes)
+        launches += 1
+        torch.cuda.synchronize()
+    _check(out, count, n, launches)
+    decision = placement.decisions[key]
+    chunked = Candidate("partition_queues", chunk=claim_chunk(4, n, topo.n_sm))
+    assert chunked.chunk == 16 and chunked in decision.timings and decision.launches <= MAX_TRIAL_LAUNCHES

@@ -164,17 +164,45 @@ def test_auto_schedules_pruned_candidates_reads_only_completed_events_and_decide
     assert [p._next(entry, 0, 1320) for _ in range(12)] == trial_schedule(cands, 2)
     assert p._next(entry, 0, 1320) == (Candidate("plain"), False)  # trials done, events not read: plain
     t = {c: ms for c, ms in zip(cands, (1.0, 0.8, 0.95, 1.1))}
-    entry.pending = [(c, _Event(True), _Event(True, t[c])) for c in cands] \
-        + [(c, _Event(True), _Event(True, t[c])) for c in cands[:3]] + [(cands[3], _Event(False), _Event(False))]
+    covered = _Event(True, 0.25)  # the spin's 0.25 ms covered the host's 0.05 ms of queueing
+    entry.pending = [(c, _Event(True), _Event(True), _Event(True, t[c]), 0.05) for c in cands] \
+        + [(c, _Event(True), _Event(True), _Event(True, t[c]), 0.05) for c in cands[:3]] \
+        + [(cands[3], _Event(False), _Event(False), _Event(False), 0.05)]
+    entry.pending = [(c, s, covered if e.done else s, e, h) for c, s, _, e, h in entry.pending]
     p._read_timings(key, entry, 0)
     assert entry.chosen is None and len(entry.pending) == 1 and key not in p.decisions  # never waits
-    entry.pending = [(cands[3], _Event(True), _Event(True, 1.1))]
+    entry.pending = [(cands[3], _Event(True), covered, _Event(True, 1.1), 0.05)]
     p._read_timings(key, entry, 0)
     assert entry.chosen == Candidate("partition_queues") and p._next(entry, 0, 1320) == (entry.chosen, False)
     decision = p.decisions[key]
     assert decision.policy == "partition_queues" and decision.ratio(decision.chosen) == pytest.approx(0.8)
     assert "chose partition_queues" in p.explain() and "0.800x plain" in p.explain()
     assert p._final(entry) == Candidate("partition_queues")
+
+
+def test_trials_the_host_queued_slower_than_the_spin_covered_are_left_out(monkeypatch):
+    """A trial whose host queueing outlasted the spin holds the host's time: the fast candidate's clean trials
+    decide, and a candidate with only such trials still gets them rather than none."""
+    p = _h200(monkeypatch, Placement(policy="auto", trials=2, max_ctas_per_sm=16))
+    key = workload_key(1320, np.arange(1320) % 2)
+    entry = p._entry(0, key, 1320, np.arange(1320) % 2, 1.0)
+    while entry.schedule or not entry.timings:
+        p._next(entry, 0, 1320)
+    plain, queues, affine, weighted = entry.timings
+    spin = _Event(True, 0.25)
+
+    def trial(c, ms, host_ms):
+        return c, _Event(True), spin, _Event(True, ms), host_ms
+
+    # queues: clean at 0.8 ms, but twice its host was slow (0.4 ms > 0.25) and the window read 1.3 ms
+    entry.pending = [trial(plain, 1.0, 0.05), trial(plain, 1.0, 0.05), trial(queues, 0.8, 0.05),
+                     trial(queues, 1.3, 0.4), trial(queues, 1.3, 0.4), trial(affine, 0.95, 0.05),
+                     trial(affine, 0.95, 0.05), trial(weighted, 1.2, 0.4)]
+    p._read_timings(key, entry, 0)
+    decision = p.decisions[key]
+    assert decision.chosen == queues and decision.medians[queues] == pytest.approx(0.8)
+    assert decision.medians[weighted] == pytest.approx(1.2) and decision.discarded == 3
+    assert "3 left out" in decision.explain()
 
 
 def test_without_classes_no_affinity_candidate_is_tried(monkeypatch):

@@ -8,7 +8,10 @@ Why pairs: a persistent grid with one CTA per SM runs an SM's items one after an
 runs up to 32 CTAs per SM at once; on the H200 a latency-bound chase with 16 items per SM lost 1.22x that way.
 So a persistent candidate gets as many CTAs per SM as the compiled kernel can hold (registers, shared
 memory, warps) but never more than the items can fill; "plain" and "partition_queues" keep the hardware's
-concurrency by construction (one program per item or chunk of items).
+concurrency by construction (one program per item or chunk of items). Where an SM cannot hold all its items'
+programs at once (more items per SM than the kernel's resident CTAs), "partition_queues" is also tried with
+several items per claim: the same waves with a fraction of the claims on the queue counters (the issue's
+20-line kernel lost 7-10% to its claims at 32-64 items per SM).
 """
 from __future__ import annotations
 
@@ -22,18 +25,21 @@ from ..errors import check_choice
 from .plans import POLICIES, POLICY_TABLE
 
 PLAIN = "plain"
+QUEUES = "partition_queues"
 DEFAULT_TRIALS = 8  # timed rounds: with 4 candidates, 36 trial launches (9 rounds) before the choice
 DEFAULT_TOLERANCE = 0.01
 MAX_TRIAL_LAUNCHES = 40  # (1 untimed + trials) x candidates stays below this: trials must stay cheap
+MAX_CANDIDATES = 5       # so that every candidate still gets MAX_TRIAL_LAUNCHES // 5 - 1 = 7 timed rounds
 
 
 @dataclass(frozen=True, order=True)
 class Candidate:
     """A policy and, for a persistent policy (shares mode), the CTAs per SM of its grid (None otherwise: one
-    program per item, or per chunk of items)."""
+    program per item, or per chunk of items); for "partition_queues", the items a program claims at once."""
 
     policy: str
     ctas_per_sm: int | None = None
+    chunk: int = 1
 
     def __post_init__(self):
         check_choice("policy", self.policy, POLICIES)
@@ -43,17 +49,27 @@ class Candidate:
                              f"(got {self.ctas_per_sm!r})")
         if persistent and (isinstance(self.ctas_per_sm, bool) or self.ctas_per_sm < 1):
             raise ValueError(f"ctas_per_sm must be >= 1, got {self.ctas_per_sm!r}")
+        if isinstance(self.chunk, bool) or not isinstance(self.chunk, int) or self.chunk < 1:
+            raise ValueError(f"chunk must be an integer >= 1, got {self.chunk!r}")
+        if self.chunk != 1 and self.policy != QUEUES:
+            raise ValueError(f"only {QUEUES!r} claims several items at once, not {self.policy!r}")
 
     @property
     def label(self) -> str:
-        return self.policy if self.ctas_per_sm is None else f"{self.policy} x{self.ctas_per_sm}"
+        if self.ctas_per_sm is not None:
+            return f"{self.policy} x{self.ctas_per_sm}"
+        return self.policy if self.chunk == 1 else f"{self.policy} c{self.chunk}"
 
-    def grid(self, n_sm: int, n_items: int, chunk: int = 1) -> int:
+    @property
+    def plan_key(self) -> tuple:
+        """What its plan depends on: the policy and the items per claim (not the CTAs per SM)."""
+        return self.policy, self.chunk
+
+    def grid(self, n_sm: int, n_items: int) -> int:
         """CTAs of a launch: one per item (plain), one per chunk (queues), ctas_per_sm per SM (persistent)."""
         if self.ctas_per_sm is not None:
             return self.ctas_per_sm * n_sm
-        per = chunk if self.policy == "partition_queues" else 1
-        return max(-(-int(n_items) // per), 1)
+        return max(-(-int(n_items) // self.chunk), 1)
 
 
 def persistent_ctas(max_ctas_per_sm: int | None, n_items: int, n_sm: int) -> int:
@@ -63,12 +79,20 @@ def persistent_ctas(max_ctas_per_sm: int | None, n_items: int, n_sm: int) -> int
     return max(1, min(fill, max_ctas_per_sm or 1))
 
 
-def candidates(policies, *, has_classes: bool, n_items: int, n_sm: int,
-               max_ctas_per_sm: int | None) -> tuple[Candidate, ...]:
+def claim_chunk(max_ctas_per_sm: int | None, n_items: int, n_sm: int) -> int:
+    """Items per claim that keep a queues launch's waves: ceil(items per SM / resident CTAs per SM), 1 where an SM
+    holds all its items' programs at once (or its occupancy is unknown)."""
+    per_sm = -(-int(n_items) // n_sm)
+    return max(1, -(-per_sm // max_ctas_per_sm)) if max_ctas_per_sm else 1
+
+
+def candidates(policies, *, has_classes: bool, n_items: int, n_sm: int, max_ctas_per_sm: int | None,
+               chunk: int = 1) -> tuple[Candidate, ...]:
     """The pruned candidates "auto" times for one workload, "plain" first (the reference every other must beat):
-    of `policies`, the affinity ones only when items have classes, and each persistent one once, at
-    persistent_ctas(); "measured" and "fastest" never (POLICY_TABLE's `auto`). At most
-    MAX_TRIAL_LAUNCHES // (1 + DEFAULT_TRIALS) of them."""
+    of `policies`, the affinity ones only when items have classes, each persistent one once, at
+    persistent_ctas(); "partition_queues" at `chunk` items per claim and, where claim_chunk() is larger, also at
+    that; "measured" and "fastest" never (POLICY_TABLE's `auto`). At most MAX_CANDIDATES of them: the chunked
+    queues candidate comes right after the unchunked one, ahead of the persistent policies."""
     for p in policies:
         check_choice("candidate policy", p, POLICIES)
     ctas = persistent_ctas(max_ctas_per_sm, n_items, n_sm)
@@ -77,16 +101,26 @@ def candidates(policies, *, has_classes: bool, n_items: int, n_sm: int,
         spec = POLICY_TABLE[p]
         if p == PLAIN or not spec.auto or (spec.affinity and not has_classes):
             continue
-        out.append(Candidate(p, ctas if spec.mode == POLICY_TABLE["dynamic"].mode else None))
-    return tuple(out[:MAX_TRIAL_LAUNCHES // (1 + DEFAULT_TRIALS)])
+        if p == QUEUES:
+            out += [Candidate(p, chunk=c) for c in dict.fromkeys((chunk, claim_chunk(max_ctas_per_sm, n_items, n_sm)))]
+        else:
+            out.append(Candidate(p, ctas if spec.mode == POLICY_TABLE["dynamic"].mode else None))
+    return tuple(out[:MAX_CANDIDATES])
+
+
+def trial_rounds(n_candidates: int, trials: int = DEFAULT_TRIALS) -> int:
+    """Timed rounds for n_candidates: `trials`, fewer where the untimed round and the timed ones would pass
+    MAX_TRIAL_LAUNCHES (at least one)."""
+    return max(1, min(trials, MAX_TRIAL_LAUNCHES // max(n_candidates, 1) - 1))
 
 
 def trial_schedule(cands, trials: int) -> list:
     """(candidate, timed) of the launches "auto" spends on trials: one untimed round over the candidates first
     (it compiles each mode and loads every plan: on the H200 the first launches of a plan ran up to 40% slower
-    than later ones), then `trials` timed rounds: interleaving spreads clock and cache drift over all
+    than later ones), then trial_rounds() timed rounds: interleaving spreads clock and cache drift over all
     candidates alike."""
-    return [(c, False) for c in cands] + [(c, True) for _ in range(trials) for c in cands]
+    rounds = trial_rounds(len(cands), trials)
+    return [(c, False) for c in cands] + [(c, True) for _ in range(rounds) for c in cands]
 
 
 def choose(timings: dict, tolerance: float = DEFAULT_TOLERANCE):
@@ -122,6 +156,7 @@ class Decision:
     timings: dict
     launches: int
     max_ctas_per_sm: int | None = None
+    discarded: int = 0  # timed trials left out: the host queued them for longer than the GPU spin covered
 
     @property
     def policy(self) -> str:
@@ -147,10 +182,11 @@ class Decision:
             head = (f"chose {self.chosen.label} ({POLICY_TABLE[self.chosen.policy].summary}): "
                     f"{self.ratio(self.chosen):.3f}x plain")
         occ = "" if self.max_ctas_per_sm is None else f"; the persistent kernel holds {self.max_ctas_per_sm} CTAs/SM"
-        return "\n".join([head, f"{self.launches} trial launches, medians over the timed ones{occ}:", *rows])
+        left = f" ({self.discarded} left out: host slower than the spin)" if self.discarded else ""
+        return "\n".join([head, f"{self.launches} trial launches, medians over the timed ones{left}{occ}:", *rows])
 
     def as_dict(self) -> dict:
         """JSON-friendly: labels for candidates."""
-        return {"policy": self.chosen.policy, "ctas_per_sm": self.chosen.ctas_per_sm, "chosen": self.chosen.label,
-                "medians": {c.label: m for c, m in self.medians.items()}, "launches": self.launches,
-                "max_ctas_per_sm": self.max_ctas_per_sm}
+        return {"policy": self.chosen.policy, "ctas_per_sm": self.chosen.ctas_per_sm, "chunk": self.chosen.chunk,
+                "chosen": self.chosen.label, "medians": {c.label: m for c, m in self.medians.items()},
+                "launches": self.launches, "discarded": self.discarded, "max_ctas_per_sm": self.max_ctas_per_sm}

@@ -174,7 +174,9 @@ def _pairs_of_runs(t, counts, near, far, device, block_runs) -> BlockPairs:
     if block_runs is not None:  # one run per block: the per-block array itself
         pair = to_device(run_pair, device)
     else:
-        pair = torch.repeat_interleave(to_device(run_pair, device), to_device(np.asarray(counts, np.int64), device))
+        # output_size: the length is known here, so torch need not read the counts back (a sync)
+        pair = torch.repeat_interleave(to_device(run_pair, device), to_device(np.asarray(counts, np.int64), device),
+                                       output_size=int(np.sum(counts)))
     return BlockPairs(pairs=pairs, mid=mid, half=half, usable=usable, pair=pair,
                       mid_g=to_device(mid_g, device), half_g=to_device(half_g, device),
                       ids=to_device(np.arange(n_pairs + 2, dtype=np.int64), device),

@@ -94,6 +94,7 @@ class PlanSlot:
             self.state = torch.zeros(state_words(self.n_slots), dtype=torch.int64, device=self.device)
         self.plan = None
         self.loaded = None  # the plans.Plan last loaded
+        self._cursors = None  # queues mode: the state's queue cursors, zeroed before every launch
         self.recorder = None  # (id of the CtaRecorder, tag) the plan's header points at
         self._pinned = None  # the host buffer of snapshot(), allocated once: pinning memory costs ~100 us
 
@@ -119,6 +120,8 @@ class PlanSlot:
             self.plan[:words.size].copy_(torch.from_numpy(words).pin_memory(), non_blocking=True)
             self.state[STATE_ERROR].zero_()
         self.loaded = plan
+        # the view prepare() zeroes, made once: slicing on every launch cost the host more than the fill itself
+        self._cursors = self.state[STATE_CURSORS:STATE_CURSORS + plan.n_queues] if plan.mode == PLACE_QUEUES else None
         self.recorder = None  # the new plan's header points at no recorder
 
     def attach_recorder(self, recorder, tag: int) -> None:
@@ -139,8 +142,8 @@ class PlanSlot:
         """What a launch of the loaded plan needs first: in queues mode the queue cursors zeroed (a memset queued
         on the current stream, captured with the kernel in a CUDA graph); nothing in the other modes (shares
         mode's last CTA resets its own state, direct mode has none)."""
-        if self.loaded is not None and self.loaded.mode == PLACE_QUEUES:
-            self.state[STATE_CURSORS:STATE_CURSORS + self.loaded.n_queues].zero_()
+        if self._cursors is not None:
+            self._cursors.zero_()
 
     def _stat_words(self):
         start = stat_offset(0, self.n_slots)

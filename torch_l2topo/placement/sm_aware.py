@@ -52,6 +52,7 @@ from __future__ import annotations
 import hashlib
 import re
 import statistics
+import time
 import weakref
 from dataclasses import dataclass, field
 
@@ -73,7 +74,10 @@ DEFAULT_REFRESH = 16
 TRITON_DEFAULT_WARPS = 4  # what Triton launches with when num_warps is not given
 HELPERS = ("plan_start", "plan_next", "plan_finish")
 PLACE_ARG = "PLACE"
-HOST_GAP_CYCLES = 200_000  # a GPU spin of ~0.1 ms at 2 GHz before each timed trial launch (see __call__)
+# A GPU spin of ~0.25 ms at 2 GHz before each timed trial launch (see __call__): 3-5x the 50-80 us the host took to
+# queue a partition_queues trial (its cursor reset, then the launch) on the H200 machine, where 0.1 ms sometimes
+# fell short and the host's time entered the trial (1.44-1.52 ms for a 1.44 ms kernel).
+HOST_GAP_CYCLES = 500_000
 
 
 def _digest(a) -> str:
@@ -141,10 +145,11 @@ class _Entry:
 
     workload_args: tuple  # (n_items, item_class, loads_per_item) as given: Workload is built on first use
     index: int            # the CUDA device
-    slots: dict = field(default_factory=dict)
+    slots: dict = field(default_factory=dict)    # Candidate.plan_key -> PlanSlot
     schedule: list = field(default_factory=list)  # auto: (Candidate, timed) of the next launches
-    pending: list = field(default_factory=list)   # auto: (Candidate, start event, end event) not yet read
+    pending: list = field(default_factory=list)   # auto: (Candidate, spin, start, end events, host ms) not yet read
     timings: dict = field(default_factory=dict)   # auto: ms per launch per Candidate
+    suspect: dict = field(default_factory=dict)   # auto: ms of trials whose host queueing outlasted the spin
     chosen: Candidate | None = None
     trial_launches: int = 0
     launches: dict = field(default_factory=dict)  # launches per policy ("measured" refreshes every `refresh`)
@@ -231,7 +236,7 @@ class Placement:
                 # decided, plain (its first trial built it): a graph must not freeze a trial candidate in.
                 entry = self._entries.get((index, key))
                 cand = None if entry is None else (self._final(entry) or Candidate(choice.PLAIN))
-                slot = None if cand is None else entry.slots.get(cand.policy)
+                slot = None if cand is None else entry.slots.get(cand.plan_key)
                 if slot is None:
                     raise PlacementError(CAPTURE_MESSAGE)
                 self._launch(launch, index, cand, slot, n_items, item_class)
@@ -239,20 +244,24 @@ class Placement:
             entry = self._entry(index, key, n_items, item_class, loads_per_item)
             self._read_timings(key, entry, index)
             cand, timed = self._next(entry, index, n_items)
-            slot = self._slot(index, entry, cand.policy)
+            slot = self._slot(index, entry, cand)
             if cand.policy == "measured":
                 self._refresh_measured(entry, slot)
             if timed:
                 # Keep the GPU busy while this host queues the launch, so that the events time the kernel and not
                 # the host's launch cost (~25-35 us for a Triton launch: kernels of a few us would all time alike
-                # and noise would pick the winner)
+                # and noise would pick the winner). Whether the spin covered the host is checked when the events
+                # are read: the host's queueing time against the spin's own GPU time (_read_timings).
+                spin, start, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+                host0 = time.perf_counter()
+                spin.record()
                 torch.cuda._sleep(HOST_GAP_CYCLES)
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
             grid = self._launch(launch, index, cand, slot, n_items, item_class)
             if timed:
+                host_ms = (time.perf_counter() - host0) * 1e3
                 end.record()
-                entry.pending.append((cand, start, end))
+                entry.pending.append((cand, spin, start, end, host_ms))
             if self.policy == AUTO and entry.chosen is None:
                 entry.trial_launches += 1
             entry.launches[cand.policy] = entry.launches.get(cand.policy, 0) + 1
@@ -263,7 +272,7 @@ class Placement:
                 self._settled[fast[0]] = (fast[2], index, (grid, slot, item_class))
 
     def _launch(self, launch, index: int, cand: Candidate, slot: PlanSlot, n_items: int, item_class) -> int:
-        grid = cand.grid(self._device(index)[1].n_sm, n_items, self.chunk)
+        grid = cand.grid(self._device(index)[1].n_sm, n_items)
         slot.prepare()
         launch(grid, slot.plan, slot.state, slot.loaded.mode | self._record_bit(index, slot, item_class))
         return grid
@@ -295,7 +304,7 @@ class Placement:
 
     def _fixed_candidate(self, entry: _Entry) -> Candidate:
         if POLICY_TABLE[self.policy].mode != POLICY_TABLE["dynamic"].mode:
-            return Candidate(self.policy)
+            return Candidate(self.policy, chunk=self.chunk if self.policy == choice.QUEUES else 1)
         index, n_items = entry.index, entry.workload_args[0]
         ctas = self.ctas_per_sm or choice.persistent_ctas(self._max_ctas(index), n_items, self._device(index)[1].n_sm)
         return Candidate(self.policy, ctas)
@@ -310,7 +319,7 @@ class Placement:
             raise ValueError("pass n_items: the grid depends on the item count")
         index = resolve_device(device)
         if POLICY_TABLE[policy].mode != POLICY_TABLE["dynamic"].mode:
-            return Candidate(policy).grid(0, n_items, self.chunk)
+            return Candidate(policy, chunk=self.chunk if policy == choice.QUEUES else 1).grid(0, n_items)
         n_sm = self._device(index)[1].n_sm
         ctas = self.ctas_per_sm or choice.persistent_ctas(self._max_ctas(index), n_items, n_sm)
         return Candidate(policy, ctas).grid(n_sm, n_items)
@@ -332,10 +341,11 @@ class Placement:
         with torch.cuda.device(index):
             entry = self._entry(index, workload_key(n_items, item_class, loads_per_item), n_items, item_class,
                                 loads_per_item)
-            if policy is None:
-                policy = self.policy if self.policy != AUTO else (entry.chosen or Candidate(choice.PLAIN)).policy
-            check_choice("policy", policy, POLICIES)
-            slot = self._slot(index, entry, policy)
+            if policy is None and self.policy == AUTO:
+                cand = entry.chosen or Candidate(choice.PLAIN)
+            else:
+                cand = self._candidate_of(self.policy if policy is None else policy)
+            slot = self._slot(index, entry, cand)
             return slot.plan, slot.state
 
     def slot(self, n_items: int, item_class=None, loads_per_item=1.0, *, policy: str, device=None) -> PlanSlot:
@@ -343,9 +353,16 @@ class Placement:
         from ..device import resolve_device
 
         entry = self._entries.get((resolve_device(device), workload_key(n_items, item_class, loads_per_item)))
-        if entry is None or policy not in entry.slots:
+        key = self._candidate_of(policy).plan_key
+        if entry is None or key not in entry.slots:
             raise PlacementError(f"no plan of policy {policy!r} was built for this workload yet")
-        return entry.slots[policy]
+        return entry.slots[key]
+
+    def _candidate_of(self, policy: str) -> Candidate:
+        """The candidate whose plan a fixed `policy` uses (its CTAs per SM do not matter for the plan)."""
+        check_choice("policy", policy, POLICIES)
+        persistent = POLICY_TABLE[policy].mode == POLICY_TABLE["dynamic"].mode
+        return Candidate(policy, 1 if persistent else None, self.chunk if policy == choice.QUEUES else 1)
 
     def explain(self) -> str:
         """Every "auto" decision so far, in words (which candidates, their medians, the choice and why)."""
@@ -375,15 +392,15 @@ class Placement:
             entry = self._entries[(index, key)] = _Entry((n_items, item_class, loads_per_item), index)
         return entry
 
-    def _slot(self, index: int, entry: _Entry, policy: str) -> PlanSlot:
-        if policy not in entry.slots:
+    def _slot(self, index: int, entry: _Entry, cand: Candidate) -> PlanSlot:
+        if cand.plan_key not in entry.slots:
             _, speeds = self._device(index)
             slot = PlanSlot(torch.device("cuda", index), speeds.n_sm)
-            k = self.k if POLICY_TABLE[policy].needs_k else None
+            k = self.k if POLICY_TABLE[cand.policy].needs_k else None
             # "measured" starts as weighted on the calibration's speeds; _refresh_measured replaces them
-            slot.load(make_plan(policy, speeds, entry.workload, k=k, chunk=self.chunk, **self.plan_options))
-            entry.slots[policy] = slot
-        return entry.slots[policy]
+            slot.load(make_plan(cand.policy, speeds, entry.workload, k=k, chunk=cand.chunk, **self.plan_options))
+            entry.slots[cand.plan_key] = slot
+        return entry.slots[cand.plan_key]
 
     # ---- auto --------------------------------------------------------------------------------------------
     def _next(self, entry: _Entry, index: int, n_items: int) -> tuple[Candidate, bool]:
@@ -393,7 +410,7 @@ class Placement:
         if entry.chosen is None and not entry.schedule and not entry.timings:
             cands = choice.candidates(self.candidates, has_classes=entry.workload_args[1] is not None,
                                       n_items=n_items, n_sm=self._device(index)[1].n_sm,
-                                      max_ctas_per_sm=self._max_ctas(index))
+                                      max_ctas_per_sm=self._max_ctas(index), chunk=self.chunk)
             entry.schedule = choice.trial_schedule(cands, self.trials)
             entry.timings = {c: [] for c in cands}
         if entry.schedule:
@@ -402,20 +419,25 @@ class Placement:
         return entry.chosen or Candidate(choice.PLAIN), False
 
     def _read_timings(self, key: WorkloadKey, entry: _Entry, index: int) -> None:
-        """Collect the timings of completed trial launches (never waiting), and decide once all are in."""
+        """Collect the timings of completed trial launches (never waiting), and decide once all are in. A trial
+        whose host queueing took longer than its spin ran on the GPU may hold the host's time (the GPU waited
+        for the launch inside the timed window): it is kept apart and used only for a candidate without a clean
+        one."""
         still = []
-        for cand, start, end in entry.pending:
+        for cand, spin, start, end, host_ms in entry.pending:
             if end.query():
-                entry.timings[cand].append(start.elapsed_time(end))
+                clean = host_ms < spin.elapsed_time(start)
+                (entry.timings if clean else entry.suspect).setdefault(cand, []).append(start.elapsed_time(end))
             else:
-                still.append((cand, start, end))
+                still.append((cand, spin, start, end, host_ms))
         entry.pending = still
         if self.policy == AUTO and entry.chosen is None and entry.timings and not entry.schedule \
                 and not entry.pending:
-            entry.chosen = choice.choose(entry.timings, self.tolerance)
-            self.decisions[key] = Decision(entry.chosen, {c: statistics.median(t) for c, t in entry.timings.items()},
-                                           {c: list(t) for c, t in entry.timings.items()}, entry.trial_launches,
-                                           self._max_ctas(index))
+            timings = {c: t or entry.suspect.get(c, []) for c, t in entry.timings.items()}
+            entry.chosen = choice.choose(timings, self.tolerance)
+            self.decisions[key] = Decision(entry.chosen, {c: statistics.median(t) for c, t in timings.items() if t},
+                                           {c: list(t) for c, t in timings.items()}, entry.trial_launches,
+                                           self._max_ctas(index), sum(map(len, entry.suspect.values())))
 
     # ---- measured ----------------------------------------------------------------------------------------
     def _refresh_measured(self, entry: _Entry, slot: PlanSlot) -> None:
