@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import torch
 
-from torch_l2topo.errors import PlacementError
 from torch_l2topo.ops import Forest, forest_predict
 from torch_l2topo.ops.forest import LAYOUTS, TreeArrays
 from torch_l2topo.ops.forest_sources import float32_at_most
@@ -92,7 +91,7 @@ def test_matches_recorded_xgboost(case, layout):
     forest = Forest.from_xgboost_json(XGBOOST / f"{case}.json", layout=layout)
     x = torch.from_numpy(recorded["x"])
     margin = torch.ops.torch_l2topo.forest_predict(forest.nodes, forest.values, forest.roots, forest.groups,
-                                                   forest.base, x, forest.depth).numpy()
+                                                   forest.base, x, forest.depth, 1.0, "auto").numpy()
     assert np.array_equal(margin, recorded["margin"].reshape(margin.shape))  # float32 sums in xgboost's order
     got = forest_predict(forest, x).numpy()
     if case.startswith("softmax"):  # multi:softmax predicts the label
@@ -226,8 +225,9 @@ def test_argument_errors():
         forest_predict("forest", x)
     with pytest.raises(TypeError, match="real tensor"):
         forest_predict(forest, x.to(torch.complex64))
-    with pytest.raises(PlacementError, match="not available yet"):
-        forest_predict(forest, x, policy="weighted")
+    with pytest.raises(ValueError, match="policy must be one of"):
+        forest_predict(forest, x, policy="nearest")
+    assert torch.equal(forest_predict(forest, x, policy="weighted"), forest_predict(forest, x))  # CPU: one walk
     assert forest_predict(forest, torch.zeros(0, N_FEATURES)).shape == (0,)
 
 
@@ -276,7 +276,7 @@ def test_layout_and_tree_errors():
 def test_op_registration_and_compile():
     forest = Forest.from_sklearn(_fit("boosting classifier d3"))
     x = torch.from_numpy(_data(n=50, seed=5)[0]).float()
-    args = (forest.nodes, forest.values, forest.roots, forest.groups, forest.base, x, forest.depth)
+    args = (forest.nodes, forest.values, forest.roots, forest.groups, forest.base, x, forest.depth, 4.0, "auto")
     torch.library.opcheck(torch.ops.torch_l2topo.forest_predict.default, args)
     compiled = torch.compile(lambda x: forest_predict(forest, x), fullgraph=True, backend="aot_eager")
     assert torch.equal(compiled(x), forest_predict(forest, x))

@@ -21,6 +21,7 @@ from kernel_compile import sm90_ptx
 ROOT = Path(__file__).resolve().parents[1]
 XGBOOST = ROOT / "tests" / "data" / "xgboost"
 VECTOR_LOAD = re.compile(r"ld\.global[\w.]*\.v4\.b32")
+ATOMIC = re.compile(r"^\s*(?:@!?%p\d+\s+)?(?:atom|red)\.", re.M)
 bags = importlib.import_module("torch_l2topo.ops.embedding_bag")
 forests = importlib.import_module("torch_l2topo.ops.forest_predict")
 
@@ -35,6 +36,9 @@ def _compile(kernel, types: dict, constexprs: dict, aligned: tuple, num_warps: i
 
 
 ROW_TYPES = {"fp32": 4, "bf16": 2, "fp16": 2}
+BAG_TYPES = dict(input_ptr="*i64", offsets_ptr="*i64", weight_ptr="*fp32", psw_ptr="*fp32", out_ptr="*fp32",
+                 ok_ptr="*i32", n_indices="i64", n_offsets="i32", n_rows="i32", dim="i32", stride_w="i32",
+                 padding_idx="i32", plan_ptr="*i32", state_ptr="*i64")
 
 
 # every row type and size with per-sample weights (sum), the other modes on the target shape
@@ -46,35 +50,56 @@ def test_embedding_bag_kernel_loads_rows_in_16_byte_vectors(row_type, row_bytes,
     from torch_l2topo.triton_kernels.embedding_bag import embedding_bag_kernel
 
     dim = row_bytes // ROW_TYPES[row_type]
-    rows, block_d, num_warps = bags.tile_config(65536 * 32, 65536, dim)
-    types = dict(input_ptr="*i64", offsets_ptr="*i64", weight_ptr=f"*{row_type}", psw_ptr=f"*{row_type}",
-                 out_ptr=f"*{row_type}", n_indices="i64", n_offsets="i32", n_rows="i32", dim="i32", stride_w="i32",
-                 padding_idx="i32")
-    ptx = _compile(embedding_bag_kernel, types, dict(MODE=mode, HAS_PSW=mode == 0, ROWS=rows, BLOCK_D=block_d),
+    rows, block_d, num_warps = bags.tile_config(65536 * 32, 65536, dim, ROW_TYPES[row_type])
+    ptx = _compile(embedding_bag_kernel, BAG_TYPES | dict(weight_ptr=f"*{row_type}", psw_ptr=f"*{row_type}",
+                                                           out_ptr=f"*{row_type}"),
+                   dict(MODE=mode, HAS_PSW=mode == 0, CHECK=True, ROWS=rows, BLOCK_D=block_d, PLACE=0),
                    ("input_ptr", "offsets_ptr", "weight_ptr", "psw_ptr", "out_ptr", "dim", "stride_w"), num_warps)
     # every row element of the tile arrives through 16-byte loads: elements per thread / (16 B / element size)
     per_thread = rows * block_d // (32 * num_warps)
     assert len(VECTOR_LOAD.findall(ptx)) == max(1, per_thread * ROW_TYPES[row_type] // 16), ptx.count("ld.global")
+    # the plain launch (PLACE_DIRECT) reads no plan and makes no atomic; the checks store a flag, never load it
+    assert not ATOMIC.search(ptx)
+
+
+def test_embedding_bag_backward_adds_with_atomics_only():
+    from torch_l2topo.triton_kernels.embedding_bag import embedding_bag_backward_kernel
+
+    rows, block_d, num_warps = bags.tile_config(65536 * 32, 65536, 64, 4)
+    types = dict(BAG_TYPES, grad_ptr="*fp32", grad_weight_ptr="*fp32", grad_psw_ptr="*fp32")
+    ptx = _compile(embedding_bag_backward_kernel, types, dict(MEAN=False, HAS_PSW=False, NEED_WEIGHT=True,
+                                                              NEED_PSW=False, ROWS=rows, BLOCK_D=block_d),
+                   ("input_ptr", "offsets_ptr", "grad_ptr", "grad_weight_ptr", "dim"), num_warps)
+    # the gradient elements a thread holds go out as 16-byte vector reductions (red.add.v4.f32), and no
+    # (entries x dim) intermediate is stored
+    assert len(re.findall(r"red\.global[\w.]*\.add\.v4\.f32", ptx)) == rows * block_d // (32 * num_warps) // 4
+    assert len(ATOMIC.findall(ptx)) == rows * block_d // (32 * num_warps) // 4
+    assert not re.search(r"\bst\.global", ptx)
 
 
 def test_embedding_bag_tiles_keep_rows_in_flight():
-    # the H200 target shape: a 32-row bag of 64 fp32 in one step, 4 warps, 16 elements per thread
-    assert bags.tile_config(65536 * 32, 65536, 64) == (32, 64, 4)
+    # the H200 target shape: a 32-row bag of 64 fp32 in one step on one warp (the measured fastest)
+    assert bags.tile_config(65536 * 32, 65536, 64, 4) == (32, 64, 1)
+    # tiles are counted in bytes: the bf16 rows of 256 B of the table also take a 32-row bag in one step
+    assert bags.tile_config(65536 * 32, 65536, 128, 2) == (32, 128, 1)
     for n_indices, n_bags, dim in [(1, 1, 8), (65536, 65536, 8), (10 ** 6, 10, 256), (256, 1, 512), (5, 4, 33)]:
-        rows, block_d, num_warps = bags.tile_config(n_indices, n_bags, dim)
-        assert block_d >= dim and block_d & (block_d - 1) == 0 and rows & (rows - 1) == 0
-        assert rows * block_d <= max(bags.TILE_ELEMENTS, block_d) and 1 <= num_warps <= 8
+        for itemsize in (2, 4):
+            rows, block_d, num_warps = bags.tile_config(n_indices, n_bags, dim, itemsize)
+            assert block_d >= dim and block_d & (block_d - 1) == 0 and rows & (rows - 1) == 0
+            assert rows * block_d * itemsize <= max(bags.TILE_BYTES, block_d * itemsize)
+            assert 1 <= num_warps <= bags.MAX_WARPS
 
 
 def test_forest_kernel_walks_with_one_record_load_per_step():
     from torch_l2topo.triton_kernels.forest import forest_kernel
 
     types = dict(nodes_ptr="*i32", values_ptr="*fp32", roots_ptr="*i32", groups_ptr="*i32", base_ptr="*fp32",
-                 x_ptr="*fp32", out_ptr="*fp32")
+                 x_ptr="*fp32", out_ptr="*fp32", scale="fp32", plan_ptr="*i32", state_ptr="*i64")
     types.update({n: "i32" for n in ("n_samples", "n_features", "n_trees", "trees_per_chunk", "n_chunks", "depth",
                                       "n_outputs", "leaf_width")})
     for block_s, vector_leaves in ((32, False), (1, False), (8, True)):
-        constexprs = dict(BLOCK_S=block_s, BLOCK_T=forests.LANES // block_s, OUT_PAD=4, VECTOR_LEAVES=vector_leaves)
+        constexprs = dict(BLOCK_S=block_s, BLOCK_T=forests.LANES // block_s, OUT_PAD=4, VECTOR_LEAVES=vector_leaves,
+                          PLACE=0)
         ptx = _compile(forest_kernel, types, constexprs, ("nodes_ptr", "values_ptr", "x_ptr", "out_ptr"), 4)
         assert len(VECTOR_LOAD.findall(ptx)) == 1  # the 16-byte node record, once per step
         assert "setp.nan.f32" in ptx and "setp.le.f32" in ptx  # NaN goes its default way; x <= threshold
@@ -117,17 +142,48 @@ def _interpreter_embedding_bag():
             psw = torch.rand(input.numel()).to(dtype) if with_psw else None
             n_bags = offsets.numel() - 1 if last else offsets.numel()
             out = torch.empty(n_bags, weight.size(1), dtype=dtype)
-            bags.launch_kernel(input, offsets, weight, psw, out, bags.MODES[mode], padding % 50 if padding >= 0 else -1)
+            bags.launch_kernel(input, offsets, weight, psw, out, None, bags.MODES[mode],
+                               padding % 50 if padding >= 0 else -1, "plain")
             expected = F.embedding_bag(input, weight.double(), offsets, mode=mode, include_last_offset=last,
                                        per_sample_weights=None if psw is None else psw.double(),
                                        padding_idx=None if padding < 0 else padding)
             tol = 1e-5 if dtype == torch.float32 else 1e-2
             torch.testing.assert_close(out.double(), expected, rtol=tol, atol=tol)
-    # out-of-range entries (only reachable unchecked, in graphs and compiled code) are skipped, never read
+    # out-of-range entries are skipped, never read, and clear the check flag; so do invalid offsets
     weight, input = wide, torch.tensor([1, 99, 2, -3, 4])
-    out = torch.empty(2, 40)
-    bags.launch_kernel(input, torch.tensor([0, 3]), weight, None, out, bags.MODES["mean"], -1)
-    torch.testing.assert_close(out, torch.stack([(weight[1] + weight[2]) / 2, weight[4]]))
+    for offsets in ([0, 3], [0, 0], [1, 3], [0, 4, 3], [0, 6]):  # a bad index; first offset; decreasing; past the end
+        ok, out = torch.ones(1, dtype=torch.int32), torch.empty(len(offsets), 40)
+        bags.launch_kernel(input, torch.tensor(offsets), weight, None, out, ok, bags.MODES["mean"], -1, "plain")
+        assert int(ok) == 0, offsets
+        if offsets == [0, 3]:
+            torch.testing.assert_close(out, torch.stack([(weight[1] + weight[2]) / 2, weight[4]]))
+    for offsets in ([0, 2], [0, 0, 2, 5]):  # valid: empty bags, the last offset at the input's end
+        ok = torch.ones(1, dtype=torch.int32)
+        bags.launch_kernel(torch.tensor([1, 2, 3, 4, 5]), torch.tensor(offsets), weight, None,
+                           torch.empty(len(offsets), 40), ok, bags.MODES["sum"], -1, "plain")
+        assert int(ok) == 1, offsets
+
+
+def _interpreter_embedding_bag_backward():
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(1)
+    input = torch.randint(0, 30, (60,))
+    offsets = torch.tensor([0, 0, 7, 20, 20, 59])
+    for mode, with_psw, padding in (("sum", True, 4), ("mean", False, 9), ("sum", False, -1)):
+        weight = torch.randn(30, 24, dtype=torch.float64, requires_grad=True)
+        psw = torch.rand(60, dtype=torch.float64, requires_grad=True) if with_psw else None
+        out = F.embedding_bag(input, weight, offsets, mode=mode, per_sample_weights=psw,
+                              padding_idx=None if padding < 0 else padding)
+        grad = torch.randn(out.shape, dtype=torch.float64)
+        out.backward(grad)
+        got_w, got_p = bags._backward_op(input, offsets, grad.float(), weight.detach().float(),
+                                         None if psw is None else psw.detach().float(), 30, bags.MODES[mode],
+                                         padding, True, with_psw)
+        torch.testing.assert_close(got_w.double(), weight.grad, rtol=1e-5, atol=1e-5)
+        if with_psw:
+            torch.testing.assert_close(got_p.double(), psw.grad, rtol=1e-5, atol=1e-5)
 
 
 def _interpreter_forest():
@@ -141,7 +197,7 @@ def _interpreter_forest():
         for n in (1, 37):
             x = torch.from_numpy(recorded["x"][:n])
             raw = forests.launch_kernel(forest.nodes, forest.values, forest.roots, forest.groups, forest.base, x,
-                                        forest.depth, n_sm)
+                                        forest.depth, 1.0, n_sm, "plain")
             expected = torch.from_numpy(recorded["margin"][:n]).reshape(raw.shape)
             torch.testing.assert_close(raw, expected, rtol=1e-5, atol=1e-5)  # chunks change the float32 order
     try:
@@ -153,13 +209,14 @@ def _interpreter_forest():
     x[rng.random(x.shape) < 0.1] = np.nan
     model = RandomForestClassifier(n_estimators=9, max_depth=5, random_state=0).fit(x, (x[:, 0] > 0) + (x[:, 1] > 0))
     forest = Forest.from_sklearn(model, layout="dfs").to("cpu")
-    raw = forests.launch_kernel(forest.nodes, forest.values.float(), forest.roots, forest.groups, forest.base.float(),
-                                torch.from_numpy(x[:50]), forest.depth, 2)
-    np.testing.assert_allclose(raw.numpy() / 9, model.predict_proba(x[:50]), atol=1e-6)
+    mean = forests.launch_kernel(forest.nodes, forest.values.float(), forest.roots, forest.groups,
+                                 forest.base.float(), torch.from_numpy(x[:50]), forest.depth, 9.0, 2, "plain")
+    np.testing.assert_allclose(mean.numpy(), model.predict_proba(x[:50]), atol=1e-6)
 
 
 def _interpreter_main():
     _interpreter_embedding_bag()
+    _interpreter_embedding_bag_backward()
     _interpreter_forest()
     print("interpreter ops ok")
 

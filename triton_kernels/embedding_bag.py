@@ -1,20 +1,32 @@
-"""The embedding-bag forward kernel: one bag per item, rows gathered ROWS at a time as one [ROWS, BLOCK_D] tile.
+"""The embedding-bag kernels: the forward gathers one bag per item, rows ROWS at a time as one [ROWS, BLOCK_D]
+tile; the backward adds each bag's output gradient into the weight gradient rows of its entries.
 
 Bandwidth is the whole game (65,536 bags x 32 rows x 256 B read 512 MB for 16 MB written): every row of a
 ROWS-row chunk is loaded by one tile load, so ROWS independent row loads are in flight per program, each
 a run of 16-byte vector loads (the row stride is specialised as a multiple of 16 elements when it is, and
 then Triton proves the alignment). Sums and means accumulate in fp32 whatever the row dtype; max needs no
 wider type. Bag b spans input[offsets[b] : offsets[b + 1]] (the last bag without a following offset ends
-at n_indices); entries equal to padding_idx, and out-of-range entries (reached only when the host's check
-is off: inside CUDA graphs and compiled regions), contribute nothing and do not count towards a mean, so
-the kernel never reads outside the table.
+at n_indices); entries equal to padding_idx, and out-of-range entries, contribute nothing and do not count
+towards a mean, so the kernels never read or write outside the table.
 
-Item loop: the kernel is a plain launch (program p takes bag p). Placement contract v2 replaces the one
-line marked ITEM LOOP with plan_start / plan_next / plan_finish around `_bag` (see torch_l2topo/ops/
-embedding_bag.py's docstring); `_bag` is the whole per-item body and needs no change.
+Checks without a host sync (CHECK): a program that meets an index outside [0, n_rows) or offsets that are not
+a valid partition of the input (offsets[0] != 0, a decreasing pair, an offset past the input) stores 0 into
+the flag at ok_ptr (set to 1 before the launch); the host follows the launch with torch._assert_async on it.
+Every writer stores the same value, so no atomic is needed, and a correct call writes nothing.
+
+Item loop: the items (bags) come from the placement helpers (plan_start / plan_next / plan_finish, PLACE a
+constexpr): in PLACE_DIRECT mode program p takes bag p and the helpers compile to nothing.
+
+Backward (sum and mean): program p takes bag p, loads its output gradient row once (scaled by 1 / count for
+a mean) and adds it, times the entry's per-sample weight, into grad_weight[index] with fp32 atomic adds: no
+(entries x dim) intermediate is written, where a gather-then-scatter_add_ in PyTorch ops writes and reads one
+(537 MB at the target shape). With per-sample weights it also writes each entry's gradient,
+dot(grad_out[bag], weight[index]).
 """
 import triton
 import triton.language as tl
+
+from torch_l2topo.triton_kernels.placement import plan_finish, plan_next, plan_start
 
 # mode codes of torch.embedding_bag (and of the op's schema)
 MODE_SUM = tl.constexpr(0)
@@ -23,11 +35,22 @@ MODE_MAX = tl.constexpr(2)
 
 
 @triton.jit
-def _bag(bag, input_ptr, offsets_ptr, weight_ptr, psw_ptr, out_ptr, n_indices, n_offsets, n_rows, dim, stride_w,
-         padding_idx, MODE: tl.constexpr, HAS_PSW: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
-    """out[bag, :dim] = the bag's sum / mean / max of weight rows (fp32 accumulation), 0 for an empty bag."""
+def _bag_span(bag, offsets_ptr, n_indices, n_offsets, ok_ptr, CHECK: tl.constexpr):
+    """(start, end) of the bag's entries, clamped into the input; flags invalid offsets when CHECK."""
     start = tl.load(offsets_ptr + bag).to(tl.int64)
     end = tl.load(offsets_ptr + bag + 1, mask=bag + 1 < n_offsets, other=n_indices).to(tl.int64)
+    if CHECK:
+        if (start < 0) | (end < start) | (end > n_indices) | ((bag == 0) & (start != 0)):
+            tl.store(ok_ptr, 0)
+    return tl.maximum(start, 0), tl.minimum(end, n_indices)
+
+
+@triton.jit
+def _bag(bag, input_ptr, offsets_ptr, weight_ptr, psw_ptr, out_ptr, ok_ptr, n_indices, n_offsets, n_rows, dim,
+         stride_w, padding_idx, MODE: tl.constexpr, HAS_PSW: tl.constexpr, CHECK: tl.constexpr,
+         ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """out[bag, :dim] = the bag's sum / mean / max of weight rows (fp32 accumulation), 0 for an empty bag."""
+    start, end = _bag_span(bag, offsets_ptr, n_indices, n_offsets, ok_ptr, CHECK)
     cols = tl.arange(0, BLOCK_D)
     col_ok = cols < dim
     if MODE == MODE_MAX:
@@ -35,11 +58,13 @@ def _bag(bag, input_ptr, offsets_ptr, weight_ptr, psw_ptr, out_ptr, n_indices, n
     else:
         acc = tl.zeros([BLOCK_D], tl.float32)
     count = tl.zeros([ROWS], tl.int32)
+    bad = tl.zeros([ROWS], tl.int32)
     for first in range(start, end, ROWS):
         pos = first + tl.arange(0, ROWS)
         in_bag = pos < end
         idx = tl.load(input_ptr + pos, mask=in_bag, other=0).to(tl.int64)
-        take = in_bag & (idx >= 0) & (idx < n_rows) & (idx != padding_idx)
+        in_table = (idx >= 0) & (idx < n_rows)
+        take = in_bag & in_table & (idx != padding_idx)
         mask = take[:, None] & col_ok[None, :]
         if MODE == MODE_MAX:
             rows = tl.load(weight_ptr + idx[:, None] * stride_w + cols[None, :], mask=mask, other=float("-inf"))
@@ -51,6 +76,11 @@ def _bag(bag, input_ptr, offsets_ptr, weight_ptr, psw_ptr, out_ptr, n_indices, n
                 rows = rows * tl.load(psw_ptr + pos, mask=take, other=0.0).to(tl.float32)[:, None]
             acc += tl.sum(rows, axis=0)
         count += take.to(tl.int32)
+        if CHECK:
+            bad += (in_bag & ~in_table).to(tl.int32)
+    if CHECK:
+        if tl.sum(bad, axis=0) > 0:
+            tl.store(ok_ptr, 0)
     n_taken = tl.sum(count, axis=0)
     if MODE == MODE_MEAN:
         acc = acc / tl.maximum(n_taken, 1).to(tl.float32)
@@ -60,9 +90,50 @@ def _bag(bag, input_ptr, offsets_ptr, weight_ptr, psw_ptr, out_ptr, n_indices, n
 
 
 @triton.jit
-def embedding_bag_kernel(input_ptr, offsets_ptr, weight_ptr, psw_ptr, out_ptr, n_indices, n_offsets, n_rows, dim,
-                         stride_w, padding_idx, MODE: tl.constexpr, HAS_PSW: tl.constexpr, ROWS: tl.constexpr,
-                         BLOCK_D: tl.constexpr):
-    # ITEM LOOP: one program per bag (a plain launch); placement contract v2 loops plan_next here instead.
-    _bag(tl.program_id(0), input_ptr, offsets_ptr, weight_ptr, psw_ptr, out_ptr, n_indices, n_offsets, n_rows, dim,
-         stride_w, padding_idx, MODE, HAS_PSW, ROWS, BLOCK_D)
+def embedding_bag_kernel(input_ptr, offsets_ptr, weight_ptr, psw_ptr, out_ptr, ok_ptr, n_indices, n_offsets,
+                         n_rows, dim, stride_w, padding_idx, plan_ptr, state_ptr, MODE: tl.constexpr,
+                         HAS_PSW: tl.constexpr, CHECK: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+                         PLACE: tl.constexpr):
+    sm, t0 = plan_start(plan_ptr, state_ptr, PLACE)
+    bag, phase = plan_next(plan_ptr, state_ptr, sm, 0, PLACE)
+    n_done = 0
+    while bag >= 0:
+        _bag(bag, input_ptr, offsets_ptr, weight_ptr, psw_ptr, out_ptr, ok_ptr, n_indices, n_offsets, n_rows, dim,
+             stride_w, padding_idx, MODE, HAS_PSW, CHECK, ROWS, BLOCK_D)
+        n_done += 1
+        bag, phase = plan_next(plan_ptr, state_ptr, sm, phase, PLACE)
+    plan_finish(plan_ptr, state_ptr, sm, t0, n_done, PLACE)
+
+
+@triton.jit
+def embedding_bag_backward_kernel(input_ptr, offsets_ptr, grad_ptr, weight_ptr, psw_ptr, grad_weight_ptr,
+                                  grad_psw_ptr, n_indices, n_offsets, n_rows, dim, stride_w, padding_idx,
+                                  MEAN: tl.constexpr, HAS_PSW: tl.constexpr, NEED_WEIGHT: tl.constexpr,
+                                  NEED_PSW: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    bag = tl.program_id(0)
+    start, end = _bag_span(bag, offsets_ptr, n_indices, n_offsets, grad_ptr, False)
+    cols = tl.arange(0, BLOCK_D)
+    col_ok = cols < dim
+    grad = tl.load(grad_ptr + bag.to(tl.int64) * dim + cols, mask=col_ok, other=0.0).to(tl.float32)
+    if MEAN:
+        count = tl.zeros([ROWS], tl.int32)
+        for first in range(start, end, ROWS):
+            pos = first + tl.arange(0, ROWS)
+            idx = tl.load(input_ptr + pos, mask=pos < end, other=padding_idx).to(tl.int64)
+            count += ((pos < end) & (idx >= 0) & (idx < n_rows) & (idx != padding_idx)).to(tl.int32)
+        grad = grad / tl.maximum(tl.sum(count, axis=0), 1).to(tl.float32)
+    for first in range(start, end, ROWS):
+        pos = first + tl.arange(0, ROWS)
+        in_bag = pos < end
+        idx = tl.load(input_ptr + pos, mask=in_bag, other=0).to(tl.int64)
+        take = in_bag & (idx >= 0) & (idx < n_rows) & (idx != padding_idx)
+        mask = take[:, None] & col_ok[None, :]
+        if NEED_WEIGHT:
+            rows = tl.broadcast_to(grad[None, :], [ROWS, BLOCK_D])
+            if HAS_PSW:
+                rows = rows * tl.load(psw_ptr + pos, mask=take, other=0.0).to(tl.float32)[:, None]
+            tl.atomic_add(grad_weight_ptr + idx[:, None] * dim + cols[None, :], rows, mask=mask, sem="relaxed")
+        if NEED_PSW:
+            w = tl.load(weight_ptr + idx[:, None] * stride_w + cols[None, :], mask=mask, other=0.0)
+            dot = tl.sum(w.to(tl.float32) * grad[None, :], axis=1)
+            tl.store(grad_psw_ptr + pos, dot.to(grad_psw_ptr.dtype.element_ty), mask=in_bag)

@@ -14,12 +14,15 @@ base, so a one-chunk launch adds base + tree 0 + tree 1 + ... in tree order, the
 Leaves of width 1 add to output groups[tree] (gradient boosting: one tree per class and round); wider leaves
 (VECTOR_LEAVES: random-forest class probabilities, multi-output regression) add their whole row.
 
-Item loop: the kernel is a plain launch (program p takes item p). Placement contract v2 replaces the line
-marked ITEM LOOP with plan_start / plan_next / plan_finish around `_sample_block`, which is the whole per-item
-body.
+The sums are stored times `scale` (1 / the forest's divisor: random forests average), so the host adds no pass.
+
+Item loop: the items come from the placement helpers (plan_start / plan_next / plan_finish, PLACE a constexpr):
+in PLACE_DIRECT mode program p takes item p and the helpers compile to nothing.
 """
 import triton
 import triton.language as tl
+
+from torch_l2topo.triton_kernels.placement import plan_finish, plan_next, plan_start
 
 DEFAULT_LEFT_BIT = tl.constexpr(31)
 
@@ -44,7 +47,7 @@ def _walk(nodes_ptr, x_ptr, node, samples, sample_ok, n_features, depth, BLOCK_S
 
 @triton.jit
 def _sample_block(item, nodes_ptr, values_ptr, roots_ptr, groups_ptr, base_ptr, x_ptr, out_ptr, n_samples,
-                  n_features, n_trees, trees_per_chunk, n_chunks, depth, n_outputs, leaf_width,
+                  n_features, n_trees, trees_per_chunk, n_chunks, depth, n_outputs, leaf_width, scale,
                   BLOCK_S: tl.constexpr, BLOCK_T: tl.constexpr, OUT_PAD: tl.constexpr,
                   VECTOR_LEAVES: tl.constexpr):
     chunk = item % n_chunks
@@ -72,14 +75,21 @@ def _sample_block(item, nodes_ptr, values_ptr, roots_ptr, groups_ptr, base_ptr, 
             hit = groups[None, :, None] == outputs[None, None, :]
             acc += tl.sum(tl.where(hit, values[:, :, None], 0.0), axis=1)
     offsets = (chunk * n_samples + samples.to(tl.int64))[:, None] * n_outputs + outputs[None, :]
-    tl.store(out_ptr + offsets, acc, mask=sample_ok[:, None] & output_ok[None, :])
+    tl.store(out_ptr + offsets, acc * scale, mask=sample_ok[:, None] & output_ok[None, :])
 
 
 @triton.jit
 def forest_kernel(nodes_ptr, values_ptr, roots_ptr, groups_ptr, base_ptr, x_ptr, out_ptr, n_samples, n_features,
-                  n_trees, trees_per_chunk, n_chunks, depth, n_outputs, leaf_width, BLOCK_S: tl.constexpr,
-                  BLOCK_T: tl.constexpr, OUT_PAD: tl.constexpr, VECTOR_LEAVES: tl.constexpr):
-    # ITEM LOOP: one program per (sample block, tree chunk) item (a plain launch); contract v2 loops plan_next here.
-    _sample_block(tl.program_id(0), nodes_ptr, values_ptr, roots_ptr, groups_ptr, base_ptr, x_ptr, out_ptr,
-                  n_samples, n_features, n_trees, trees_per_chunk, n_chunks, depth, n_outputs, leaf_width,
-                  BLOCK_S, BLOCK_T, OUT_PAD, VECTOR_LEAVES)
+                  n_trees, trees_per_chunk, n_chunks, depth, n_outputs, leaf_width, scale, plan_ptr, state_ptr,
+                  BLOCK_S: tl.constexpr, BLOCK_T: tl.constexpr, OUT_PAD: tl.constexpr, VECTOR_LEAVES: tl.constexpr,
+                  PLACE: tl.constexpr):
+    sm, t0 = plan_start(plan_ptr, state_ptr, PLACE)
+    item, phase = plan_next(plan_ptr, state_ptr, sm, 0, PLACE)
+    n_done = 0
+    while item >= 0:
+        _sample_block(item, nodes_ptr, values_ptr, roots_ptr, groups_ptr, base_ptr, x_ptr, out_ptr, n_samples,
+                      n_features, n_trees, trees_per_chunk, n_chunks, depth, n_outputs, leaf_width, scale, BLOCK_S,
+                      BLOCK_T, OUT_PAD, VECTOR_LEAVES)
+        n_done += 1
+        item, phase = plan_next(plan_ptr, state_ptr, sm, phase, PLACE)
+    plan_finish(plan_ptr, state_ptr, sm, t0, n_done, PLACE)

@@ -18,15 +18,20 @@ assignment with the backward). The op is
 wrapped kernel (mutates nothing: the output is allocated inside), so torch.compile(fullgraph=True) traces into
 it and CUDA graphs capture it.
 
-Data checks (indices inside the table, offsets[0] == 0, offsets non-decreasing and ending inside the input): in
-eager mode they run before the launch (on a GPU one reduction and one host sync; `check_indices=False` skips
-them); inside CUDA graph capture and compiled regions they cannot run (no host sync there), and the kernel then
-skips out-of-range entries instead of reading outside the table.
+Data checks (indices inside the table, offsets[0] == 0, offsets non-decreasing and ending inside the input):
+on a GPU the kernel checks them as it reads (no extra pass, no host sync) and clears a flag that
+torch._assert_async then asserts, with the message below, as torch's own CUDA index kernels do: a bad index
+stops the program at its next synchronization with a device-side assert (the message is printed by the
+device; the CUDA context is unusable afterwards, as after any device-side assert). The kernel never reads
+outside the table: out-of-range entries are skipped. On the CPU the checks run on the host with torch's
+messages. `check_indices=False` skips the assert (the kernel still skips bad entries); inside torch.compile'd
+regions the assert is not traced (the kernel skips bad entries there too).
 
-Placement: `policy=` is validated now; the kernel is a plain launch (one program per bag). The switch to the
-placement layer (contract v2) is: the kernel's ITEM LOOP line becomes the plan_start / plan_next / plan_finish
-loop around `_bag`, with PLACE a constexpr; the op gains the plan and state tensors as inputs (state in
-mutates_args); `launch_kernel` takes the grid and PLACE from Placement(policy=...) instead of (n_bags,).
+Dispatch: an eager call that needs no autograd graph calls the implementation directly (policy.direct_call:
+the dispatcher costs tens of microseconds per call); everything else goes through the op.
+
+Placement: `policy=` takes the placement policies and "auto"; the kernel's item loop runs on the placement
+helpers (policy.py says how a call is launched). Items are bags.
 """
 from __future__ import annotations
 
@@ -34,21 +39,28 @@ from typing import Optional
 
 import torch
 
-from .policy import resolve_policy
+from .policy import check_policy, direct_call, launch_placed, triton_launcher
 
 try:
-    from ..triton_kernels.embedding_bag import embedding_bag_kernel
+    from ..triton_kernels.embedding_bag import embedding_bag_backward_kernel, embedding_bag_kernel
 except ImportError:  # no Triton: every call takes the PyTorch-ops path (reference_bags)
-    embedding_bag_kernel = None
+    embedding_bag_kernel = embedding_bag_backward_kernel = None
 
 MODES = {"sum": 0, "mean": 1, "max": 2}
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 INDEX_DTYPES = (torch.int32, torch.int64)
 NO_PADDING = -1
-# Elements of one [ROWS, BLOCK_D] tile: 2048 fp32 = 8 KB of rows in flight per program (16 elements, four
-# 16-byte loads per thread at 4 warps), enough to cover L2/DRAM latency at full occupancy.
-TILE_ELEMENTS = 2048
-ELEMENTS_PER_WARP = 512
+# Bytes of one [ROWS, BLOCK_D] tile: 8 KB of rows in flight per program, whatever the row dtype (a tile counted
+# in elements held half as many bf16 bytes, and a 32-row bag of 256-byte bf16 rows then took two dependent
+# steps), on one warp: sixteen 16-byte loads in flight per thread and up to 32 programs per SM. Measured on the
+# H200 (benchmarks/results/ops_kernels_h200.json, the kernel alone in CUDA graphs): at 65,536 bags x 32 rows
+# x 64 fp32, 1 warp 0.061 ms, 2 warps 0.081, 4 warps 0.130 (torch 0.228); 128 bf16 rows from a 1 GB table,
+# 1 warp 0.132 ms, 4 warps 0.353 (torch 0.520).
+TILE_BYTES = 8192
+BYTES_PER_WARP = 8192
+MAX_WARPS = 8
+CHECK_MESSAGE = ("embedding_bag: an index is outside [0, num_embeddings), or offsets are not valid (offsets[0] "
+                 "must be 0, non-decreasing, and not past the input's length)")
 
 
 def embedding_bag(input: torch.Tensor, weight: torch.Tensor, offsets: Optional[torch.Tensor] = None,
@@ -57,9 +69,9 @@ def embedding_bag(input: torch.Tensor, weight: torch.Tensor, offsets: Optional[t
                   check_indices: bool = True) -> torch.Tensor:
     """torch.nn.functional.embedding_bag(input, weight, offsets, mode=..., per_sample_weights=...,
     padding_idx=..., include_last_offset=...) on the Triton gather kernel: (n_bags, embedding_dim), weight's
-    dtype. policy: "auto" or "plain" (the placement policies raise PlacementError until the integration).
-    check_indices: check the index and offset values before the launch in eager mode (see the module doc)."""
-    resolve_policy(policy, "embedding_bag")
+    dtype. policy: "auto", or a placement policy (torch_l2topo.ops.policy). check_indices: check the index
+    and offset values (on a GPU inside the kernel, without a host sync: see the module doc)."""
+    check_policy(policy)
     if per_sample_weights is not None and input.size() != per_sample_weights.size():
         raise ValueError(f"embedding_bag: If per_sample_weights ({per_sample_weights.shape}) is not None, then it "
                          f"must have the same shape as the input ({input.shape})")
@@ -98,12 +110,17 @@ def embedding_bag(input: torch.Tensor, weight: torch.Tensor, offsets: Optional[t
     padding = _normalized_padding(padding_idx, weight.size(0))
     if include_last_offset and offsets.numel() < 1:
         raise RuntimeError("include_last_offset: number of offset should be at least 1")
-    if check_indices and not torch.compiler.is_compiling() and not _capturing(weight):
+    compiling = torch.compiler.is_compiling()
+    if check_indices and weight.device.type == "cpu" and not compiling:
         _check_values(input, offsets, weight.size(0))
+    check = check_indices and weight.is_cuda and not compiling
     if per_sample_weights is not None:
         per_sample_weights = per_sample_weights.contiguous()
-    return torch.ops.torch_l2topo.embedding_bag(input.contiguous(), offsets.contiguous(), weight,
-                                                per_sample_weights, MODES[mode], padding, include_last_offset)
+    args = (input.contiguous(), offsets.contiguous(), weight, per_sample_weights, MODES[mode], padding,
+            include_last_offset, check, policy)
+    if direct_call(weight, per_sample_weights):
+        return _forward(*args)
+    return torch.ops.torch_l2topo.embedding_bag(*args)
 
 
 def _promoted_indices(input, offsets):
@@ -143,12 +160,8 @@ def _normalized_padding(padding_idx, n_rows: int) -> int:
     return padding_idx % n_rows
 
 
-def _capturing(tensor) -> bool:
-    return tensor.is_cuda and torch.cuda.is_current_stream_capturing()
-
-
 def _check_values(input, offsets, n_rows: int) -> None:
-    """torch's data checks, with its messages: one reduction and one host sync on a GPU."""
+    """torch's data checks on the host, with its messages (CPU tensors)."""
     n = input.numel()
     if offsets.numel() == 0:
         return
@@ -177,24 +190,31 @@ def _pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
-def tile_config(n_indices: int, n_bags: int, dim: int) -> tuple:
-    """(ROWS, BLOCK_D, num_warps) of the kernel: a chunk of ROWS rows covers a typical bag in one step, up to
-    TILE_ELEMENTS per tile, with one warp per ELEMENTS_PER_WARP elements (at most 8)."""
+def tile_config(n_indices: int, n_bags: int, dim: int, itemsize: int = 4) -> tuple:
+    """(ROWS, BLOCK_D, num_warps) of the kernels: a chunk of ROWS rows covers a typical bag in one step, up to
+    TILE_BYTES per tile, with one warp per BYTES_PER_WARP (at most MAX_WARPS)."""
     block_d = _pow2(dim)
     mean_rows = max(1, -(-n_indices // max(n_bags, 1)))
-    rows = min(_pow2(mean_rows), max(1, TILE_ELEMENTS // block_d))
-    return rows, block_d, min(8, max(1, rows * block_d // ELEMENTS_PER_WARP))
+    rows = min(_pow2(mean_rows), max(1, TILE_BYTES // (block_d * itemsize)))
+    return rows, block_d, min(MAX_WARPS, max(1, rows * block_d * itemsize // BYTES_PER_WARP))
 
 
-def launch_kernel(input, offsets, weight, per_sample_weights, out, mode: int, padding_idx: int) -> None:
-    """The forward kernel over every bag of `out` (a plain launch: program p takes bag p)."""
+def launch_kernel(input, offsets, weight, per_sample_weights, out, ok, mode: int, padding_idx: int, policy: str,
+                  config: Optional[tuple] = None) -> None:
+    """The forward kernel over every bag of `out`, placed as `policy` says (policy.launch_placed); `ok` is the
+    check flag (None: no check). config: (ROWS, BLOCK_D, num_warps), default tile_config's."""
     n_bags, dim = out.shape
-    rows, block_d, num_warps = tile_config(input.numel(), n_bags, dim)
+    rows, block_d, num_warps = config or tile_config(input.numel(), n_bags, dim, weight.element_size())
     psw = per_sample_weights if per_sample_weights is not None else out  # never read when HAS_PSW is off
-    torch.library.wrap_triton(embedding_bag_kernel)[(n_bags,)](
-        input, offsets, weight, psw, out, input.numel(), offsets.numel(), weight.size(0), dim, weight.stride(0),
-        padding_idx, MODE=mode, HAS_PSW=per_sample_weights is not None, ROWS=rows, BLOCK_D=block_d,
-        num_warps=num_warps)
+
+    def launch(grid, plan, state, place):
+        triton_launcher(embedding_bag_kernel, out)[(grid,)](
+            input, offsets, weight, psw, out, out if ok is None else ok, input.numel(), offsets.numel(),
+            weight.size(0), dim, weight.stride(0), padding_idx, plan, state, MODE=mode,
+            HAS_PSW=per_sample_weights is not None, CHECK=ok is not None, ROWS=rows, BLOCK_D=block_d, PLACE=place,
+            num_warps=num_warps)
+
+    launch_placed("embedding_bag", policy, launch, n_bags, out)
 
 
 def entry_bags(input, offsets, n_bags: int, include_last_offset: bool, padding_idx: int):
@@ -238,11 +258,11 @@ def _bag_counts(bag, keep, n_bags: int, dtype) -> torch.Tensor:
     return torch.zeros(n_bags, dtype=dtype, device=bag.device).scatter_add_(0, bag, keep.to(dtype))
 
 
-@torch.library.triton_op("torch_l2topo::embedding_bag", mutates_args=())
-def _embedding_bag_op(input: torch.Tensor, offsets: torch.Tensor, weight: torch.Tensor,
-                      per_sample_weights: Optional[torch.Tensor], mode: int, padding_idx: int,
-                      include_last_offset: bool) -> torch.Tensor:
-    """The checked call: 1-D input and offsets of one integer dtype, padding_idx normalized (-1: none)."""
+def _forward(input: torch.Tensor, offsets: torch.Tensor, weight: torch.Tensor,
+             per_sample_weights: Optional[torch.Tensor], mode: int, padding_idx: int, include_last_offset: bool,
+             check: bool, policy: str) -> torch.Tensor:
+    """The op's body (eager calls without autograd run it directly): 1-D input and offsets of one integer dtype,
+    padding_idx normalized (-1: none); check: assert the kernel's data checks (GPU)."""
     n_bags = offsets.size(0) - 1 if include_last_offset else offsets.size(0)
     if n_bags == 0 or input.numel() == 0 or weight.size(1) == 0:
         return weight.new_zeros((n_bags, weight.size(1)))
@@ -255,12 +275,18 @@ def _embedding_bag_op(input: torch.Tensor, offsets: torch.Tensor, weight: torch.
     out = weight.new_empty((n_bags, weight.size(1)))
     if weight.stride(1) != 1:
         weight = weight.contiguous()
-    launch_kernel(input, offsets, weight, per_sample_weights, out, mode, padding_idx)
+    ok = torch.ones(1, dtype=torch.int32, device=weight.device) if check else None
+    launch_kernel(input, offsets, weight, per_sample_weights, out, ok, mode, padding_idx, policy)
+    if check:
+        torch._assert_async(ok, CHECK_MESSAGE)
     return out
 
 
+_embedding_bag_op = torch.library.triton_op("torch_l2topo::embedding_bag", _forward, mutates_args=())
+
+
 def _setup_context(ctx, inputs, output):
-    input, offsets, weight, per_sample_weights, mode, padding_idx, include_last_offset = inputs
+    input, offsets, weight, per_sample_weights, mode, padding_idx, include_last_offset, _, _ = inputs
     ctx.mode, ctx.padding_idx, ctx.include_last_offset = mode, padding_idx, include_last_offset
     ctx.weight_shape = weight.shape
     needs_weight = per_sample_weights is not None and ctx.needs_input_grad[3]
@@ -268,19 +294,32 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, grad):
-    """Dense weight gradient (sum, mean) and per_sample_weights gradient (sum) from PyTorch ops, accumulated in
-    fp32 (fp64 for fp64 tables)."""
+    """Dense weight gradient (sum, mean) and per_sample_weights gradient (sum): the backward kernel on a GPU
+    (embedding_bag_backward), PyTorch ops elsewhere; accumulated in fp32 (fp64 for fp64 tables)."""
     input, offsets, weight, per_sample_weights = ctx.saved_tensors
     if ctx.mode == MODES["max"]:
         raise NotImplementedError("torch_l2topo.ops.embedding_bag: backward is implemented for mode 'sum' and "
                                   "'mean'; train mode 'max' with torch.nn.functional.embedding_bag")
+    need_weight = ctx.needs_input_grad[2]
+    need_psw = per_sample_weights is not None and ctx.needs_input_grad[3]
     n_bags = grad.size(0)
     grad_weight = grad_psw = None
     if n_bags == 0 or input.numel() == 0:
-        grad_weight = grad.new_zeros(ctx.weight_shape) if ctx.needs_input_grad[2] else None
-        if per_sample_weights is not None and ctx.needs_input_grad[3]:
-            grad_psw = torch.zeros_like(per_sample_weights)
-        return None, None, grad_weight, grad_psw, None, None, None
+        grad_weight = grad.new_zeros(ctx.weight_shape) if need_weight else None
+        grad_psw = torch.zeros_like(per_sample_weights) if need_psw else None
+    elif _runs_on_triton(grad):
+        grad_weight, grad_psw = torch.ops.torch_l2topo.embedding_bag_backward(
+            input, offsets, grad.contiguous(), weight, per_sample_weights, ctx.weight_shape[0], ctx.mode,
+            ctx.padding_idx, need_weight, need_psw)
+        grad_weight, grad_psw = (grad_weight if need_weight else None), (grad_psw if need_psw else None)
+    else:
+        grad_weight, grad_psw = _reference_backward(ctx, grad, input, offsets, weight, per_sample_weights,
+                                                    need_weight, need_psw)
+    return None, None, grad_weight, grad_psw, None, None, None, None, None
+
+
+def _reference_backward(ctx, grad, input, offsets, weight, per_sample_weights, need_weight: bool, need_psw: bool):
+    n_bags = grad.size(0)
     bag, keep = entry_bags(input, offsets, n_bags, ctx.include_last_offset, ctx.padding_idx)
     acc = torch.promote_types(grad.dtype, torch.float32)
     scale = keep.to(acc)
@@ -289,14 +328,35 @@ def _backward(ctx, grad):
     elif per_sample_weights is not None:
         scale = scale * per_sample_weights.to(acc)
     grad_rows = grad.to(acc)[bag]
-    if ctx.needs_input_grad[2]:
+    grad_weight = grad_psw = None
+    if need_weight:
         grad_rows_scaled = grad_rows * scale[:, None]
         grad_weight = torch.zeros(ctx.weight_shape, device=grad.device, dtype=acc)
         grad_weight = grad_weight.scatter_add_(0, input.long()[:, None].expand_as(grad_rows_scaled),
                                                grad_rows_scaled).to(grad.dtype)
-    if per_sample_weights is not None and ctx.needs_input_grad[3]:
+    if need_psw:
         grad_psw = ((grad_rows * weight[input].to(acc)).sum(1) * keep).to(per_sample_weights.dtype)
-    return None, None, grad_weight, grad_psw, None, None, None
+    return grad_weight, grad_psw
+
+
+@torch.library.triton_op("torch_l2topo::embedding_bag_backward", mutates_args=())
+def _backward_op(input: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor, weight: Optional[torch.Tensor],
+                 per_sample_weights: Optional[torch.Tensor], n_rows: int, mode: int, padding_idx: int,
+                 need_weight: bool, need_psw: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(grad_weight (n_rows, dim) in grad's dtype, grad_psw) on the GPU; an output not needed is empty. Bags
+    are offsets[:n_bags] with n_bags = grad.size(0) (include_last_offset's last offset ends the last bag)."""
+    n_bags, dim = grad.shape
+    acc = torch.zeros((n_rows, dim) if need_weight else (0, dim), dtype=torch.float32, device=grad.device)
+    grad_psw = (torch.zeros_like(per_sample_weights) if need_psw else grad.new_empty(0))
+    rows, block_d, num_warps = tile_config(input.numel(), n_bags, dim, grad.element_size())
+    w = weight if need_psw else grad  # never read without NEED_PSW
+    psw = per_sample_weights if per_sample_weights is not None else grad  # never read without HAS_PSW
+    triton_launcher(embedding_bag_backward_kernel, grad)[(n_bags,)](
+        input, offsets, grad, w, psw, acc, grad_psw, input.numel(), offsets.numel(), n_rows, dim,
+        w.stride(0) if need_psw else dim, padding_idx, MEAN=mode == MODES["mean"],
+        HAS_PSW=per_sample_weights is not None, NEED_WEIGHT=need_weight, NEED_PSW=need_psw, ROWS=rows,
+        BLOCK_D=block_d, num_warps=num_warps)
+    return acc.to(grad.dtype), grad_psw
 
 
 _embedding_bag_op.register_autograd(_backward, setup_context=_setup_context)

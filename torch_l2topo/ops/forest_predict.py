@@ -10,24 +10,25 @@ forest's own precision (float64 for scikit-learn, float32 for xgboost), adding t
 so the CPU path reproduces the library's own predictions. forest_predict then divides (random forests average)
 and applies the link (sigmoid, softmax, exp) with PyTorch ops. The op is a torch.library.triton_op (no argument
 mutated: the partial sums are allocated inside), so torch.compile(fullgraph=True) traces it and CUDA graphs
-capture it; the forest's tensors are inputs, built outside the region (Forest.to(device) once).
+capture it; the forest's tensors are inputs, built outside the region (Forest.to(device) once). An eager call
+(no autograd: forests are not trained here) calls the op's body directly (policy.direct_call: the dispatcher
+costs tens of microseconds, more than a small batch's kernel).
 
 Work split on a GPU: items are (block of BLOCK_S samples, chunk of trees) pairs; with few sample blocks the trees
 are cut into chunks until there are about ITEMS_PER_SM items per SM (batch 1 on an H200: 132 x 8 items of a
 few dozen trees each), and the chunks' partial sums are added by one torch.sum.
 
-Placement: `policy=` is validated now; the kernel is a plain launch (program p takes item p). The switch to
-the placement layer (contract v2) is: the kernel's ITEM LOOP line becomes the plan_start / plan_next /
-plan_finish loop around `_sample_block` with PLACE a constexpr; the op gains the plan and state tensors as
-inputs (state in mutates_args); `launch_kernel` takes the grid and PLACE from Placement(policy=...); the
-per-partition forest copies of the issue become one more input (nodes per partition) chosen by the item's SM.
+Placement: `policy=` takes the placement policies and "auto" (policy.py says how a call is launched); items are
+the (sample block, tree chunk) pairs.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 
 from .forest import Forest
-from .policy import resolve_policy
+from .policy import check_policy, direct_call, launch_placed, triton_launcher
 
 try:
     from ..triton_kernels.forest import forest_kernel
@@ -45,7 +46,7 @@ def forest_predict(forest: Forest, x: torch.Tensor, *, policy: str = "auto") -> 
     """The forest's prediction for the rows of x (n_samples, n_features): (n_samples,) or (n_samples, outputs).
     x is compared in float32 (as scikit-learn and xgboost do); x and the forest must be on the same device
     (forest.to(device) once)."""
-    resolve_policy(policy, "forest_predict")
+    check_policy(policy)
     if not isinstance(forest, Forest):
         raise TypeError(f"forest_predict takes a Forest (Forest.from_sklearn, Forest.from_xgboost_json); got "
                         f"{type(forest).__name__}")
@@ -60,10 +61,9 @@ def forest_predict(forest: Forest, x: torch.Tensor, *, policy: str = "auto") -> 
     if x.is_cuda and forest.n_outputs > MAX_GPU_OUTPUTS:
         raise ValueError(f"forest_predict on a GPU handles up to {MAX_GPU_OUTPUTS} outputs; this forest has "
                          f"{forest.n_outputs} (run it on the CPU)")
-    raw = torch.ops.torch_l2topo.forest_predict(forest.nodes, forest.values, forest.roots, forest.groups,
-                                                forest.base, x.to(torch.float32).contiguous(), forest.depth)
-    if forest.divisor != 1.0:
-        raw = raw / forest.divisor
+    args = (forest.nodes, forest.values, forest.roots, forest.groups, forest.base,
+            x.to(torch.float32).contiguous(), forest.depth, forest.divisor, policy)
+    raw = _forest_predict(*args) if direct_call(x) else torch.ops.torch_l2topo.forest_predict(*args)
     if forest.transform == "sigmoid":
         out = torch.sigmoid(raw)
     elif forest.transform == "sigmoid_pair":
@@ -98,16 +98,28 @@ def work_split(n_samples: int, n_trees: int, n_sm: int) -> tuple:
     return block_s, block_t, n_blocks, -(-n_trees // trees_per_chunk), trees_per_chunk
 
 
-def launch_kernel(nodes, values, roots, groups, base, x, depth: int, n_sm: int) -> torch.Tensor:
-    """The kernel over every (sample block, tree chunk) item: the raw sums (n_samples, n_outputs), float32."""
+@functools.lru_cache(maxsize=None)
+def sm_count(index: int) -> int:
+    """SMs of CUDA device `index` (cached: reading the properties costs microseconds per call)."""
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def launch_kernel(nodes, values, roots, groups, base, x, depth: int, divisor: float, n_sm: int,
+                  policy: str) -> torch.Tensor:
+    """The kernel over every (sample block, tree chunk) item, placed as `policy` says: the sums (n_samples,
+    n_outputs) over divisor, float32."""
     n, n_features = x.shape
     n_trees, n_outputs = roots.numel(), base.numel()
     block_s, block_t, n_blocks, n_chunks, trees_per_chunk = work_split(n, n_trees, n_sm)
     partial = torch.empty((n_chunks, n, n_outputs), dtype=torch.float32, device=x.device)
-    torch.library.wrap_triton(forest_kernel)[(n_blocks * n_chunks,)](
-        nodes, values, roots, groups, base, x, partial, n, n_features, n_trees, trees_per_chunk, n_chunks, depth,
-        n_outputs, values.shape[1], BLOCK_S=block_s, BLOCK_T=block_t, OUT_PAD=_pow2(n_outputs),
-        VECTOR_LEAVES=values.shape[1] > 1, num_warps=4)
+
+    def launch(grid, plan, state, place):
+        triton_launcher(forest_kernel, partial)[(grid,)](
+            nodes, values, roots, groups, base, x, partial, n, n_features, n_trees, trees_per_chunk, n_chunks,
+            depth, n_outputs, values.shape[1], 1.0 / divisor, plan, state, BLOCK_S=block_s, BLOCK_T=block_t,
+            OUT_PAD=_pow2(n_outputs), VECTOR_LEAVES=values.shape[1] > 1, PLACE=place, num_warps=4)
+
+    launch_placed("forest_predict", policy, launch, n_blocks * n_chunks, partial)
     return partial[0] if n_chunks == 1 else partial.sum(0)
 
 
@@ -138,11 +150,13 @@ def reference_walk(nodes, values, roots, groups, base, x, depth: int) -> torch.T
     return acc
 
 
-@torch.library.triton_op("torch_l2topo::forest_predict", mutates_args=())
-def _forest_predict_op(nodes: torch.Tensor, values: torch.Tensor, roots: torch.Tensor, groups: torch.Tensor,
-                       base: torch.Tensor, x: torch.Tensor, depth: int) -> torch.Tensor:
-    """Raw sums (n_samples, n_outputs) of a laid-out forest (forest.py) for float32 rows x."""
+def _forest_predict(nodes: torch.Tensor, values: torch.Tensor, roots: torch.Tensor, groups: torch.Tensor,
+                    base: torch.Tensor, x: torch.Tensor, depth: int, divisor: float, policy: str) -> torch.Tensor:
+    """The sums (n_samples, n_outputs) of a laid-out forest (forest.py) for float32 rows x, over divisor."""
     if not _runs_on_triton(x) or x.shape[0] == 0:
-        return reference_walk(nodes, values, roots, groups, base, x, depth)
-    n_sm = torch.cuda.get_device_properties(x.device).multi_processor_count
-    return launch_kernel(nodes, values, roots, groups, base, x, depth, n_sm)
+        raw = reference_walk(nodes, values, roots, groups, base, x, depth)
+        return raw if divisor == 1.0 else raw / divisor
+    return launch_kernel(nodes, values, roots, groups, base, x, depth, divisor, sm_count(x.device.index), policy)
+
+
+_forest_predict_op = torch.library.triton_op("torch_l2topo::forest_predict", _forest_predict, mutates_args=())

@@ -1,24 +1,91 @@
-"""The `policy=` argument of the ops: validated against the placement policies, resolved to the launch used.
+"""How an op call launches: straight to its implementation or through the dispatcher, and under which placement.
 
-Every op accepts the placement layer's policies and "auto". Until the ops' kernels run their item loop through
-the placement helpers (contract v2: plan_start / plan_next / plan_finish, issue 16), only the plain launch
-exists: "auto" resolves to it (the issue's rule: where placement does not pay, or cannot run, an op runs as a
-plain launch) and a named placement policy is a clear PlacementError, never a silent plain launch.
+The `policy=` argument of the ops takes the placement layer's policies and "auto". Each op kernel runs its item
+loop on the placement helpers (plan_start / plan_next / plan_finish) with PLACE a constexpr, so a plain launch
+(PLACE_DIRECT) compiles to the machine code of a kernel written without them. `launch_placed` runs one call:
+- "plain", and every call that cannot hold host state (inside torch.compile, under fake or functional tensors,
+  during CUDA graph capture before a decision exists): a plain launch, one program per item;
+- another policy, in eager mode: through a placement.sm_aware.Placement of that policy kept per op (plans at
+  fixed addresses, so a graph captured later replays them);
+- "auto": a plain launch. Measured on the H200 (benchmarks/results/ops_h200.json, 2026-12-01): with Placement's
+  own "auto" behind it, the only candidate besides plain for these ops is a persistent grid (no item classes:
+  every bag and tree chunk reads data homed in both L2 partitions), its trials timed the host more than the
+  kernel, and it settled on "weighted x1" for forests of 65,536 samples, 4.9-7.1x slower than plain.
+
+`triton_launcher` gives the op bodies the raw kernel where they run eagerly on real tensors and the
+torch.library-wrapped one where they are traced: outside a triton_op's own eager call, wrap_triton launches
+through a higher-order op (about 0.4 ms per call measured on the H200, against ~0.13 ms through the op).
+
+`direct_call` says when an op may skip the torch.library dispatcher and call its implementation (the same
+function the custom op runs): eager, plain tensors, no tensor needing a gradient, no dispatch or function mode
+and no functorch transform active. The dispatcher costs tens of microseconds per call (the custom op, its
+autograd wrapper, the redispatch), more than a small launch's whole kernel.
 """
 from __future__ import annotations
 
-from ..errors import PlacementError, check_choice
+import torch
+
+from ..errors import check_choice
+from ..layout import PLACE_DIRECT
 from ..placement.plans import POLICIES
 
 AUTO = "auto"
 PLAIN = "plain"
 POLICY_CHOICES = (*POLICIES, AUTO)
 
+_placements: dict = {}    # (op, policy) -> Placement
+_unread: dict = {}        # device -> (plan, state) of plain launches
 
-def resolve_policy(policy: str, op: str) -> str:
-    """The launch an op call runs with: "plain" for "plain" and "auto"; other policies are not available yet."""
+
+def check_policy(policy: str) -> str:
     check_choice("policy", policy, POLICY_CHOICES)
-    if policy in (PLAIN, AUTO):
-        return PLAIN
-    raise PlacementError(f"{op}: policy {policy!r} is not available yet (the ops' kernels are plain launches "
-                         f"until they run on the placement helpers); use policy='auto' or 'plain'")
+    return policy
+
+
+def direct_call(*tensors) -> bool:
+    """True when calling an op's implementation directly does what the dispatcher would do (module doc)."""
+    if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack()
+            or torch._C._is_torch_function_mode_enabled() or torch._C._are_functorch_transforms_active()):
+        return False
+    grad = torch.is_grad_enabled()
+    return all(t is None or (type(t) is torch.Tensor and not (grad and t.requires_grad)) for t in tensors)
+
+
+def _traced(tensor) -> bool:
+    return type(tensor) is not torch.Tensor or torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack()
+
+
+def triton_launcher(kernel, like: torch.Tensor):
+    """`kernel` itself on real tensors outside tracing, else torch.library.wrap_triton(kernel) (module doc)."""
+    return torch.library.wrap_triton(kernel) if _traced(like) else kernel
+
+
+def _eager(tensor) -> bool:
+    """A real CUDA tensor outside compilation and capture: where Placement (host state, events) may run."""
+    return not _traced(tensor) and tensor.is_cuda and not torch.cuda.is_current_stream_capturing()
+
+
+def _unread_plan(like: torch.Tensor) -> tuple:
+    """(plan, state) of a plain launch: never read (PLACE_DIRECT), but typed as the helpers declare them (int32,
+    int64: Triton 3.6 type-checks the helpers' other modes too); kept per device in eager mode."""
+    if not _eager(like):
+        return (torch.empty(0, dtype=torch.int32, device=like.device),
+                torch.empty(0, dtype=torch.int64, device=like.device))
+    key = (like.device.type, like.device.index)
+    if key not in _unread:
+        _unread[key] = (torch.empty(1, dtype=torch.int32, device=like.device),
+                        torch.empty(1, dtype=torch.int64, device=like.device))
+    return _unread[key]
+
+
+def launch_placed(op: str, policy: str, launch, n_items: int, like: torch.Tensor) -> None:
+    """launch(grid, plan, state, place) once over n_items items on `like`'s device, as policy says (module doc)."""
+    if policy in (PLAIN, AUTO) or not _eager(like):
+        launch(n_items, *_unread_plan(like), PLACE_DIRECT)
+        return
+    placement = _placements.get((op, policy))
+    if placement is None:
+        from ..placement.sm_aware import Placement
+
+        placement = _placements[(op, policy)] = Placement(policy=policy)
+    placement(launch, n_items=n_items, device=like.device)

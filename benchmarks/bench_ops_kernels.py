@@ -1,0 +1,105 @@
+"""The embedding-bag kernel's tile choices and the ops' host cost per call, measured (what tile_config and the
+eager fast path are set from).
+
+- tiles: the forward kernel alone (a CUDA graph of GRAPH_CALLS launches, so no host cost is timed) at the
+  issue's target shape (65,536 bags x 32 rows of 64 fp32, a 16 MB table) and at the bf16 row that measured
+  slower than torch (128 bf16 rows, a 1 GB table), for (ROWS, num_warps) around tile_config's choice.
+- host: eager calls back to back at one bag of 32 rows (the kernel takes microseconds, so the time per call is
+  the host's): torch's F.embedding_bag, ours (checked, the default), ours unchecked, ours through the
+  torch.library dispatcher (what a call needing autograd pays), and forest_predict on one sample.
+
+    python benchmarks/bench_ops_kernels.py --out benchmarks/results/ops_kernels_h200.json
+"""
+from __future__ import annotations
+
+from bench_ops import gpu_rounds, graphed
+from common import gpu_parser, write_result
+
+GRAPH_CALLS = 20
+SHAPES = {  # name: (table MB, dim, dtype, rows per bag, bags)
+    "target_fp32": (16, 64, "float32", 32, 65536),
+    "bf16_1GB": (1024, 128, "bfloat16", 32, 65536),
+}
+VARIANTS = [(rows, warps) for rows in (16, 32) for warps in (1, 2, 4, 8)]
+
+
+def _bags(table_mb, dim, dtype_name, bag, batch):
+    import torch
+
+    dtype = getattr(torch, dtype_name)
+    n_rows = (table_mb << 20) // (dim * dtype.itemsize)
+    weight = torch.randn(n_rows, dim, device="cuda", dtype=dtype)
+    input = torch.randint(0, n_rows, (bag * batch,), device="cuda")
+    return weight, input, torch.arange(0, bag * batch, bag, device="cuda")
+
+
+def tiles(reps: int) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    from torch_l2topo.ops import embedding_bag as _  # noqa: F401  (registers the op)
+    from torch_l2topo.ops.embedding_bag import MODES, launch_kernel, tile_config
+
+    out = {}
+    for name, shape in SHAPES.items():
+        weight, input, offsets = _bags(*shape)
+        result = weight.new_empty(offsets.numel(), weight.size(1))
+        default = tile_config(input.numel(), offsets.numel(), weight.size(1), weight.element_size())
+        calls = {"torch": lambda: F.embedding_bag(input, weight, offsets, mode="sum")}
+        for rows, warps in VARIANTS:
+            config = (rows, default[1], warps)
+            calls[f"rows{rows}_w{warps}"] = (lambda c=config: launch_kernel(
+                input, offsets, weight, None, result, None, MODES["sum"], -1, "plain", config=c))
+        checked = torch.ones(1, dtype=torch.int32, device="cuda")
+        calls["default_checked"] = lambda: (launch_kernel(input, offsets, weight, None, result, checked, MODES["sum"],
+                                                          -1, "plain"), torch._assert_async(checked))
+        times = gpu_rounds({k: graphed(f, GRAPH_CALLS) for k, f in calls.items()}, reps)
+        bytes_read = input.numel() * weight.size(1) * weight.element_size()
+        out[name] = {"default": list(default), "bytes_read": bytes_read, "impl": {
+            k: {**t, "ms_per_call": t["p50"] / GRAPH_CALLS, "tb_per_s": bytes_read / (t["p50"] / GRAPH_CALLS) / 1e9}
+            for k, t in times.items()}}
+        best = min(out[name]["impl"], key=lambda k: out[name]["impl"][k]["p50"])
+        print(name, "default", default, {k: round(v["ms_per_call"], 4) for k, v in out[name]["impl"].items()},
+              "best", best, flush=True)
+    return out
+
+
+def host(reps: int) -> dict:
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+    from sklearn.ensemble import RandomForestClassifier
+
+    from torch_l2topo.ops import Forest, embedding_bag, forest_predict
+
+    weight, input, offsets = _bags(16, 64, "float32", 32, 1)
+    args = (input, offsets, weight, None, 0, -1, False)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(4000, 16)).astype(np.float32)
+    model = RandomForestClassifier(n_estimators=100, max_depth=8, random_state=0).fit(x, x[:, 0] > 0)
+    forest = Forest.from_sklearn(model).to("cuda")
+    x1 = torch.from_numpy(x[:1]).cuda()
+    calls = {
+        "F.embedding_bag": lambda: F.embedding_bag(input, weight, offsets, mode="sum"),
+        "ours": lambda: embedding_bag(input, weight, offsets, mode="sum"),
+        "ours_unchecked": lambda: embedding_bag(input, weight, offsets, mode="sum", check_indices=False),
+        "ours_via_dispatcher": lambda: torch.ops.torch_l2topo.embedding_bag(*args, True, "plain"),
+        "forest_predict_batch1": lambda: forest_predict(forest, x1),
+    }
+    times = gpu_rounds(calls, reps)
+    print("host ms per call", {k: round(v["p50"], 4) for k, v in times.items()}, flush=True)
+    return times
+
+
+def main(argv=None) -> dict:
+    args = gpu_parser(__doc__, reps=7).parse_args(argv)
+    import torch
+
+    torch.cuda.set_device(args.device)
+    figures = {"reps": args.reps, "graph_calls": GRAPH_CALLS, "host": host(args.reps), "tiles": tiles(args.reps)}
+    write_result(args.out, figures, args.device)
+    return figures
+
+
+if __name__ == "__main__":
+    main()
