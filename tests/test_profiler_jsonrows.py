@@ -42,3 +42,33 @@ def test_cta_slices_json_is_their_dicts(kernel):
     by_program = {ev["args"]["program"]: ev for ev in slices.dicts()}
     assert all(("near" in by_program[p]["args"]) == (near[p] >= 0) for p in range(n))
     assert all(by_program[p]["dur"] >= 0 for p in range(n))  # an end before its start is clamped
+
+
+def _lanes_reference(sm, start, end):
+    """Greedy lanes the slow way: per SM in start order, the lowest lane whose last CTA ended by this start."""
+    lane = np.zeros(len(sm), np.int64)
+    last_end: dict = {}
+    for i in np.lexsort((start, sm)).tolist():
+        ends = last_end.setdefault(int(sm[i]), [])
+        k = next((j for j, e in enumerate(ends) if e <= start[i]), len(ends))
+        ends[k:k + 1] = [end[i]]
+        lane[i] = k
+    return lane
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_lanes_are_the_greedy_lowest_free_lane(seed):
+    from torch_l2topo.profiler.tracks import lanes
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 3000))
+    sm = rng.integers(0, [1, 3, 132][seed % 3], n)
+    start = rng.integers(0, 10**5, n)
+    end = start + rng.integers(0, [10, 10**3, 10**5][seed // 2], n)
+    got = lanes(sm, start, end)
+    assert (got == _lanes_reference(sm, start, end)).all()
+    for s in np.unique(sm):  # and no two CTAs of one lane overlap
+        for k in np.unique(got[sm == s]):
+            rows = np.flatnonzero((sm == s) & (got == k))
+            o = rows[np.lexsort((end[rows], start[rows]))]
+            assert (start[o][1:] >= end[o][:-1]).all()

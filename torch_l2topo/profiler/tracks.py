@@ -10,7 +10,6 @@ metrics of metrics.py. Times: trace ns in, Kineto's microseconds out.
 """
 from __future__ import annotations
 
-import heapq
 import json
 from dataclasses import dataclass
 
@@ -35,27 +34,34 @@ def us(ns) -> float:
 
 
 def lanes(sm: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """Per CTA, the lowest lane of its SM free at its start (greedy in start order)."""
+    """Per CTA, the lowest lane of its SM free at its start (greedy in start order; a lane is free once its last
+    CTA has ended). Vectorized across SMs: step k places the k-th CTA of every SM at once, against a matrix of
+    each SM's lanes and the time each frees up (a plain launch puts 10^2-10^3 CTAs on an SM per cycle)."""
     lane = np.zeros(len(sm), np.int64)
     order = np.lexsort((start, sm))
     s_sorted, st, en = sm[order], start[order], end[order]
     same = s_sorted[1:] == s_sorted[:-1]
     if not (same & (st[1:] < en[:-1])).any():
         return lane  # the common case: one CTA at a time on every SM, all in lane 0
-    free: list = []   # (end, lane) of the lanes in use on the current SM
-    spare: list = []  # lanes given back
-    used, current = 0, None
-    for i, (s, t0, t1) in enumerate(zip(s_sorted.tolist(), st.tolist(), en.tolist())):
-        if s != current:
-            free, spare, used, current = [], [], 0, s
-        while free and free[0][0] <= t0:
-            heapq.heappush(spare, heapq.heappop(free)[1])
-        if spare:
-            k = heapq.heappop(spare)
-        else:
-            k, used = used, used + 1
-        heapq.heappush(free, (t1, k))
-        lane[order[i]] = k
+    _, first, counts = np.unique(s_sorted, return_index=True, return_counts=True)
+    group = np.repeat(np.arange(len(counts)), counts)      # the SM's row in `free`
+    rank = np.arange(len(s_sorted)) - np.repeat(first, counts)  # k: the CTA's place in its SM's start order
+    by_rank = np.argsort(rank, kind="stable")
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(rank))])
+    never = np.iinfo(np.int64).min
+    free = np.full((len(counts), 1), never, np.int64)     # per SM and lane: when the lane frees up
+    placed = np.empty(len(s_sorted), np.int64)
+    for k in range(len(bounds) - 1):
+        rows = by_rank[bounds[k]:bounds[k + 1]]
+        g = group[rows]
+        fits = free[g] <= st[rows][:, None]
+        if not fits.any(axis=1).all():  # some SM has every lane busy: one more lane for all
+            free = np.concatenate([free, np.full((len(counts), 1), never, np.int64)], axis=1)
+            fits = free[g] <= st[rows][:, None]
+        chosen = fits.argmax(axis=1)  # lanes beyond an SM's used ones never ran a CTA: the lowest free is right
+        free[g, chosen] = en[rows]
+        placed[rows] = chosen
+    lane[order] = placed
     return lane
 
 
