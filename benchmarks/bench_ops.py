@@ -57,8 +57,9 @@ DEVICE = "cuda"              # tests/test_ops_bench.py runs the row functions on
 
 
 def gpu_rounds(launches: dict, reps: int) -> dict:
-    """{name: quantiles of ms per call}: `inner` calls of each entry between two events, entries interleaved
-    within each of `reps` rounds (after one warm-up round); `inner` sized from one probe call."""
+    """{name: quantiles of ms per call}: `inner` calls of each entry between two events, from an idle GPU,
+    entries interleaved within each of `reps` rounds (after one warm-up round); `inner` sized from one probe
+    call."""
     import torch
 
     inner = {}
@@ -78,6 +79,9 @@ def gpu_rounds(launches: dict, reps: int) -> dict:
         for name in names[r % len(names):] + names[:r % len(names)]:
             launch = launches[name]
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            # an empty queue at the start: work still queued from the entry before would hide this entry's host
+            # time (its calls queue up behind it), so eager rows depended on which entry ran before them
+            torch.cuda.synchronize()
             start.record()
             for _ in range(inner[name]):
                 launch()

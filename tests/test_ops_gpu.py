@@ -113,7 +113,13 @@ def test_embedding_bag_gradients_match_torch(mode, dtype):
     input, offsets = _bag_case(7, 200, 30)
     base = torch.randn(N_ROWS, 64, device="cuda").to(dtype)
     grads = []
-    for fn in (embedding_bag, F.embedding_bag):
+
+    def reference(input, weight, offsets, per_sample_weights=None, **options):
+        # in fp32: torch has no bf16 per_sample_weights backward on CUDA; the casts carry the gradients back
+        psw = None if per_sample_weights is None else per_sample_weights.float()
+        return F.embedding_bag(input, weight.float(), offsets, per_sample_weights=psw, **options)
+
+    for fn in (embedding_bag, reference):
         weight = base.clone().requires_grad_()
         psw = (torch.linspace(-1, 1, input.numel(), device="cuda").to(dtype).requires_grad_() if mode == "sum"
                else None)

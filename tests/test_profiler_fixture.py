@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 
 from torch_l2topo.profiler.align import TICK_NS
+from torch_l2topo.profiler.enrich import enrich
 from torch_l2topo.profiler.offline import MANIFEST, enrich_raw, load_raw
-from torch_l2topo.profiler.readback import launches
+from torch_l2topo.profiler.readback import calibrations, launches, recorded_ctas
 from torch_l2topo.profiler.summary import summarize
-from torch_l2topo.profiler.tracefile import L2MAP_PID, write_trace
+from torch_l2topo.profiler.tracefile import L2MAP_PID, load_trace, strip, write_trace
 from torch_l2topo.profiler.tracks import CTA_CATEGORY
 
 DATA = Path(__file__).resolve().parent / "data" / "profiler"
@@ -77,6 +78,32 @@ def test_hta_breakdown_is_unchanged(fixture, tmp_path):
     write_trace(out, tmp_path / "rich" / "rank0.json")
     plain = hta.TraceAnalysis(trace_dir=str(tmp_path / "plain")).get_gpu_kernel_breakdown(visualize=False)
     rich = hta.TraceAnalysis(trace_dir=str(tmp_path / "rich")).get_gpu_kernel_breakdown(visualize=False)
+    _same_breakdown(plain, rich)
+
+
+def _same_breakdown(plain, rich):
     for a, b in zip(plain, rich):
         assert a.sort_values(list(a.columns)).reset_index(drop=True).equals(
             b.sort_values(list(b.columns)).reset_index(drop=True))
+
+
+BIG_TRACE = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "profiler" / \
+    "profiler_h200_75a660730c29_trace.json.gz"
+
+
+@pytest.mark.skipif(not BIG_TRACE.exists(), reason="the benchmark's trace is not committed")
+def test_hta_reads_a_large_enriched_h200_trace(tmp_path):
+    """The last trace of bench_profiler on an H200 (65,536 CTAs of the example's gather), stripped and enriched
+    again by this code from its own records and calibration: HTA's kernel breakdown equals the stripped trace's.
+    HTA 0.5 narrows its correlation columns to the ids' range and then stores event indices there; with pandas
+    >= 3 that failed on this trace as the device enriched it (tracks.launch_event says what fixed it)."""
+    hta = pytest.importorskip("hta.trace_analysis", reason="holistictraceanalysis is not installed")
+    recorded = load_trace(BIG_TRACE)
+    plain = strip(recorded)
+    rich = enrich(plain, maps=calibrations(recorded), records=recorded_ctas(recorded))
+    assert sum(ev.get("cat") == CTA_CATEGORY for ev in rich["traceEvents"]) == 65_536
+    assert len(rich["traceEvents"]) > 2 ** 15  # past what an int16 index holds
+    write_trace(plain, tmp_path / "plain" / "rank0.json")
+    write_trace(rich, tmp_path / "rich" / "rank0.json")
+    _same_breakdown(hta.TraceAnalysis(trace_dir=str(tmp_path / "plain")).get_gpu_kernel_breakdown(visualize=False),
+                    hta.TraceAnalysis(trace_dir=str(tmp_path / "rich")).get_gpu_kernel_breakdown(visualize=False))

@@ -14,9 +14,9 @@ Where it runs: fp32, bf16 and fp16 tables on a CUDA device through the Triton ke
 (fp64 with include_last_offset: torch 2.13's fp64 CPU path ignores offsets[-1]) and for fp64 tables on a GPU,
 through `reference_bags`, the kernel's semantics in PyTorch ops (tested against torch's op, and sharing its bag
 assignment with the backward). The op is
-`torch.ops.torch_l2topo.embedding_bag`, a torch.library.triton_op: its body calls only PyTorch ops and the
-wrapped kernel (mutates nothing: the output is allocated inside), so torch.compile(fullgraph=True) traces into
-it and CUDA graphs capture it.
+`torch.ops.torch_l2topo.embedding_bag`, a torch.library custom op whose fake implementation is its own body
+(policy.triton_launcher: on fake tensors the body only allocates): torch.compile(fullgraph=True) keeps it as
+one opaque call and CUDA graphs capture it; it mutates nothing (the output is allocated inside).
 
 Data checks (indices inside the table, offsets[0] == 0, offsets non-decreasing and ending inside the input):
 on a GPU the kernel checks them as it reads (no extra pass, no host sync) and clears a flag that
@@ -282,7 +282,8 @@ def _forward(input: torch.Tensor, offsets: torch.Tensor, weight: torch.Tensor,
     return out
 
 
-_embedding_bag_op = torch.library.triton_op("torch_l2topo::embedding_bag", _forward, mutates_args=())
+_embedding_bag_op = torch.library.custom_op("torch_l2topo::embedding_bag", _forward, mutates_args=())
+_embedding_bag_op.register_fake(_forward)  # the body on fake tensors: allocations only (policy.triton_launcher)
 
 
 def _setup_context(ctx, inputs, output):
@@ -339,8 +340,7 @@ def _reference_backward(ctx, grad, input, offsets, weight, per_sample_weights, n
     return grad_weight, grad_psw
 
 
-@torch.library.triton_op("torch_l2topo::embedding_bag_backward", mutates_args=())
-def _backward_op(input: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor, weight: Optional[torch.Tensor],
+def _backward_impl(input: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor, weight: Optional[torch.Tensor],
                  per_sample_weights: Optional[torch.Tensor], n_rows: int, mode: int, padding_idx: int,
                  need_weight: bool, need_psw: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(grad_weight (n_rows, dim) in grad's dtype, grad_psw) on the GPU; an output not needed is empty. Bags
@@ -357,6 +357,10 @@ def _backward_op(input: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor,
         HAS_PSW=per_sample_weights is not None, NEED_WEIGHT=need_weight, NEED_PSW=need_psw, ROWS=rows,
         BLOCK_D=block_d, num_warps=num_warps)
     return acc.to(grad.dtype), grad_psw
+
+
+_backward_op = torch.library.custom_op("torch_l2topo::embedding_bag_backward", _backward_impl, mutates_args=())
+_backward_op.register_fake(_backward_impl)
 
 
 _embedding_bag_op.register_autograd(_backward, setup_context=_setup_context)

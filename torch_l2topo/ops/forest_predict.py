@@ -8,10 +8,11 @@ The op `torch.ops.torch_l2topo.forest_predict` returns the raw sums (base + ever
 on a CUDA device the kernel of triton_kernels/forest.py (float32), elsewhere the same walk in PyTorch ops, in the
 forest's own precision (float64 for scikit-learn, float32 for xgboost), adding trees in order from the base,
 so the CPU path reproduces the library's own predictions. forest_predict then divides (random forests average)
-and applies the link (sigmoid, softmax, exp) with PyTorch ops. The op is a torch.library.triton_op (no argument
-mutated: the partial sums are allocated inside), so torch.compile(fullgraph=True) traces it and CUDA graphs
-capture it; the forest's tensors are inputs, built outside the region (Forest.to(device) once). An eager call
-(no autograd: forests are not trained here) calls the op's body directly (policy.direct_call: the dispatcher
+and applies the link (sigmoid, softmax, exp) with PyTorch ops. The op is a torch.library custom op (no
+argument mutated: the partial sums are allocated inside) whose fake implementation is its own body, so
+torch.compile(fullgraph=True) keeps it as one call and CUDA graphs capture it; the forest's tensors are
+inputs, built outside the region (Forest.to(device) once). An eager call (no autograd: forests are not
+trained here) calls the op's body directly (policy.direct_call: the dispatcher
 costs tens of microseconds, more than a small batch's kernel).
 
 Work split on a GPU: items are (block of BLOCK_S samples, chunk of trees) pairs; with few sample blocks the trees
@@ -159,4 +160,5 @@ def _forest_predict(nodes: torch.Tensor, values: torch.Tensor, roots: torch.Tens
     return launch_kernel(nodes, values, roots, groups, base, x, depth, divisor, sm_count(x.device.index), policy)
 
 
-_forest_predict_op = torch.library.triton_op("torch_l2topo::forest_predict", _forest_predict, mutates_args=())
+_forest_predict_op = torch.library.custom_op("torch_l2topo::forest_predict", _forest_predict, mutates_args=())
+_forest_predict_op.register_fake(_forest_predict)  # the body on fake tensors: allocations only

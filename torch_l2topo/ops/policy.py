@@ -12,9 +12,13 @@ loop on the placement helpers (plan_start / plan_next / plan_finish) with PLACE 
   every bag and tree chunk reads data homed in both L2 partitions), its trials timed the host more than the
   kernel, and it settled on "weighted x1" for forests of 65,536 samples, 4.9-7.1x slower than plain.
 
-`triton_launcher` gives the op bodies the raw kernel where they run eagerly on real tensors and the
-torch.library-wrapped one where they are traced: outside a triton_op's own eager call, wrap_triton launches
-through a higher-order op (about 0.4 ms per call measured on the H200, against ~0.13 ms through the op).
+The ops are torch.library custom ops, opaque to torch.compile, whose fake implementation is their own body:
+`triton_launcher` gives that body the raw kernel on real tensors and, on fake tensors, a launcher that
+launches nothing, so the body only allocates its outputs. (They were triton_ops, traced through
+wrap_triton: on torch 2.11 with Triton 3.6 opcheck's test_aot_dispatch_dynamic failed on the H200, 2026-12-01,
+every element of the compiled forward's output wrong, as when wrap_triton's mutation analysis misses a store
+(the kernels' item loop is a `while`: pytorch/pytorch#173795). Outside a triton_op's own eager call,
+wrap_triton also launched through a higher-order op, about 0.4 ms per call there.)
 
 `direct_call` says when an op may skip the torch.library dispatcher and call its implementation (the same
 function the custom op runs): eager, plain tensors, no tensor needing a gradient, no dispatch or function mode
@@ -55,9 +59,17 @@ def _traced(tensor) -> bool:
     return type(tensor) is not torch.Tensor or torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack()
 
 
+class _NoLaunch:
+    """What the ops' fake implementations launch: nothing (their outputs are allocated before the launch)."""
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
 def triton_launcher(kernel, like: torch.Tensor):
-    """`kernel` itself on real tensors outside tracing, else torch.library.wrap_triton(kernel) (module doc)."""
-    return torch.library.wrap_triton(kernel) if _traced(like) else kernel
+    """`kernel` on real tensors; under fake or traced tensors (the op's fake implementation, which is the op's
+    own body run for shapes) a launcher that launches nothing (module doc)."""
+    return _NoLaunch() if _traced(like) else kernel
 
 
 def _eager(tensor) -> bool:

@@ -23,6 +23,7 @@ LAUNCH_TID = (1 << 31) - 1      # the per-launch track, sorted first
 CTA_CATEGORY = "l2topo.cta"
 LAUNCH_CATEGORY = "l2topo.launch"
 COUNTER_CATEGORY = "l2topo.latency"
+NO_CORRELATION = -(1 << 31)     # launch_event
 
 
 def pid_of(device: int) -> int:
@@ -169,5 +170,10 @@ def cta_slices(device: int, kernel: str, source: str, columns: dict, lane, launc
 
 
 def launch_event(device: int, kernel: str, start_ns: int, end_ns: int, args: dict) -> dict:
+    """The slice of one instrumented launch. Its "correlation" is NO_CORRELATION, an id no profiler event has,
+    so tools that link events by correlation link nothing of ours; it also keeps HolisticTraceAnalysis 0.5's
+    correlation columns 32 bits wide: it narrows them to the ids' range (int16 for a short run's small ids)
+    and later stores event indices there, which fails (pandas >= 3) once our CTA events push a trace past
+    32,767 events."""
     return {"ph": "X", "cat": LAUNCH_CATEGORY, "name": kernel, "pid": pid_of(device), "tid": LAUNCH_TID,
-            "ts": us(start_ns), "dur": us(end_ns - start_ns), "args": args}
+            "ts": us(start_ns), "dur": us(end_ns - start_ns), "args": {**args, "correlation": NO_CORRELATION}}
