@@ -12,9 +12,10 @@
    enriched and written by the background worker: the default) and torch_l2topo.profile(background=False)
    (enriched inline); the variants rotate order between rounds. Figures: wall time per cycle including the
    block's end (which waits for the worker; the target: <= 2% more than plain), the loop alone and the end
-   alone, the GPU time of the active steps (the recorder's device-side cost), the enrichment's own time per
-   trace, the time the loop spends in our on_trace_ready handler (drain, export, hand-off or inline
-   enrichment), and a floor: writing the enriched trace's bytes alone. --heavy-ms repeats it with a larger
+   alone, every cycle after a block's first (a long run's steady state), the GPU time of the active steps
+   (the recorder's device-side cost), the enrichment's own time per trace, the time the loop spends in our
+   on_trace_ready handler (drain, export, hand-off or inline enrichment), and a floor: writing the enriched
+   trace's bytes alone. --heavy-ms repeats it with a larger
    step (the same instrumented op plus matmuls), where a cycle outlasts the enrichment.
 3. Coverage: in the last enriched trace, every CTA of every instrumented launch appears once, on an SM of
    the GPU, inside its kernel's event (max misalignment in ns; %globaltimer ticks every 32 ns on Hopper).
@@ -96,17 +97,19 @@ def model_step(dev):
     return step, "demo model (row_sums + nn.Linear): placement contract v2 not merged, no @sm_aware gather yet"
 
 
-def _loop(step, make_profiler, cycles: int, gpu_ms: list) -> tuple:
+def _loop(step, make_profiler, cycles: int, gpu_ms: list, later_cycles: list) -> tuple:
     """(loop seconds, exit seconds) of `cycles` profiled cycles in one profiler block (each: wait 1, warmup 1,
     ACTIVE active steps, then its trace handler); the loop ends after the last step, the exit is the block's
     end (for torch_l2topo.profile: waiting for the traces still in the worker). Appends each cycle's active
-    steps' CUDA-event ms to gpu_ms."""
+    steps' CUDA-event ms to gpu_ms, and the wall seconds of every cycle after the first (the steady state of
+    a long run: the worker has started) to later_cycles."""
     sched = torch.profiler.schedule(wait=1, warmup=1, active=ACTIVE, repeat=cycles)
-    events = []
+    events, starts = [], []
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     with make_profiler(sched) as prof:
         for c in range(cycles):
+            starts.append(time.perf_counter())
             for i in range(2 + ACTIVE):
                 if i == 2:
                     events.append(torch.cuda.Event(enable_timing=True))
@@ -120,6 +123,7 @@ def _loop(step, make_profiler, cycles: int, gpu_ms: list) -> tuple:
     t_exit = time.perf_counter()
     torch.cuda.synchronize()
     gpu_ms += [a.elapsed_time(b) for a, b in zip(events[::2], events[1::2])]
+    later_cycles += np.diff(starts[1:] + [t_loop]).tolist()
     return t_loop - t0, t_exit - t_loop
 
 
@@ -185,20 +189,21 @@ def overhead(dev, reps: int, work: Path, cycles: int, step, which: str) -> tuple
                 "inline": lambda sched: session.profile(work / "inline", activities=acts, schedule=sched,
                                                         devices=[dev.index], background=False)}
     loop = {k: [] for k in variants}
+    later = {k: [] for k in variants}
     exit_s = {k: [] for k in variants}
     gpu = {k: [] for k in variants}
     session.run, session.TraceHandler.__call__ = timed_run, timed_call
     try:
         with torch.no_grad():
             for name, make in variants.items():  # warm: compile, first exports, worker imports
-                _loop(step, make, 1, [])
+                _loop(step, make, 1, [], [])
             post.clear()
             for v in handler_s.values():
                 v.clear()
             names = list(variants)
             for r in range(reps):
                 for name in names[r % 3:] + names[:r % 3]:
-                    a, b = _loop(step, variants[name], cycles, gpu[name])
+                    a, b = _loop(step, variants[name], cycles, gpu[name], later[name])
                     loop[name].append(a / cycles)
                     exit_s[name].append(b)
     finally:
@@ -209,6 +214,9 @@ def overhead(dev, reps: int, work: Path, cycles: int, step, which: str) -> tuple
                "cycle_wall_s": {k: quantiles(v) for k, v in per_cycle.items()},
                "loop_s_per_cycle": {k: quantiles(v) for k, v in loop.items()},
                "exit_s": {k: quantiles(v) for k, v in exit_s.items()},
+               "later_cycle_s": {k: quantiles(v) for k, v in later.items()},
+               "later_cycle_overhead": {k: float(np.median(later[k]) / np.median(later["plain"]) - 1)
+                                        for k in ("background", "inline")},
                "active_gpu_ms": {k: quantiles(v) for k, v in gpu.items()},
                "post_processing_s": quantiles(post),
                "handler_s": {k: quantiles(v) for k, v in handler_s.items()},
