@@ -151,6 +151,23 @@ def test_a_dead_worker_leaves_its_jobs_to_this_process(tmp_path):
     assert done == [(tmp_path / "t.json", None)] and load_trace(tmp_path / "t.json")["traceEvents"]
 
 
+def test_jobs_of_a_worker_that_died_run_here_and_later_ones_go_to_its_successor(tmp_path):
+    done = []
+    worker = _ready_worker(lambda path, problem: done.append((path, problem)))
+    first = worker._proc
+    first.send_signal(signal.SIGSTOP)
+    worker.submit(CycleJob(_export(tmp_path, "a.json"), tmp_path / "a.trace.json", {}, {}, {}, ()))
+    first.kill()
+    first.wait()
+    worker.submit(CycleJob(_export(tmp_path, "b.json"), tmp_path / "b.trace.json", {}, {}, {}, ()))
+    assert worker._proc is not first  # a new worker took the second job
+    with pytest.warns(UserWarning, match="exited"):
+        worker.close()
+    assert done == [(tmp_path / "a.trace.json", None), (tmp_path / "b.trace.json", None)]
+    assert all(load_trace(path)["traceEvents"] for path, _ in done)
+    assert not list(tmp_path.glob(".l2topo-job*")) and not (tmp_path / "a.json").exists()
+
+
 def test_the_lazy_names_are_the_exported_ones():
     import torch_l2topo.profiler as profiler
 

@@ -41,7 +41,7 @@ class Worker:
         self.on_done, self.max_pending = on_done, max_pending
         self._proc = None
         self._ready = False
-        self._pending: deque = deque()  # (job, its pickle file)
+        self._pending: deque = deque()  # (job, its pickle file, the worker process it went to)
 
     def start(self) -> None:
         """Start the worker process now (submit starts it otherwise): its imports take seconds, best spent
@@ -79,28 +79,39 @@ class Worker:
         fd, name = tempfile.mkstemp(prefix=".l2topo-job.", suffix=".pkl", dir=Path(job.path).parent)
         with os.fdopen(fd, "wb") as f:
             pickle.dump(job, f, protocol=pickle.HIGHEST_PROTOCOL)
-        self._pending.append((job, name))
         self.start()
+        self._pending.append((job, name, self._proc))
         try:
             self._proc.stdin.write(name + "\n")
             self._proc.stdin.flush()
         except (BrokenPipeError, OSError):
             pass  # the worker is gone: _finish_oldest runs the job here
 
-    def _finish_oldest(self) -> None:
-        job, name = self._pending.popleft()
-        problem, done = None, False
-        while self._proc is not None and not done:
-            line = self._proc.stdout.readline()
-            if not line:  # the worker died: this job and the ones after it run here
-                warnings.warn("torch_l2topo's trace worker exited; enriching the remaining traces in this process",
-                              stacklevel=3)
-                self._proc = None
-                break
+    def _answer(self, proc, name: str) -> dict | None:
+        """The worker's answer for job file `name`, or None if that worker exited first (warned once)."""
+        while True:
+            line = proc.stdout.readline()
+            if not line:
+                if not getattr(proc, "l2topo_warned", False):
+                    proc.l2topo_warned = True
+                    warnings.warn("torch_l2topo's trace worker exited; enriching its remaining traces in this "
+                                  "process", stacklevel=4)
+                if proc is self._proc:
+                    self._proc = None
+                return None
             if line.startswith(RESULT):
                 answer = json.loads(line[len(RESULT):])
-                done, problem = answer["job"] == name and answer["written"], answer["problem"]
-        if not done:  # the worker died or failed before writing: the export is still there
+                if answer["job"] == name:
+                    return answer
+
+    def _finish_oldest(self) -> None:
+        job, name, proc = self._pending.popleft()
+        answer = self._answer(proc, name)
+        if answer is not None and answer["written"]:
+            problem = answer["problem"]
+        elif answer is None and not Path(job.export).exists():  # written (run removes the export last), unanswered
+            problem = None
+        else:  # the worker exited or failed before writing: the export is still there
             problem = run(job)
         Path(name).unlink(missing_ok=True)
         self.on_done(job.path, problem)
