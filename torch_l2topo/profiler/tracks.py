@@ -162,13 +162,6 @@ class CtaSlices:
         return b",".join(blocks)
 
 
-def cta_slices(device: int, kernel: str, source: str, columns: dict, lane, launch) -> CtaSlices:
-    """CtaSlices of one kernel's CTAs: columns has sm, program, start, end, items and near."""
-    return CtaSlices(device, kernel, source, *(np.asarray(columns[k]) for k in ("sm", "program", "start", "end",
-                                                                                   "items", "near")),
-                     np.asarray(lane), np.asarray(launch))
-
-
 def launch_event(device: int, kernel: str, start_ns: int, end_ns: int, args: dict) -> dict:
     """The slice of one instrumented launch. Its "correlation" is NO_CORRELATION, an id no profiler event has,
     so tools that link events by correlation link nothing of ours; it also keeps HolisticTraceAnalysis 0.5's
