@@ -43,7 +43,7 @@ def gather_op():
         while item >= 0:
             row = tl.load(idx_ptr + item).to(tl.int64)
             values = tl.load(table_ptr + row * dim + cols, mask=cols < dim)
-            tl.store(out_ptr + item * dim + cols, values, mask=cols < dim)
+            tl.store(out_ptr + item.to(tl.int64) * dim + cols, values, mask=cols < dim)
             n_done += 1
             item, phase = plan_next(plan_ptr, state_ptr, sm, phase, PLACE)
         plan_finish(plan_ptr, state_ptr, sm, t0, n_done, PLACE)

@@ -61,7 +61,7 @@ def with_helpers(starts_ptr, ends_ptr, n_loads, plan_ptr, state_ptr, PLACE: tl.c
 
 @triton.jit
 def without_helpers(starts_ptr, ends_ptr, n_loads):
-    item = tl.program_id(0).to(tl.int64)
+    item = tl.program_id(0)
     p = tl.load(starts_ptr + item)
     for _ in range(n_loads):
         p = chase(p)

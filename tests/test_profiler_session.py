@@ -3,6 +3,8 @@
 trace without losing its CTAs, and trace-summary and the timeline figure read an enriched trace back."""
 import json
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -96,13 +98,34 @@ def _ready_worker(on_done, **options) -> Worker:
     return worker
 
 
-def test_jobs_run_here_until_the_worker_is_ready(tmp_path):
+def test_a_job_submitted_while_the_worker_starts_waits_for_it(tmp_path):
     done = []
     worker = Worker(lambda path, problem: done.append((path, problem)))
     worker.submit(CycleJob(_export(tmp_path), tmp_path / "t.json", {}, {}, {}, ()))
-    assert done == [(tmp_path / "t.json", None)]  # written before submit returned: the worker was starting
-    assert worker._proc is not None
+    assert done == [] and worker._proc is not None  # queued in the starting worker's pipe, not run here
+    deadline = time.monotonic() + 120
+    while not worker.ready():
+        assert time.monotonic() < deadline, "the worker did not start"
+        time.sleep(0.05)
     worker.close()
+    assert done == [(tmp_path / "t.json", None)] and "traceEvents" in load_trace(tmp_path / "t.json")
+
+
+def test_a_block_that_ends_before_the_worker_is_ready_enriches_here(tmp_path, monkeypatch):
+    def never_ready(self):  # a worker stuck in its imports: it never says READY
+        self._proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    monkeypatch.setattr(Worker, "_start", never_ready)
+    done = []
+    worker = Worker(lambda path, problem: done.append((path, problem)))
+    worker.submit(CycleJob(_export(tmp_path), tmp_path / "t.json", {}, {}, {}, ()))
+    stuck = worker._proc
+    t0 = time.monotonic()
+    worker.close()  # no warning: stopping a worker that is not ready is deliberate
+    assert time.monotonic() - t0 < 30 and stuck.poll() is not None
+    assert done == [(tmp_path / "t.json", None)] and "traceEvents" in load_trace(tmp_path / "t.json")
+    assert not list(tmp_path.glob(".l2topo-job*"))
 
 
 def test_the_worker_writes_what_the_handler_would(tmp_path):

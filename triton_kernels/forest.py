@@ -74,7 +74,7 @@ def _sample_block(item, nodes_ptr, values_ptr, roots_ptr, groups_ptr, base_ptr, 
             groups = tl.load(groups_ptr + trees, mask=tree_ok, other=0)
             hit = groups[None, :, None] == outputs[None, None, :]
             acc += tl.sum(tl.where(hit, values[:, :, None], 0.0), axis=1)
-    offsets = (chunk * n_samples + samples.to(tl.int64))[:, None] * n_outputs + outputs[None, :]
+    offsets = (chunk.to(tl.int64) * n_samples + samples.to(tl.int64))[:, None] * n_outputs + outputs[None, :]
     tl.store(out_ptr + offsets, acc * scale, mask=sample_ok[:, None] & output_ok[None, :])
 
 

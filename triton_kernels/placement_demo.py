@@ -22,7 +22,7 @@ def checksum_kernel(out_ptr, count_ptr, n_out, plan_ptr, state_ptr, PLACE: tl.co
     item, phase = plan_next(plan_ptr, state_ptr, sm, 0, PLACE)
     n_done = 0
     while item >= 0:
-        tl.atomic_add(out_ptr + item % n_out, 1 + (item * VALUE_MUL) % VALUE_MOD, sem="relaxed")
+        tl.atomic_add(out_ptr + item % n_out, 1 + (item.to(tl.int64) * VALUE_MUL) % VALUE_MOD, sem="relaxed")
         tl.atomic_add(count_ptr + item, 1, sem="relaxed")
         n_done += 1
         item, phase = plan_next(plan_ptr, state_ptr, sm, phase, PLACE)

@@ -4,8 +4,11 @@ drain, not for the enrichment (0.1-0.2 s for 65,536 CTAs).
 
 The worker is a plain `python -m torch_l2topo.profiler.worker` subprocess, not a multiprocessing child: those
 re-import the user's main script, which a training script without a __main__ guard would run again.
-Protocol: the worker says READY once its imports are done (until then the parent runs jobs itself, so a
-short profiled block never waits for the worker to start). The parent pickles each job to a file beside its
+Protocol: the worker says READY once its imports are done. Jobs submitted before that wait in its stdin pipe
+(profile() starts the worker before profiling, so by a cycle's end it is usually ready and no cycle is
+enriched inline: on the H200 an inline first cycle cost each 4-cycle block 0.29 s); a block that ends before
+the worker is ready does not wait for its imports: the parent stops it and runs the jobs itself. The parent
+pickles each job to a file beside its
 trace and writes the file's path as one line on the worker's stdin; the worker answers one line on stdout,
 RESULT followed by JSON {"job", "problem", "written"}. At most `max_pending` jobs are in flight: submitting
 one more waits for the oldest (a worker that cannot keep up slows the loop rather than piling up traces in
@@ -68,12 +71,8 @@ class Worker:
         return self._ready
 
     def submit(self, job: CycleJob) -> None:
-        """Hand `job` to the worker, or run it here while the worker is still starting (so that a short profiled
-        block never waits for the worker's imports)."""
-        if not self._pending and not self.ready():
-            self.start()
-            self.on_done(job.path, run(job))
-            return
+        """Hand `job` to the worker (started now if it is not running; the job waits in its pipe until it is
+        ready). Returns at once unless max_pending jobs are in flight."""
         while len(self._pending) >= self.max_pending:
             self._finish_oldest()
         fd, name = tempfile.mkstemp(prefix=".l2topo-job.", suffix=".pkl", dir=Path(job.path).parent)
@@ -117,6 +116,11 @@ class Worker:
         self.on_done(job.path, problem)
 
     def drain(self) -> None:
+        if self._pending and self._proc is not None and self._proc.poll() is None and not self.ready():
+            # still importing: stopping it and enriching here is faster than waiting for its imports
+            self._proc.l2topo_warned = True  # stopped on purpose: no "worker exited" warning
+            self._proc.kill()
+            self._proc.wait()
         while self._pending:
             self._finish_oldest()
 
