@@ -6,7 +6,9 @@ eager fast path are set from).
   slower than torch (128 bf16 rows, a 1 GB table), for (ROWS, num_warps) around tile_config's choice.
 - host: eager calls back to back at one bag of 32 rows (the kernel takes microseconds, so the time per call is
   the host's): torch's F.embedding_bag, ours (checked, the default), ours unchecked, ours through the
-  torch.library dispatcher (what a call needing autograd pays), and forest_predict on one sample.
+  torch.library dispatcher (what a call needing autograd pays), and forest_predict on one sample; and the
+  layers under ours: the kernel's Triton launch alone, launch_kernel (the launch with its placement
+  dispatch and argument packing, output preallocated), and the output's allocation alone.
 
     python benchmarks/bench_ops_kernels.py --out benchmarks/results/ops_kernels_h200.json
 """
@@ -79,8 +81,23 @@ def host(reps: int) -> dict:
     model = RandomForestClassifier(n_estimators=100, max_depth=8, random_state=0).fit(x, x[:, 0] > 0)
     forest = Forest.from_sklearn(model).to("cuda")
     x1 = torch.from_numpy(x[:1]).cuda()
+    from torch_l2topo.layout import PLACE_DIRECT
+    from torch_l2topo.ops.embedding_bag import launch_kernel
+    from torch_l2topo.triton_kernels.embedding_bag import embedding_bag_kernel
+
+    out = weight.new_empty(1, weight.size(1))
+    plan, state = torch.empty(1, dtype=torch.int32, device="cuda"), torch.empty(1, dtype=torch.int64, device="cuda")
+
+    def triton_launch_alone():  # the floor of any Triton op: the kernel's own JIT launch, nothing else
+        embedding_bag_kernel[(1,)](input, offsets, weight, out, out, out, input.numel(), 1, weight.size(0),
+                                   weight.size(1), weight.stride(0), -1, plan, state, MODE=0, HAS_PSW=False,
+                                   CHECK=False, ROWS=32, BLOCK_D=64, PLACE=PLACE_DIRECT, num_warps=1)
+
     calls = {
         "F.embedding_bag": lambda: F.embedding_bag(input, weight, offsets, mode="sum"),
+        "triton_launch_alone": triton_launch_alone,
+        "launch_kernel": lambda: launch_kernel(input, offsets, weight, None, out, None, 0, -1, "plain"),
+        "torch_empty_alone": lambda: weight.new_empty(1, weight.size(1)),
         "ours": lambda: embedding_bag(input, weight, offsets, mode="sum"),
         "ours_unchecked": lambda: embedding_bag(input, weight, offsets, mode="sum", check_indices=False),
         "ours_via_dispatcher": lambda: torch.ops.torch_l2topo.embedding_bag(*args, True, "plain"),

@@ -394,10 +394,12 @@ def bench_overhead(dev, topo) -> dict:
 
 
 def bench_partition_map_sizes(dev) -> dict:
-    """partition_map of tensors of sizes not seen before in this process (cold plan), then again (warm)."""
+    """partition_map of tensors of sizes not seen before in this process (cold plan), then again (warm), 3 sizes
+    each; and the probe plan of further new sizes alone (GpuSetup.plan, what a new size adds; the issue's
+    alternative target: well under a millisecond), median of 5 sizes."""
     import torch
 
-    from torch_l2topo.placement.partition_map import partition_map
+    from torch_l2topo.placement.partition_map import n_blocks_of, partition_map, setup_for
 
     out = {}
     for mb in (32, 40, 256):
@@ -411,6 +413,16 @@ def bench_partition_map_sizes(dev) -> dict:
             del t
         out[f"{mb}MB"] = {"first_size_ms": times[0], "seen_size_ms": times[1]}
         print(f"partition map {mb} MB: new size {times[0]:.1f} ms, seen size {times[1]:.1f} ms", flush=True)
+    setup = setup_for(torch.device(dev).index or 0)
+    plan_ms = []
+    for mb in (33, 34, 35, 36, 37):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        setup.plan(n_blocks_of(mb << 20, 256), torch.device(dev))
+        torch.cuda.synchronize()
+        plan_ms.append((time.perf_counter() - t0) * 1e3)
+    out["new_size_plan_ms"] = {"sizes_mb": [33, 34, 35, 36, 37], "ms": plan_ms, "median": float(np.median(plan_ms))}
+    print(f"probe plan of a new size: {np.median(plan_ms):.3f} ms (median of 5)", flush=True)
     return out
 
 

@@ -567,10 +567,13 @@ def test_plan_data_is_made_once_per_size_and_device(h200, monkeypatch):
     for n in range(1, pm.PLANS_KEPT + 1):
         assert setup.plan(n, cpu).n_blocks == n
     assert len(setup.plans) == pm.PLANS_KEPT and (4096, "cpu") not in setup.plans  # the least recently used
-    assert setup.plan(4096, cpu) is not first and len(made) == pm.PLANS_KEPT + 2
+    # made again, from the device's template: sizes of at least one block per pair never call it again
+    assert setup.plan(4096, cpu) is not first and len(made) == pm.PLANS_KEPT + 1
+    setup.plan(131072, cpu)
+    assert len(made) == pm.PLANS_KEPT + 1 and list(setup.templates) == ["cpu"]
 
 
-@pytest.mark.parametrize("n_blocks", [1, 5, 65, 4096, 131072, 131075])
+@pytest.mark.parametrize("n_blocks", [1, 5, 65, 66, 67, 133, 4096, 131072, 131075])
 def test_pairs_built_from_the_plan_equal_the_per_block_oracle(h200, n_blocks):
     """block_pairs_of_plan (runs of blocks, expanded on the device) against block_pairs on timers_of_blocks
     (a host pass over every block): the same pairs, contrasts and per-block pair ids, at sizes with fewer blocks
@@ -584,6 +587,15 @@ def test_pairs_built_from_the_plan_equal_the_per_block_oracle(h200, n_blocks):
         np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
     for name in ("pair", "mid_g", "half_g", "ids", "fallback"):
         np.testing.assert_array_equal(getattr(got, name).numpy(), getattr(want, name).numpy(), err_msg=name)
+    if n_blocks >= len(setup.pairs.sms):  # what GpuSetup.plan uses there: the per-device template, expanded
+        made = setup.plan(n_blocks, "cpu").blocks
+        for name in ("pairs", "mid", "half", "usable"):
+            np.testing.assert_array_equal(getattr(made, name), getattr(want, name), err_msg=name)
+        for name in ("pair", "mid_g", "half_g", "ids", "fallback"):
+            np.testing.assert_array_equal(getattr(made, name).numpy(), getattr(want, name).numpy(), err_msg=name)
+    else:
+        with pytest.raises(ValueError, match="one block per run"):
+            decision.block_pairs_expanded(got, n_blocks - 1)
 
 
 def test_agreement_counts_undecided_blocks_as_disagreeing():

@@ -55,7 +55,9 @@ def direct_call(*tensors) -> bool:
     return all(t is None or (type(t) is torch.Tensor and not (grad and t.requires_grad)) for t in tensors)
 
 
-def _traced(tensor) -> bool:
+def traced(tensor) -> bool:
+    """A fake, functional or otherwise traced tensor, or a call inside compilation or a dispatch mode: where an
+    op's body may allocate but must not launch or keep tensors."""
     return type(tensor) is not torch.Tensor or torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack()
 
 
@@ -69,12 +71,12 @@ class _NoLaunch:
 def triton_launcher(kernel, like: torch.Tensor):
     """`kernel` on real tensors; under fake or traced tensors (the op's fake implementation, which is the op's
     own body run for shapes) a launcher that launches nothing (module doc)."""
-    return _NoLaunch() if _traced(like) else kernel
+    return _NoLaunch() if traced(like) else kernel
 
 
 def _eager(tensor) -> bool:
     """A real CUDA tensor outside compilation and capture: where Placement (host state, events) may run."""
-    return not _traced(tensor) and tensor.is_cuda and not torch.cuda.is_current_stream_capturing()
+    return not traced(tensor) and tensor.is_cuda and not torch.cuda.is_current_stream_capturing()
 
 
 def _unread_plan(like: torch.Tensor) -> tuple:

@@ -17,7 +17,7 @@ the offline analysis of recordings). What it costs on the GPU: _classify's docst
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -139,6 +139,22 @@ def block_pairs_of_plan(plan, n_blocks: int, near, far, device="cpu") -> BlockPa
         timers.append((-1, -1))
         counts.append(n_blocks - at)
     return _pairs_of_runs(np.array(timers, dtype=np.int64).reshape(-1, 2), counts, near, far, device, None)
+
+
+def block_pairs_expanded(template: BlockPairs, n_blocks: int) -> BlockPairs:
+    """block_pairs_of_plan(probe_plan(n_blocks, ...), n_blocks, ...) from `template`, the same call's result for
+    template.n_blocks = P blocks (one block per SM pair: run k is block k), for any n_blocks >= P. probe_plan
+    gives pair k the blocks floor(k n / P) .. floor((k + 1) n / P) - 1, all non-empty when n >= P, so block b is
+    in run floor(((b + 1) P - 1) / n) and every other field is the template's. The per-size cost is a few
+    launches on the device: no host pass and no copy (a new size once took 1.2-1.6 ms of host work and copies
+    on the H200)."""
+    import torch
+
+    runs = template.n_blocks
+    if n_blocks < runs:
+        raise ValueError(f"an expansion needs at least one block per run: {n_blocks} blocks, {runs} runs")
+    run = (torch.arange(1, n_blocks + 1, dtype=torch.int64, device=template.device) * runs - 1) // n_blocks
+    return replace(template, pair=template.pair[run])
 
 
 def _pairs_of_runs(t, counts, near, far, device, block_runs) -> BlockPairs:

@@ -12,9 +12,9 @@ SM pairs that time each block (partition_pairs.py: choose_pairs, probe_plan), th
 triton_kernels/partition_probe.py.
 
 What a cold map costs (counted for a 32 MB tensor, 131072 blocks; launches and copies do not grow with it):
-the per-GPU setup and, per tensor size, the probe plan with each block's pair id (GpuSetup.plan: one host pass
-over the blocks, two pinned copies to the GPU) are made once and kept with the setup, so a cold map of a size
-seen before does no host work per block. Under the GPU lock: the probe (the output's fill, the control
+the per-GPU setup and, per tensor size, the probe plan with each block's pair id (GpuSetup.plan: one small
+copy to the GPU and a few launches there) are made once and kept with the setup, so a cold map does no host
+work per block. Under the GPU lock: the probe (the output's fill, the control
 block's two, the kernel; the host polls its end, then reads the control block back: 1 copy); 3 launches turn
 its clock counts into float64 with NaN for a missing timing, and the timings never leave the GPU. The decision
 (partition_decision._classify) is 38 + 8 k small launches for k 2-means updates (the recordings need 1-3), one
@@ -34,7 +34,7 @@ from ..errors import ProbeError, check_choice
 from ..layout import LINE_BYTES
 from ..measure.probes import to_device
 from .partition_cache import MapCache
-from .partition_decision import BlockPairs, block_pairs_of_plan, classify_blocks
+from .partition_decision import BlockPairs, block_pairs_expanded, block_pairs_of_plan, classify_blocks
 from .partition_pairs import Pairs, choose_pairs, probe_plan
 
 N_TIMED = 4            # timed loads per block and SM, of which the map keeps the fastest (cost count in
@@ -98,22 +98,34 @@ class GpuSetup:
     far: np.ndarray
     pairs: Pairs
     plans: dict = field(default_factory=dict, repr=False)  # (n_blocks, device) -> ProbePlan, oldest first
+    templates: dict = field(default_factory=dict, repr=False)  # device -> BlockPairs of one block per pair
 
     def plan(self, n_blocks: int, device) -> ProbePlan:
-        """The ProbePlan for n_blocks blocks on `device`, made on first use (one host pass over the blocks and
-        two small pinned copies to the device) and kept: the same object for every tensor of the size, while
-        it is among the PLANS_KEPT sizes used last."""
+        """The ProbePlan for n_blocks blocks on `device`, made on first use and kept: the same object for every
+        tensor of the size, while it is among the PLANS_KEPT sizes used last. A new size costs one small copy of
+        the plan to the device and a few launches there (block_pairs_expanded from a per-device template made
+        once; sizes of fewer blocks than SM pairs: block_pairs_of_plan)."""
         key = (int(n_blocks), str(device))
         hit = self.plans.pop(key, None)
         if hit is None:
             plan = probe_plan(n_blocks, self.pairs.sms, self.n_sm)
             hit = ProbePlan(n_blocks=int(n_blocks), plan=plan, plan_t=to_device(plan.ravel(), device),
-                            n_timing=int(np.sum(plan[:, 1] > plan[:, 0])),
-                            blocks=block_pairs_of_plan(plan, n_blocks, self.near, self.far, device))
+                            n_timing=int(np.sum(plan[:, 1] > plan[:, 0])), blocks=self._block_pairs(n_blocks, device))
             while len(self.plans) >= PLANS_KEPT:
                 del self.plans[next(iter(self.plans))]
         self.plans[key] = hit
         return hit
+
+    def _block_pairs(self, n_blocks: int, device) -> BlockPairs:
+        n_pairs = len(self.pairs.sms)
+        if n_blocks < n_pairs:
+            return block_pairs_of_plan(probe_plan(n_blocks, self.pairs.sms, self.n_sm), n_blocks, self.near,
+                                       self.far, device)
+        template = self.templates.get(str(device))
+        if template is None:
+            template = self.templates[str(device)] = block_pairs_of_plan(
+                probe_plan(n_pairs, self.pairs.sms, self.n_sm), n_pairs, self.near, self.far, device)
+        return block_pairs_expanded(template, n_blocks)
 
     @classmethod
     def of(cls, topology) -> "GpuSetup":
