@@ -23,7 +23,8 @@ reference): the latency-bound chase (one warp, 20480 / n dependent loads per ite
 embedding-bag-like gather (bags of 32 rows of 64 floats homed in one partition, alternating); the capped chase
 (a CUDA kernel whose 100 KB of shared memory per CTA caps an SM at 2 CTAs, as attention kernels are). Then the
 @sm_aware launch overhead over a plain Triton launch (host time eager, device time in a graph) and the time of a
-partition map of a tensor size not seen before.
+partition map of a tensor size not seen before (and of several in a row, and of the probe plan alone). `uniform`
+(a diagnosis): where persistent uniform's time goes at equal concurrency, every item traced.
 
     python benchmarks/bench_placement.py --device 0 --out benchmarks/results/placement_h200.json
 """
@@ -52,6 +53,7 @@ CAPPED_SMEM = 100 << 10      # 2 CTAs of the capped chase per H200 SM (228 KB of
 CAPPED_ITEMS_PER_SM = (1, 2, 4, 8, 16)
 PERSISTENT = ("affine_weighted", "partition_affine", "weighted", "uniform", "dynamic")
 CTAS = (1, 2, 4, 8, 16, 32)
+GRAPH_LAUNCHES = 5           # launches per graph replay in bench_uniform
 
 
 def graph_of(launch, launches: int):
@@ -347,6 +349,67 @@ def bench_diagnosis(dev, topo, reps) -> list:
     return rows
 
 
+def bench_uniform(dev, topo, reps) -> list:
+    """Persistent `uniform` at equal concurrency (as many CTAs per SM as items per SM) on the chase at 16 and 32
+    items per SM, against the hand plain kernel in interleaved graph replays, with its default tail and with no
+    tail; then each traced (traced_chase_kernel: every item's SM, start and end): items per SM, the spread of
+    item starts, the median item and the makespan, against the plain launch traced alike."""
+    import torch
+    from placement_workloads import chase_kernel, chase_plain_kernel, traced_chase_kernel
+
+    from torch_l2topo.placement.sm_aware import sm_aware
+
+    rows = []
+    for m in (16, 32):
+        n = m * topo.n_sm
+        loads = max(CHASE_LOADS_PER_SM // m, CHASE_MIN_LOADS)
+        w = chase_workload(dev, CHASE_TABLE_MB << 20, n, loads)
+        ends = torch.zeros(n, dtype=torch.int64, device=dev)
+        variants = {"uniform": {"policy": "uniform", "ctas_per_sm": m},
+                    "uniform, no tail": {"policy": "uniform", "ctas_per_sm": m, "tail_fraction": 0.0}}
+        runs = {"plain_kernel": lambda: chase_plain_kernel[(n,)](w.starts, ends, loads, num_warps=1)}
+        for name, options in variants.items():
+            kernel = sm_aware(chase_kernel, num_warps=1, topology=topo, **options)
+            runs[name] = (lambda k=kernel: k(w.starts, ends, loads, n_items=n, item_class=w.classes,
+                                             loads_per_item=loads))
+        for run in runs.values():
+            run()
+        times = interleaved({k: graph_of(f, GRAPH_LAUNCHES).replay for k, f in runs.items()}, reps,
+                            per_run=GRAPH_LAUNCHES)
+        row = {"items_per_sm": m, "ms": times,
+               "vs_plain_kernel": {k: times[k]["p50"] / times["plain_kernel"]["p50"] for k in times}, "traced": {}}
+        for name, options in {"plain": {"policy": "plain"}, **variants}.items():
+            trace = torch.zeros(3 * n, dtype=torch.int64, device=dev)
+            kernel = sm_aware(traced_chase_kernel, num_warps=1, topology=topo, **options)
+
+            def run(kernel=kernel, trace=trace):
+                kernel(w.starts, ends, loads, trace, n_items=n, item_class=w.classes, loads_per_item=loads)
+
+            run()
+            graph = graph_of(run, 1)
+            for _ in range(3):
+                graph.replay()
+            torch.cuda.synchronize()
+            if np.any(ends.cpu().numpy() != w.expected):
+                raise AssertionError(f"uniform diagnosis, {name}: items ended elsewhere")
+            t = trace.view(n, 3).cpu().numpy()
+            sm, start, end = t[:, 0], t[:, 1] - t[:, 1].min(), t[:, 2] - t[:, 1].min()
+            per_sm = np.bincount(sm, minlength=topo.n_sm)
+            item = np.median(end - start)
+            row["traced"][name] = {
+                "items_per_sm_min_max": [int(per_sm.min()), int(per_sm.max())],
+                "start_us_p50_p95_max": [float(np.median(start) / 1e3), float(np.quantile(start, 0.95) / 1e3),
+                                         float(start.max() / 1e3)],
+                "items_starting_after_half_an_item": int(np.sum(start > item / 2)),
+                "item_us_p50_max": [float(item / 1e3), float((end - start).max() / 1e3)],
+                "makespan_us": float(end.max() / 1e3)}
+        rows.append(row)
+        print(f"  {m}/SM: " + ", ".join(f"{k} {v:.3f}" for k, v in row["vs_plain_kernel"].items()), flush=True)
+        for name, tr in row["traced"].items():
+            print(f"    traced {name}: {tr}", flush=True)
+    return rows
+
+
 def bench_overhead(dev, topo) -> dict:
     """Host time per launch (eager) and device time per launch (graph) of an empty workload (chases of 0 loads,
     one item per SM) through @sm_aware against the same kernel launched directly."""
@@ -413,20 +476,36 @@ def bench_partition_map_sizes(dev) -> dict:
             del t
         out[f"{mb}MB"] = {"first_size_ms": times[0], "seen_size_ms": times[1]}
         print(f"partition map {mb} MB: new size {times[0]:.1f} ms, seen size {times[1]:.1f} ms", flush=True)
+    # several new sizes in a row, then the same sizes again: the first map after other work pays a warm-up of its
+    # own, which the 32 MB row above carries
+    series = {"sizes_mb": [32 + d for d in (3, -3, 4, -4, 5, -5, 6)]}
+    for label in ("new_ms", "seen_ms"):
+        series[label] = []
+        for mb in series["sizes_mb"]:
+            t = torch.zeros((mb << 20) // 4, dtype=torch.float32, device=dev)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            partition_map(t)
+            series[label].append((time.perf_counter() - t0) * 1e3)
+            del t
+    out["sizes_in_a_row"] = series
+    print(f"partition maps of new sizes 26-38 MB in a row: {np.round(series['new_ms'], 2).tolist()} ms; the same "
+          f"sizes again: {np.round(series['seen_ms'], 2).tolist()} ms", flush=True)
     setup = setup_for(torch.device(dev).index or 0)
     plan_ms = []
-    for mb in (33, 34, 35, 36, 37):
+    for mb in (43, 44, 45, 46, 47):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         setup.plan(n_blocks_of(mb << 20, 256), torch.device(dev))
         torch.cuda.synchronize()
         plan_ms.append((time.perf_counter() - t0) * 1e3)
-    out["new_size_plan_ms"] = {"sizes_mb": [33, 34, 35, 36, 37], "ms": plan_ms, "median": float(np.median(plan_ms))}
+    out["new_size_plan_ms"] = {"sizes_mb": [43, 44, 45, 46, 47], "ms": plan_ms, "median": float(np.median(plan_ms))}
     print(f"probe plan of a new size: {np.median(plan_ms):.3f} ms (median of 5)", flush=True)
     return out
 
 
-PARTS = {"chase": bench_chase, "gather": bench_gather, "capped": bench_capped, "diagnosis": bench_diagnosis}
+PARTS = {"chase": bench_chase, "gather": bench_gather, "capped": bench_capped, "diagnosis": bench_diagnosis,
+         "uniform": bench_uniform}
 
 
 def main(argv=None) -> dict:
