@@ -9,6 +9,9 @@ eager fast path are set from).
   torch.library dispatcher (what a call needing autograd pays), and forest_predict on one sample; and the
   layers under ours: the kernel's Triton launch alone, launch_kernel (the launch with its placement
   dispatch and argument packing, output preallocated), and the output's allocation alone.
+- forest_copies: forest_predict with per-partition copies of the nodes against one copy, in CUDA graphs (GPU
+  time), 500-tree random forests at batch 1, 132 (one sample per SM) and 1,024: what placing the data near every
+  SM saves (the ops issue asks >= 8% at one sample per SM).
 
     python benchmarks/bench_ops_kernels.py --out benchmarks/results/ops_kernels_h200.json
 """
@@ -108,12 +111,50 @@ def host(reps: int) -> dict:
     return times
 
 
+def forest_copies(reps: int) -> list:
+    """forest_predict on one copy of the nodes against per-partition copies (Forest.per_partition: every SM walks
+    the copy homed in its own L2 partition), in CUDA graphs of GRAPH_CALLS calls (GPU time), interleaved rounds;
+    random forests of 500 trees at depth 8 and 12 (3 and 14 MB of nodes, L2-resident), batches of 1 sample, one
+    per SM (132) and 1,024. Predictions compared bit for bit first."""
+    import numpy as np
+    import torch
+    from bench_ops import N_FEATURES, _fit
+
+    from torch_l2topo.ops import Forest, forest_predict
+
+    rows = []
+    rng = np.random.default_rng(1)
+    for trees, depth in ((500, 8), (500, 12)):
+        forest = Forest.from_sklearn(_fit("random_forest", trees, depth), layout="dfs").to("cuda")
+        copies = forest.per_partition()
+        for batch in (1, 132, 1024):
+            x = torch.from_numpy(rng.normal(size=(batch, N_FEATURES)).astype(np.float32)).cuda()
+            if not torch.equal(forest_predict(forest, x), forest_predict(copies, x)):
+                raise AssertionError(f"per-partition copies predict differently ({trees} x d{depth}, batch {batch})")
+            times = gpu_rounds({"one_copy": graphed(lambda: forest_predict(forest, x), GRAPH_CALLS),
+                                "per_partition": graphed(lambda: forest_predict(copies, x), GRAPH_CALLS)}, reps)
+            row = {"trees": trees, "depth": depth, "batch": batch, "impl": times,
+                   "ms_per_call": {k: v["p50"] / GRAPH_CALLS for k, v in times.items()},
+                   "per_partition_vs_one_copy": times["per_partition"]["p50"] / times["one_copy"]["p50"]}
+            rows.append(row)
+            print(f"forest {trees} x d{depth}, batch {batch}: one copy {row['ms_per_call']['one_copy']:.4f} ms, "
+                  f"per-partition copies {row['per_partition_vs_one_copy']:.3f}x", flush=True)
+    return rows
+
+
+SECTIONS = {"host": host, "tiles": tiles, "forest_copies": forest_copies}
+
+
 def main(argv=None) -> dict:
-    args = gpu_parser(__doc__, reps=7).parse_args(argv)
+    parser = gpu_parser(__doc__, reps=7)
+    parser.add_argument("--only", choices=SECTIONS, action="append", help="sections to run (default: all)")
+    args = parser.parse_args(argv)
     import torch
 
     torch.cuda.set_device(args.device)
-    figures = {"reps": args.reps, "graph_calls": GRAPH_CALLS, "host": host(args.reps), "tiles": tiles(args.reps)}
+    figures = {"reps": args.reps, "graph_calls": GRAPH_CALLS}
+    for name in args.only or SECTIONS:
+        figures[name] = SECTIONS[name](args.reps)
     write_result(args.out, figures, args.device)
     return figures
 

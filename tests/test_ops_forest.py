@@ -280,3 +280,67 @@ def test_op_registration_and_compile():
     torch.library.opcheck(torch.ops.torch_l2topo.forest_predict.default, args)
     compiled = torch.compile(lambda x: forest_predict(forest, x), fullgraph=True, backend="aot_eager")
     assert torch.equal(compiled(x), forest_predict(forest, x))
+
+
+# ---- per-partition copies (the layout; the GPU tests walk them on a real partition map) ----------------------
+def _homes(n_blocks, seed):
+    """Synthetic partition homes of a buffer's blocks: random sides, some undecided."""
+    rng = np.random.default_rng(seed)
+    return rng.choice(np.array([0, 1, -1], np.int8), size=n_blocks, p=[0.47, 0.47, 0.06])
+
+
+def test_homed_slots_put_each_copy_in_its_partitions_blocks_in_order():
+    from torch_l2topo.ops.forest import homed_slots
+
+    homes = _homes(400, 1)
+    where = homed_slots(1000, homes, 16)
+    for p in (0, 1):
+        blocks = where[p] // 16
+        assert (homes[blocks] == p).all()  # every slot of copy p in a block homed in p
+        assert (np.diff(where[p]) > 0).all()  # slots keep their order ...
+        assert (where[p] % 16 == np.arange(1000) % 16).all()  # ... and their place in a block (lines stay whole)
+    assert not set(where[0]) & set(where[1])  # the copies never share a record
+    with pytest.raises(ValueError, match="homed in partition"):
+        homed_slots(1000, np.zeros(400, np.int8), 16)  # no block of partition 1
+
+
+@pytest.mark.parametrize("name", ["random forest classifier d4", "boosting binary d5", "random forest regressor d12"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_each_homed_copy_walks_to_the_original_forests_prediction(name, layout):
+    """Both copies of replicated_records, walked from their own roots by the CPU walk, give the original
+    forest's sums exactly, and never step outside their own partition's blocks."""
+    from torch_l2topo.ops.forest import replicated_records
+    from torch_l2topo.ops.forest_predict import reference_walk
+
+    forest = Forest.from_sklearn(_fit(name), layout=layout)
+    x = torch.from_numpy(_data(n=64, seed=7)[0]).float()
+    want = reference_walk(forest.nodes, forest.values, forest.roots, forest.groups, forest.base, x, forest.depth)
+    n_blocks = 3 * (-(-forest.nodes.shape[0] // 16)) + 8
+    homes = _homes(n_blocks, 2)
+    records, roots = replicated_records(forest.nodes.numpy(), forest.roots.numpy(), homes, n_blocks * 16)
+    for p in (0, 1):
+        got = reference_walk(torch.from_numpy(records), forest.values, torch.from_numpy(roots[p]), forest.groups,
+                             forest.base, x, forest.depth)
+        assert torch.equal(got, want)
+        reached = {int(r) for r in roots[p]}
+        frontier = list(reached)
+        while frontier:  # every record reachable from copy p's roots
+            r = frontier.pop()
+            for child in records[r, 2:4]:
+                if int(child) not in reached:
+                    reached.add(int(child))
+                    frontier.append(int(child))
+        assert (homes[np.array(sorted(reached)) // 16] == p).all()
+    with pytest.raises(ValueError, match="past the buffer"):
+        replicated_records(forest.nodes.numpy(), forest.roots.numpy(), homes, 16)
+
+
+def test_per_partition_copies_are_refused_off_a_gpu_and_checked():
+    forest = Forest.from_sklearn(_fit("boosting classifier d3"))
+    with pytest.raises(ValueError, match="move the forest to a GPU"):
+        forest.per_partition()
+    x = torch.from_numpy(_data(n=8, seed=5)[0]).float()
+    args = (forest.nodes, forest.values, forest.roots, forest.groups, forest.base, x, forest.depth, 4.0, "auto",
+            torch.zeros(132, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"roots of shape \(2, n_trees\)"):
+        torch.ops.torch_l2topo.forest_predict(*args)

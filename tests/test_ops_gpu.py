@@ -158,6 +158,33 @@ def test_forest_matches_sklearn(layout):
             np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5, err_msg=f"{name} n={n}")
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_forest_with_per_partition_copies_predicts_the_same(layout):
+    # each SM walks the copy homed in its partition: the same sums, bit for bit, as the one-copy forest, and the
+    # copies' records sit in blocks that a fresh partition map of the buffer homes on their side
+    from torch_l2topo.placement.partition_map import clear_cache, partition_map
+
+    x, models = _sklearn_models()
+    for name, model in models.items():
+        forest = Forest.from_sklearn(model, layout=layout).to("cuda")
+        copies = forest.per_partition()
+        assert copies.roots.shape == (2, forest.n_trees) and copies.per_partition() is copies
+        for n in (1, 132, 2000):
+            xs = torch.from_numpy(x[:n]).cuda()
+            assert torch.equal(forest_predict(copies, xs), forest_predict(forest, xs)), f"{name} n={n}"
+        clear_cache()  # measured again, not the map the copies were laid out by
+        homes = partition_map(copies.nodes, block_bytes=256).homes
+        records, roots = copies.nodes.cpu().numpy(), copies.roots.cpu().numpy()
+        for p in (0, 1):
+            reached, frontier = set(roots[p].tolist()), roots[p].tolist()
+            while frontier:  # every record a walk of copy p can read
+                for child in records[frontier.pop(), 2:4].tolist():
+                    if child not in reached:
+                        reached.add(child)
+                        frontier.append(child)
+            assert np.mean(homes[np.array(sorted(reached)) // 16] == p) >= 0.99, (name, p)
+
+
 @pytest.mark.parametrize("case", sorted(p.stem for p in XGBOOST.glob("*.json") if p.stem != "manifest"))
 def test_forest_matches_recorded_xgboost(case):
     recorded = np.load(XGBOOST / f"{case}.npz")

@@ -94,14 +94,16 @@ def test_forest_kernel_walks_with_one_record_load_per_step():
     from torch_l2topo.triton_kernels.forest import forest_kernel
 
     types = dict(nodes_ptr="*i32", values_ptr="*fp32", roots_ptr="*i32", groups_ptr="*i32", base_ptr="*fp32",
-                 x_ptr="*fp32", out_ptr="*fp32", scale="fp32", plan_ptr="*i32", state_ptr="*i64")
+                 x_ptr="*fp32", out_ptr="*fp32", scale="fp32", sm_part_ptr="*i32", plan_ptr="*i32", state_ptr="*i64")
     types.update({n: "i32" for n in ("n_samples", "n_features", "n_trees", "trees_per_chunk", "n_chunks", "depth",
-                                      "n_outputs", "leaf_width")})
-    for block_s, vector_leaves in ((32, False), (1, False), (8, True)):
+                                      "n_outputs", "leaf_width", "n_sm")})
+    for block_s, vector_leaves, replicas in ((32, False, 1), (1, False, 1), (8, True, 1), (32, False, 2)):
         constexprs = dict(BLOCK_S=block_s, BLOCK_T=forests.LANES // block_s, OUT_PAD=4, VECTOR_LEAVES=vector_leaves,
-                          PLACE=0)
+                          REPLICAS=replicas, PLACE=0)
         ptx = _compile(forest_kernel, types, constexprs, ("nodes_ptr", "values_ptr", "x_ptr", "out_ptr"), 4)
         assert len(VECTOR_LOAD.findall(ptx)) == 1  # the 16-byte node record, once per step
+        # per-partition copies read the SM's copy once (%smid); one copy reads no SM id at all
+        assert ptx.count("%smid") == (1 if replicas == 2 else 0)
         assert "setp.nan.f32" in ptx and "setp.le.f32" in ptx  # NaN goes its default way; x <= threshold
         assert not re.search(r"setp\.[\w.]*ftz", ptx)  # no flush to zero: thresholds next to 0 are denormals
 

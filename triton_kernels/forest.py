@@ -18,11 +18,16 @@ The sums are stored times `scale` (1 / the forest's divisor: random forests aver
 
 Item loop: the items come from the placement helpers (plan_start / plan_next / plan_finish, PLACE a constexpr):
 in PLACE_DIRECT mode program p takes item p and the helpers compile to nothing.
+
+Per-partition copies (REPLICAS 2): the records hold one copy of the forest per L2 partition, copy p homed in
+partition p with its own child pointers, and roots is (2, n_trees); each program reads its SM's partition
+(sm_part[%smid], copy 0 for an SM id past n_sm) once and walks that copy. REPLICAS 1 reads neither.
 """
 import triton
 import triton.language as tl
 
 from torch_l2topo.triton_kernels.placement import plan_finish, plan_next, plan_start
+from torch_l2topo.triton_kernels.protocol import sm_id
 
 DEFAULT_LEFT_BIT = tl.constexpr(31)
 
@@ -80,9 +85,13 @@ def _sample_block(item, nodes_ptr, values_ptr, roots_ptr, groups_ptr, base_ptr, 
 
 @triton.jit
 def forest_kernel(nodes_ptr, values_ptr, roots_ptr, groups_ptr, base_ptr, x_ptr, out_ptr, n_samples, n_features,
-                  n_trees, trees_per_chunk, n_chunks, depth, n_outputs, leaf_width, scale, plan_ptr, state_ptr,
-                  BLOCK_S: tl.constexpr, BLOCK_T: tl.constexpr, OUT_PAD: tl.constexpr, VECTOR_LEAVES: tl.constexpr,
-                  PLACE: tl.constexpr):
+                  n_trees, trees_per_chunk, n_chunks, depth, n_outputs, leaf_width, scale, sm_part_ptr, n_sm,
+                  plan_ptr, state_ptr, BLOCK_S: tl.constexpr, BLOCK_T: tl.constexpr, OUT_PAD: tl.constexpr,
+                  VECTOR_LEAVES: tl.constexpr, REPLICAS: tl.constexpr, PLACE: tl.constexpr):
+    if REPLICAS > 1:  # this SM's copy: its roots are row `copy` of roots
+        me = sm_id()
+        copy = tl.load(sm_part_ptr + me, mask=me < n_sm, other=0)
+        roots_ptr += copy * n_trees
     sm, t0 = plan_start(plan_ptr, state_ptr, PLACE)
     item, phase = plan_next(plan_ptr, state_ptr, sm, 0, PLACE)
     n_done = 0

@@ -10,8 +10,8 @@ it takes a constexpr PLACE (a torch_l2topo.layout.PLACE_* mode, passed by the la
         hands this program nothing.
     plan_next(plan_ptr, state_ptr, sm, phase, PLACE) -> (item, phase)
         the next item id (int32, as tl.program_id: a plan holds int32 item ids) for this program, or -1 when
-        none is left. Index arithmetic that can pass 2**31 casts it to int64 first, as with a program id. Start with phase 0 and pass back
-        the phase it returns (an opaque int64).
+        none is left. Index arithmetic that can pass 2**31 casts it to int64 first, as with a program id.
+        Start with phase 0 and pass back the phase it returns (an opaque int64).
     plan_finish(plan_ptr, state_ptr, sm, t0, n_done, PLACE)
         shares mode: add this program's items, busy ns and 1 CTA to its SM's statistics, and the last
         program out resets the cursors. Nothing in the other modes. With the PLACE_RECORD bit (profiling on),

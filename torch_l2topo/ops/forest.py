@@ -15,6 +15,12 @@ node sits next to which: the measurement decides which one the kernel walks fast
     "blocks"  three levels (7 nodes) per 128-byte line-aligned block of 8 slots: one line per three steps
 TreeArrays (per-tree arrays numbered breadth first) is the layout-free form: `tree_arrays()` reads it back from
 any layout, and `relayout()` rebuilds another, which is how the layouts are tested to hold the same trees.
+
+Per-partition copies (`per_partition()`, CUDA): one copy of the node records per L2 partition in one buffer, copy
+p only in 256-byte blocks that the buffer's partition map homes in p, its children rewritten to point into the
+same copy; `roots` is then (2, n_trees), row p the roots of copy p, and `sm_partition` (n_sm,) says which copy
+each SM walks (its partition in the calibration). Leaf values stay one table. `homed_slots` and
+`replicated_records` are the pure-numpy layout, tested on the CPU against the original forest's walk.
 """
 from __future__ import annotations
 
@@ -32,6 +38,7 @@ WORDS = 4             # int32 words per node record: 16 bytes, one vector load
 BLOCK_LEVELS = 3      # levels per block of the "blocks" layout: 7 nodes ...
 BLOCK_SLOTS = 8       # ... in 8 slots of 16 bytes: one 128-byte L2 line
 DEFAULT_LEFT = 1 << 31
+HOME_BLOCK_BYTES = 256  # partition_map's block: 16 records, so a layout's 128-byte lines stay whole
 
 
 class TreeArrays(NamedTuple):
@@ -58,10 +65,11 @@ class Forest:
     squeeze: bool = False      # one output returned as (n,) rather than (n, 1)
     layout: str = "bfs"
     classes: Optional[tuple] = None  # class labels of a classifier, in output order
+    sm_partition: Optional[torch.Tensor] = None  # per-partition copies: each SM's copy (module doc)
 
     @property
     def n_trees(self) -> int:
-        return self.roots.numel()
+        return self.roots.shape[-1]
 
     @property
     def n_outputs(self) -> int:
@@ -132,22 +140,98 @@ class Forest:
     def to(self, device) -> Forest:
         """This forest on `device`; on a GPU leaf values and base are float32 (what the kernel adds)."""
         device = torch.device(device)
+        if self.sm_partition is not None and device != self.device:
+            raise ValueError("a forest with per-partition copies is homed on its GPU: move the forest first, then "
+                             "call per_partition() there")
         dtype = torch.float32 if device.type == "cuda" else self.values.dtype
         return replace(self, nodes=self.nodes.to(device), values=self.values.to(device, dtype),
                        roots=self.roots.to(device), groups=self.groups.to(device),
                        base=self.base.to(device, dtype))
 
     def tree_arrays(self) -> list:
-        """The trees as TreeArrays numbered breadth first, read back from this layout."""
+        """The trees as TreeArrays numbered breadth first, read back from this layout (copy 0 of per-partition
+        copies)."""
         nodes = self.nodes.cpu().numpy()
         values = self.values.cpu().numpy()
-        return [_read_tree(nodes, values, int(root)) for root in self.roots.cpu().numpy()]
+        return [_read_tree(nodes, values, int(root)) for root in self.roots.reshape(-1, self.n_trees)[0].tolist()]
+
+    def per_partition(self, topology=None) -> Forest:
+        """This CUDA forest with one copy of its nodes homed in each L2 partition (module doc): the buffer's
+        partition map is measured (partition_map), the SMs' partitions come from `topology` (default: calibrate()
+        of the forest's GPU, cached). A second call returns the forest as it is."""
+        if self.sm_partition is not None:
+            return self
+        if self.device.type != "cuda":
+            raise ValueError(f"per-partition copies are homed in a GPU's L2: move the forest to a GPU first (it is "
+                             f"on {self.device})")
+        from ..analysis.labels import sm_labels
+        from ..measure.calibration import calibration_for
+        from ..placement.partition_map import partition_map
+
+        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        labels = sm_labels(calibration_for(index, topology))
+        if not labels.partitions.found:
+            raise ValueError(f"the calibration of cuda:{index} shows no two L2 partitions: nothing to copy per "
+                             "partition")
+        per_block = HOME_BLOCK_BYTES // (WORDS * 4)
+        n_slots = self.nodes.shape[0]
+        blocks = -(-n_slots // per_block)
+        nodes, roots = self.nodes.cpu().numpy(), self.roots.cpu().numpy()
+        for growth in (2.5, 4, 8):  # the homes split about 50/50: room for two copies, then more if one side is short
+            buffer = torch.zeros((int(growth * blocks + 64) * per_block, WORDS), dtype=torch.int32,
+                                 device=self.device)
+            homes = partition_map(buffer, topology=topology, block_bytes=HOME_BLOCK_BYTES).homes
+            try:
+                records, copy_roots = replicated_records(nodes, roots, homes, buffer.shape[0])
+                break
+            except ValueError:
+                continue
+        else:
+            raise ValueError(f"could not find {blocks} blocks homed in each partition of a buffer 8x the forest")
+        buffer.copy_(torch.from_numpy(records))  # in place: the same allocation, so the homes still hold
+        part = torch.from_numpy(np.maximum(np.asarray(labels.partition), 0).astype(np.int32))
+        return replace(self, nodes=buffer, roots=torch.from_numpy(copy_roots).to(self.device),
+                       sm_partition=part.to(self.device))
 
     def relayout(self, layout: str) -> Forest:
         """The same trees in another layout."""
         meta = dict(divisor=self.divisor, transform=self.transform, squeeze=self.squeeze, classes=self.classes)
         return Forest.from_trees(self.tree_arrays(), self.groups.cpu().numpy(), self.base.cpu().numpy(),
                                  self.n_features, layout=layout, dtype=self.values.dtype, **meta).to(self.device)
+
+
+def homed_slots(n_slots: int, homes: np.ndarray, per_block: int) -> np.ndarray:
+    """(2, n_slots) int64: where slot i of a layout goes in the copy homed in partition p: slots in order,
+    per_block at a time, into the blocks that `homes` (partition of each block; -1 undecided) gives p, in
+    order. ValueError when a partition has too few blocks."""
+    homes = np.asarray(homes)
+    need = -(-n_slots // per_block)
+    out = np.empty((2, n_slots), dtype=np.int64)
+    slot = np.arange(n_slots)
+    for p in (0, 1):
+        mine = np.flatnonzero(homes == p)
+        if mine.size < need:
+            raise ValueError(f"{mine.size} blocks homed in partition {p}; {need} needed")
+        out[p] = mine[slot // per_block] * per_block + slot % per_block
+    return out
+
+
+def replicated_records(nodes: np.ndarray, roots: np.ndarray, homes: np.ndarray, capacity: int) -> tuple:
+    """(records (capacity, 4) int32, roots (2, n_trees) int32): the node records of a layout written twice into
+    a buffer of `capacity` records whose HOME_BLOCK_BYTES blocks are homed as `homes` says, copy p in blocks of
+    partition p (homed_slots), each copy's child pointers rewritten into that copy; other records zero."""
+    nodes = np.asarray(nodes, dtype=np.int32)
+    per_block = HOME_BLOCK_BYTES // (WORDS * 4)
+    where = homed_slots(nodes.shape[0], homes, per_block)
+    if where.max(initial=-1) >= capacity:
+        raise ValueError(f"the homed blocks run past the buffer's {capacity} records")
+    out = np.zeros((capacity, WORDS), dtype=np.int32)
+    for p in (0, 1):
+        copy = nodes.copy()
+        copy[:, 2] = where[p][nodes[:, 2]]
+        copy[:, 3] = where[p][nodes[:, 3]]
+        out[where[p]] = copy
+    return out, where[:, np.asarray(roots, dtype=np.int64)].astype(np.int32)
 
 
 def _levels(left: np.ndarray, right: np.ndarray) -> list:

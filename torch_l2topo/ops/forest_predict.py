@@ -20,11 +20,13 @@ are cut into chunks until there are about ITEMS_PER_SM items per SM (batch 1 on 
 few dozen trees each), and the chunks' partial sums are added by one torch.sum.
 
 Placement: `policy=` takes the placement policies and "auto" (policy.py says how a call is launched); items are
-the (sample block, tree chunk) pairs.
+the (sample block, tree chunk) pairs. Data placement: a forest with per-partition copies (Forest.per_partition)
+lets every SM walk the copy homed in its own L2 partition, whatever SM its items land on.
 """
 from __future__ import annotations
 
 import functools
+from typing import Optional
 
 import torch
 
@@ -63,7 +65,7 @@ def forest_predict(forest: Forest, x: torch.Tensor, *, policy: str = "auto") -> 
         raise ValueError(f"forest_predict on a GPU handles up to {MAX_GPU_OUTPUTS} outputs; this forest has "
                          f"{forest.n_outputs} (run it on the CPU)")
     args = (forest.nodes, forest.values, forest.roots, forest.groups, forest.base,
-            x.to(torch.float32).contiguous(), forest.depth, forest.divisor, policy)
+            x.to(torch.float32).contiguous(), forest.depth, forest.divisor, policy, forest.sm_partition)
     raw = _forest_predict(*args) if direct_call(x) else torch.ops.torch_l2topo.forest_predict(*args)
     if forest.transform == "sigmoid":
         out = torch.sigmoid(raw)
@@ -106,19 +108,22 @@ def sm_count(index: int) -> int:
 
 
 def launch_kernel(nodes, values, roots, groups, base, x, depth: int, divisor: float, n_sm: int,
-                  policy: str) -> torch.Tensor:
+                  policy: str, sm_partition: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The kernel over every (sample block, tree chunk) item, placed as `policy` says: the sums (n_samples,
-    n_outputs) over divisor, float32."""
+    n_outputs) over divisor, float32. sm_partition: each SM's copy of per-partition copies (roots (2, n_trees)),
+    or None."""
     n, n_features = x.shape
-    n_trees, n_outputs = roots.numel(), base.numel()
+    n_trees, n_outputs = roots.shape[-1], base.numel()
+    sm_part = sm_partition if sm_partition is not None else roots  # never read with REPLICAS 1
     block_s, block_t, n_blocks, n_chunks, trees_per_chunk = work_split(n, n_trees, n_sm)
     partial = torch.empty((n_chunks, n, n_outputs), dtype=torch.float32, device=x.device)
 
     def launch(grid, plan, state, place):
         triton_launcher(forest_kernel, partial)[(grid,)](
             nodes, values, roots, groups, base, x, partial, n, n_features, n_trees, trees_per_chunk, n_chunks,
-            depth, n_outputs, values.shape[1], 1.0 / divisor, plan, state, BLOCK_S=block_s, BLOCK_T=block_t,
-            OUT_PAD=_pow2(n_outputs), VECTOR_LEAVES=values.shape[1] > 1, PLACE=place, num_warps=4)
+            depth, n_outputs, values.shape[1], 1.0 / divisor, sm_part, sm_part.numel(), plan, state,
+            BLOCK_S=block_s, BLOCK_T=block_t, OUT_PAD=_pow2(n_outputs), VECTOR_LEAVES=values.shape[1] > 1,
+            REPLICAS=1 if sm_partition is None else 2, PLACE=place, num_warps=4)
 
     launch_placed("forest_predict", policy, launch, n_blocks * n_chunks, partial)
     return partial[0] if n_chunks == 1 else partial.sum(0)
@@ -152,12 +157,17 @@ def reference_walk(nodes, values, roots, groups, base, x, depth: int) -> torch.T
 
 
 def _forest_predict(nodes: torch.Tensor, values: torch.Tensor, roots: torch.Tensor, groups: torch.Tensor,
-                    base: torch.Tensor, x: torch.Tensor, depth: int, divisor: float, policy: str) -> torch.Tensor:
-    """The sums (n_samples, n_outputs) of a laid-out forest (forest.py) for float32 rows x, over divisor."""
+                    base: torch.Tensor, x: torch.Tensor, depth: int, divisor: float, policy: str,
+                    sm_partition: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The sums (n_samples, n_outputs) of a laid-out forest (forest.py) for float32 rows x, over divisor.
+    sm_partition: per-partition copies (roots (2, n_trees)): each SM walks its own (Forest.per_partition)."""
+    if sm_partition is not None and (roots.dim() != 2 or roots.shape[0] != 2):
+        raise ValueError(f"per-partition copies need roots of shape (2, n_trees); got {tuple(roots.shape)}")
     if not _runs_on_triton(x) or x.shape[0] == 0:
-        raw = reference_walk(nodes, values, roots, groups, base, x, depth)
+        raw = reference_walk(nodes, values, roots.reshape(-1, roots.shape[-1])[0], groups, base, x, depth)
         return raw if divisor == 1.0 else raw / divisor
-    return launch_kernel(nodes, values, roots, groups, base, x, depth, divisor, sm_count(x.device.index), policy)
+    return launch_kernel(nodes, values, roots, groups, base, x, depth, divisor, sm_count(x.device.index), policy,
+                         sm_partition)
 
 
 _forest_predict_op = torch.library.custom_op("torch_l2topo::forest_predict", _forest_predict, mutates_args=())
