@@ -318,6 +318,7 @@ def test_each_homed_copy_walks_to_the_original_forests_prediction(name, layout):
     n_blocks = 3 * (-(-forest.nodes.shape[0] // 16)) + 8
     homes = _homes(n_blocks, 2)
     records, roots = replicated_records(forest.nodes.numpy(), forest.roots.numpy(), homes, n_blocks * 16)
+    assert roots.flags.c_contiguous  # the kernel reads row p at p * n_trees
     for p in (0, 1):
         got = reference_walk(torch.from_numpy(records), forest.values, torch.from_numpy(roots[p]), forest.groups,
                              forest.base, x, forest.depth)

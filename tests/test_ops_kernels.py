@@ -18,6 +18,12 @@ import numpy as np
 import pytest
 from kernel_compile import sm90_ptx
 
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the tests that need it skip (or fail on CI) on their own
+    triton = None
+
 ROOT = Path(__file__).resolve().parents[1]
 XGBOOST = ROOT / "tests" / "data" / "xgboost"
 VECTOR_LOAD = re.compile(r"ld\.global[\w.]*\.v4\.b32")
@@ -214,6 +220,31 @@ def _interpreter_forest():
     mean = forests.launch_kernel(forest.nodes, forest.values.float(), forest.roots, forest.groups,
                                  forest.base.float(), torch.from_numpy(x[:50]), forest.depth, 9.0, 2, "plain")
     np.testing.assert_allclose(mean.numpy(), model.predict_proba(x[:50]), atol=1e-6)
+    _interpreter_forest_copies(forest, torch.from_numpy(x[:50]), mean)
+
+
+if triton is not None:
+    @triton.jit
+    def _stand_in_sm():  # %smid is PTX, which the interpreter cannot run (module level: the jit needs `tl` here)
+        return (tl.program_id(0) % 3).to(tl.int64)
+
+
+def _interpreter_forest_copies(forest, x, expected):
+    # per-partition copies (REPLICAS 2), each program on a stand-in SM (program id % 3), the SMs walking copies
+    # 0, 1, 1: the one-copy kernel's sums, bit for bit (a column-major roots array once broke exactly this)
+    import torch
+
+    import torch_l2topo.triton_kernels.forest as kernels
+    from torch_l2topo.ops.forest import replicated_records
+
+    kernels.sm_id = _stand_in_sm
+    n_blocks = 3 * -(-forest.nodes.shape[0] // 16) + 8
+    homes = np.random.default_rng(3).choice(np.array([0, 1], np.int8), size=n_blocks)
+    records, roots = replicated_records(forest.nodes.numpy(), forest.roots.numpy(), homes, n_blocks * 16)
+    got = forests.launch_kernel(torch.from_numpy(records), forest.values.float(), torch.from_numpy(roots),
+                                forest.groups, forest.base.float(), x, forest.depth, 9.0, 2, "plain",
+                                torch.tensor([0, 1, 1], dtype=torch.int32))
+    assert torch.equal(got, expected)
 
 
 def _interpreter_main():

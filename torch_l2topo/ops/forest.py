@@ -231,7 +231,8 @@ def replicated_records(nodes: np.ndarray, roots: np.ndarray, homes: np.ndarray, 
         copy[:, 2] = where[p][nodes[:, 2]]
         copy[:, 3] = where[p][nodes[:, 3]]
         out[where[p]] = copy
-    return out, where[:, np.asarray(roots, dtype=np.int64)].astype(np.int32)
+    # contiguous: the kernel reads row p of the roots at p * n_trees (fancy indexing gave a column-major array)
+    return out, np.ascontiguousarray(where[:, np.asarray(roots, dtype=np.int64)], dtype=np.int32)
 
 
 def _levels(left: np.ndarray, right: np.ndarray) -> list:

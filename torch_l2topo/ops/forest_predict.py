@@ -161,8 +161,10 @@ def _forest_predict(nodes: torch.Tensor, values: torch.Tensor, roots: torch.Tens
                     sm_partition: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The sums (n_samples, n_outputs) of a laid-out forest (forest.py) for float32 rows x, over divisor.
     sm_partition: per-partition copies (roots (2, n_trees)): each SM walks its own (Forest.per_partition)."""
-    if sm_partition is not None and (roots.dim() != 2 or roots.shape[0] != 2):
-        raise ValueError(f"per-partition copies need roots of shape (2, n_trees); got {tuple(roots.shape)}")
+    if sm_partition is not None:
+        if roots.dim() != 2 or roots.shape[0] != 2:
+            raise ValueError(f"per-partition copies need roots of shape (2, n_trees); got {tuple(roots.shape)}")
+        roots, sm_partition = roots.contiguous(), sm_partition.contiguous()  # the kernel reads row p at p * n_trees
     if not _runs_on_triton(x) or x.shape[0] == 0:
         raw = reference_walk(nodes, values, roots.reshape(-1, roots.shape[-1])[0], groups, base, x, depth)
         return raw if divisor == 1.0 else raw / divisor
