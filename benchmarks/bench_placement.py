@@ -195,15 +195,21 @@ def max_ctas_of(fn, args, topo, num_warps) -> int:
     return sm_aware(fn, num_warps=num_warps, topology=topo).occupancy(*args)
 
 
-def bench_chase(dev, topo, reps) -> list:
+def _chase_items(dev, topo, m: int) -> tuple:
+    """(items, dependent loads per item, the chase workload, a zeroed ends tensor) at m items per SM: ~3 ms of
+    loads per SM whatever m (at least CHASE_MIN_LOADS per item)."""
     import torch
 
+    n = m * topo.n_sm
+    loads = max(CHASE_LOADS_PER_SM // m, CHASE_MIN_LOADS)
+    return n, loads, chase_workload(dev, CHASE_TABLE_MB << 20, n, loads), torch.zeros(n, dtype=torch.int64,
+                                                                                      device=dev)
+
+
+def bench_chase(dev, topo, reps) -> list:
     rows = []
     for m in ITEMS_PER_SM:
-        n = m * topo.n_sm
-        loads = max(CHASE_LOADS_PER_SM // m, CHASE_MIN_LOADS)
-        w = chase_workload(dev, CHASE_TABLE_MB << 20, n, loads)
-        ends = torch.zeros(n, dtype=torch.int64, device=dev)
+        n, loads, w, ends = _chase_items(dev, topo, m)
 
         def check(name, w=w, ends=ends):
             bad = np.flatnonzero(ends.cpu().numpy() != w.expected)
@@ -256,10 +262,7 @@ def bench_capped(dev, topo, reps) -> list:
     max_ctas = int(ops.capped_occupancy(PLACE_SHARES, CAPPED_SMEM))
     rows = []
     for m in CAPPED_ITEMS_PER_SM:
-        n = m * topo.n_sm
-        loads = max(CHASE_LOADS_PER_SM // m, CHASE_MIN_LOADS)
-        w = chase_workload(dev, CHASE_TABLE_MB << 20, n, loads)
-        ends = torch.zeros(n, dtype=torch.int64, device=dev)
+        n, loads, w, ends = _chase_items(dev, topo, m)
         no_plan, no_state = torch.zeros(1, dtype=torch.int32, device=dev), torch.zeros(1, dtype=torch.int64, device=dev)
 
         def check(name, w=w, ends=ends):
@@ -302,10 +305,7 @@ def bench_diagnosis(dev, topo, reps) -> list:
     part = sm_labels(topo).partition
     rows = []
     for m in (1, 4):
-        n = m * topo.n_sm
-        loads = max(CHASE_LOADS_PER_SM // m, CHASE_MIN_LOADS)
-        w = chase_workload(dev, CHASE_TABLE_MB << 20, n, loads)
-        ends = torch.zeros(n, dtype=torch.int64, device=dev)
+        n, loads, w, ends = _chase_items(dev, topo, m)
         trace = torch.zeros(3 * n, dtype=torch.int64, device=dev)
         plain_kernel = sm_aware(traced_chase_kernel, policy="plain", num_warps=1, topology=topo)
         plain_trace = torch.zeros_like(trace)
@@ -361,10 +361,7 @@ def bench_uniform(dev, topo, reps) -> list:
 
     rows = []
     for m in (16, 32):
-        n = m * topo.n_sm
-        loads = max(CHASE_LOADS_PER_SM // m, CHASE_MIN_LOADS)
-        w = chase_workload(dev, CHASE_TABLE_MB << 20, n, loads)
-        ends = torch.zeros(n, dtype=torch.int64, device=dev)
+        n, loads, w, ends = _chase_items(dev, topo, m)
         variants = {"uniform": {"policy": "uniform", "ctas_per_sm": m},
                     "uniform, no tail": {"policy": "uniform", "ctas_per_sm": m, "tail_fraction": 0.0}}
         runs = {"plain_kernel": lambda: chase_plain_kernel[(n,)](w.starts, ends, loads, num_warps=1)}
