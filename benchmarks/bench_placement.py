@@ -195,15 +195,15 @@ def max_ctas_of(fn, args, topo, num_warps) -> int:
     return sm_aware(fn, num_warps=num_warps, topology=topo).occupancy(*args)
 
 
-def _chase_items(dev, topo, m: int) -> tuple:
+def _chase_items(dev, topo, m: int, shuffled: bool = False) -> tuple:
     """(items, dependent loads per item, the chase workload, a zeroed ends tensor) at m items per SM: ~3 ms of
-    loads per SM whatever m (at least CHASE_MIN_LOADS per item)."""
+    loads per SM whatever m (at least CHASE_MIN_LOADS per item); shuffled: classes in a random order."""
     import torch
 
     n = m * topo.n_sm
     loads = max(CHASE_LOADS_PER_SM // m, CHASE_MIN_LOADS)
-    return n, loads, chase_workload(dev, CHASE_TABLE_MB << 20, n, loads), torch.zeros(n, dtype=torch.int64,
-                                                                                      device=dev)
+    return (n, loads, chase_workload(dev, CHASE_TABLE_MB << 20, n, loads, shuffled=shuffled),
+            torch.zeros(n, dtype=torch.int64, device=dev))
 
 
 def bench_chase(dev, topo, reps) -> list:
@@ -349,20 +349,34 @@ def bench_diagnosis(dev, topo, reps) -> list:
     return rows
 
 
-def bench_uniform(dev, topo, reps) -> list:
-    """Persistent `uniform` at equal concurrency (as many CTAs per SM as items per SM) on the chase at 16 and 32
-    items per SM, against the hand plain kernel in interleaved graph replays, with its default tail and with no
-    tail; then each traced (traced_chase_kernel: every item's SM, start and end): items per SM, the spread of
-    item starts, the median item and the makespan, against the plain launch traced alike."""
-    import torch
-    from placement_workloads import chase_kernel, chase_plain_kernel, traced_chase_kernel
+def bench_uniform(dev, topo, reps) -> dict:
+    """Where persistent `uniform` at equal concurrency (as many CTAs per SM as items per SM) loses to the hand plain
+    kernel, in interleaved graph replays:
+    - the chase at 16 and 32 items per SM, with its shares dealt (the default), in contiguous id blocks, and with
+      no tail; then each traced (traced_chase_kernel: every item's SM, start and end): items per SM, the spread
+      of item starts, the median item and the makespan, against the plain launch traced alike;
+    - the gather at 1, 4 and 16 items per SM, against the two floors of any placement of its items: a static
+      lookup of the item id (gather_lookup_kernel) and one atomic ticket then that lookup (gather_ticket_kernel),
+      each the plain kernel plus only that;
+    - the chase at 32 items per SM through chase_exit_kernel: which step of a shares-mode program's way out (a
+      failed claim, the tail, the victim scan, the finish count) costs what."""
+    return {"exit": _uniform_exit(dev, topo, reps), "chase": _uniform_chase(dev, topo, reps),
+            "gather": _uniform_gather(dev, topo, reps)}
 
+
+def _uniform_chase(dev, topo, reps) -> list:
+    import torch
+    from placement_workloads import traced_chase_kernel
+
+    from torch_l2topo.placement.plans import SpeedModel
     from torch_l2topo.placement.sm_aware import sm_aware
 
+    side = SpeedModel.from_topology(topo).partition  # each SM's L2 partition (-1: undecided)
     rows = []
-    for m in (16, 32):
-        n, loads, w, ends = _chase_items(dev, topo, m)
+    for m, shuffled in ((16, False), (32, False), (32, True)):
+        n, loads, w, ends = _chase_items(dev, topo, m, shuffled)
         variants = {"uniform": {"policy": "uniform", "ctas_per_sm": m},
+                    "uniform, blocks": {"policy": "uniform", "ctas_per_sm": m, "share_order": "blocks"},
                     "uniform, no tail": {"policy": "uniform", "ctas_per_sm": m, "tail_fraction": 0.0}}
         runs = {"plain_kernel": lambda: chase_plain_kernel[(n,)](w.starts, ends, loads, num_warps=1)}
         for name, options in variants.items():
@@ -373,7 +387,7 @@ def bench_uniform(dev, topo, reps) -> list:
             run()
         times = interleaved({k: graph_of(f, GRAPH_LAUNCHES).replay for k, f in runs.items()}, reps,
                             per_run=GRAPH_LAUNCHES)
-        row = {"items_per_sm": m, "ms": times,
+        row = {"items_per_sm": m, "classes": "shuffled" if shuffled else "alternating", "ms": times,
                "vs_plain_kernel": {k: times[k]["p50"] / times["plain_kernel"]["p50"] for k in times}, "traced": {}}
         for name, options in {"plain": {"policy": "plain"}, **variants}.items():
             trace = torch.zeros(3 * n, dtype=torch.int64, device=dev)
@@ -393,17 +407,103 @@ def bench_uniform(dev, topo, reps) -> list:
             sm, start, end = t[:, 0], t[:, 1] - t[:, 1].min(), t[:, 2] - t[:, 1].min()
             per_sm = np.bincount(sm, minlength=topo.n_sm)
             item = np.median(end - start)
+            # the classes each SM ran: SMs whose items were all of one class (a far-only SM sets the makespan)
+            is_far = (w.classes != side[sm]) & (side[sm] >= 0)
+            far = np.bincount(sm, weights=is_far, minlength=topo.n_sm)
+            took = (end - start) / 1e3
             row["traced"][name] = {
                 "items_per_sm_min_max": [int(per_sm.min()), int(per_sm.max())],
+                "far_items_per_sm_min_max": [int(far.min()), int(far.max())], "far_items": int(far.sum()),
                 "start_us_p50_p95_max": [float(np.median(start) / 1e3), float(np.quantile(start, 0.95) / 1e3),
                                          float(start.max() / 1e3)],
                 "items_starting_after_half_an_item": int(np.sum(start > item / 2)),
                 "item_us_p50_max": [float(item / 1e3), float((end - start).max() / 1e3)],
+                "near_far_item_us_p50_max": [[float(np.median(took[k])), float(took[k].max())] if k.any() else None
+                                             for k in (~is_far, is_far)],
                 "makespan_us": float(end.max() / 1e3)}
         rows.append(row)
-        print(f"  {m}/SM: " + ", ".join(f"{k} {v:.3f}" for k, v in row["vs_plain_kernel"].items()), flush=True)
+        ratios = ", ".join(f"{k} {v:.3f}" for k, v in row["vs_plain_kernel"].items())
+        print(f"  chase {m}/SM, {row['classes']} classes: {ratios}", flush=True)
         for name, tr in row["traced"].items():
             print(f"    traced {name}: {tr}", flush=True)
+    return rows
+
+
+def _uniform_exit(dev, topo, reps, m: int = 32) -> dict:
+    """The chase at m items per SM through chase_exit_kernel at each EXIT step, against the plain kernel and the
+    real uniform policy (all in graphs; the exit kernels' graphs zero the state before each launch, and so does
+    one extra entry before the plain kernel, to time that memset alike)."""
+    import torch
+    from placement_workloads import chase_exit_kernel
+
+    from torch_l2topo.placement.sm_aware import sm_aware
+
+    n, loads, w, ends = _chase_items(dev, topo, m)
+    kernel = sm_aware(chase_kernel, num_warps=1, topology=topo, policy="uniform", ctas_per_sm=m, tail_fraction=0.0)
+
+    def uniform():
+        kernel(w.starts, ends, loads, n_items=n, item_class=w.classes, loads_per_item=loads)
+
+    uniform()
+    plan, state = kernel.plan_tensors(n, w.classes, loads)
+
+    def exit_run(step):
+        def run():
+            state.zero_()
+            chase_exit_kernel[(n,)](w.starts, ends, loads, plan, state, EXIT=step, num_warps=1)
+        return run
+
+    runs = {"plain_kernel": lambda: chase_plain_kernel[(n,)](w.starts, ends, loads, num_warps=1),
+            "memset + plain_kernel": lambda: (state.zero_(), chase_plain_kernel[(n,)](w.starts, ends, loads,
+                                                                                       num_warps=1)),
+            "uniform": uniform, **{f"exit {step}": exit_run(step) for step in range(6)}}
+    for name, run in runs.items():
+        run()
+        torch.cuda.synchronize()
+        if np.any(ends.cpu().numpy() != w.expected):
+            raise AssertionError(f"uniform exit diagnosis, {name}: items ended elsewhere")
+        ends.zero_()
+    state.zero_()  # the real uniform plan's cursors start from zero again
+    times = interleaved({k: graph_of(f, GRAPH_LAUNCHES).replay for k, f in runs.items()}, reps, per_run=GRAPH_LAUNCHES)
+    ratios = {k: times[k]["p50"] / times["plain_kernel"]["p50"] for k in times}
+    print(f"  chase {m}/SM, exit steps: " + ", ".join(f"{k} {v:.3f}" for k, v in ratios.items()), flush=True)
+    return {"items_per_sm": m, "ms": times, "vs_plain_kernel": ratios}
+
+
+def _uniform_gather(dev, topo, reps) -> list:
+    import torch
+    from placement_workloads import gather_lookup_kernel, gather_ticket_kernel
+
+    from torch_l2topo.placement.sm_aware import sm_aware
+
+    counters_n = 66  # divides every n = m * 132; elsewhere the ticket floor is left out
+    rows = []
+    for m in (1, 4, 16):
+        n = m * topo.n_sm
+        w = gather_workload(dev, GATHER_TABLE_MB << 20, n)
+        out = torch.empty_like(w.reference)
+        order = torch.arange(n, dtype=torch.int32, device=dev)
+        counters = torch.zeros(counters_n, dtype=torch.int64, device=dev)
+        args = (w.table, w.idx, out)
+        runs = {"plain_kernel": lambda: gather_plain_kernel[(n,)](*args, w.bag, w.dim, num_warps=1),
+                "lookup_floor": lambda: gather_lookup_kernel[(n,)](*args, order, w.bag, w.dim, num_warps=1)}
+        if n % counters_n == 0:
+            runs["ticket_floor"] = lambda: gather_ticket_kernel[(n,)](*args, order, counters, n // counters_n, w.bag,
+                                                                      w.dim, counters_n, num_warps=1)
+        for name, options in {"uniform": {}, "uniform, blocks": {"share_order": "blocks"}}.items():
+            kernel = sm_aware(gather_kernel, num_warps=1, topology=topo, policy="uniform", ctas_per_sm=m, **options)
+            runs[name] = lambda k=kernel: k(*args, w.bag, w.dim, n_items=n, item_class=w.classes, loads_per_item=1.0)
+        for name, run in runs.items():
+            run()
+            torch.cuda.synchronize()
+            torch.testing.assert_close(out, w.reference, rtol=1e-5, atol=1e-4, msg=lambda s: f"gather {name}: {s}")
+            out.zero_()
+        times = interleaved({k: graph_of(f, 20).replay for k, f in runs.items()}, reps, per_run=20)
+        row = {"items_per_sm": m, "ms": times,
+               "vs_plain_kernel": {k: times[k]["p50"] / times["plain_kernel"]["p50"] for k in times}}
+        rows.append(row)
+        print(f"  gather {m}/SM ({times['plain_kernel']['p50'] * 1e3:.1f} us): "
+              + ", ".join(f"{k} {v:.3f}" for k, v in row["vs_plain_kernel"].items()), flush=True)
     return rows
 
 

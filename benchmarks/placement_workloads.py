@@ -18,7 +18,16 @@ import triton
 import triton.language as tl
 
 from torch_l2topo.layout import LINE_BYTES, LINE_WORDS
-from torch_l2topo.triton_kernels.placement import plan_finish, plan_next, plan_start
+from torch_l2topo.triton_kernels.placement import (
+    PLAN_N_SLOTS,
+    STATE_FINISHED,
+    STATE_TAIL,
+    _claim_share,
+    _next_share,
+    plan_finish,
+    plan_next,
+    plan_start,
+)
 from torch_l2topo.triton_kernels.protocol import chase, global_ns, sm_id
 
 
@@ -64,6 +73,31 @@ def traced_chase_kernel(starts_ptr, ends_ptr, n_loads, trace_ptr, plan_ptr, stat
 def chase_plain_kernel(starts_ptr, ends_ptr, n_loads):
     """The hand-written plain kernel: program p chases item p."""
     _chase_item(starts_ptr, ends_ptr, n_loads, tl.program_id(0).to(tl.int64))
+
+
+@triton.jit
+def chase_exit_kernel(starts_ptr, ends_ptr, n_loads, plan_ptr, state_ptr, EXIT: tl.constexpr):
+    """A diagnosis of the shares mode's way out (bench_placement.py --only uniform): each program makes the real
+    claim of one item of its SM's share (a uniform plan without a tail, as many CTAs per SM as items), chases it,
+    then runs the first EXIT steps of what a shares-mode program does once its items are done: 1 a failed claim
+    of its share, 2 and a failed tail claim, 3 and the way into the scan for a victim (skipped once every share
+    is drained), 4 and plan_finish's acq_rel count of finished programs; 5 is 4 with that count relaxed. The
+    host zeroes the state before every launch (nothing here resets it)."""
+    sm = sm_id()
+    n_slots = tl.load(plan_ptr + PLAN_N_SLOTS)
+    item = _claim_share(plan_ptr, state_ptr, sm, n_slots)
+    if item >= 0:
+        _chase_item(starts_ptr, ends_ptr, n_loads, item)
+    if EXIT >= 1:
+        _claim_share(plan_ptr, state_ptr, sm, n_slots)
+    if EXIT >= 2:
+        tl.atomic_add(state_ptr + STATE_TAIL, tl.full((), 1, tl.int64), sem="relaxed")
+    if EXIT >= 3:
+        _next_share(plan_ptr, state_ptr, sm, tl.full((), 2, tl.int64))  # PHASE_STEAL: finds no victim here
+    if EXIT == 4:
+        tl.atomic_add(state_ptr + STATE_FINISHED, tl.full((), 1, tl.int64), sem="acq_rel")
+    if EXIT == 5:
+        tl.atomic_add(state_ptr + STATE_FINISHED, tl.full((), 1, tl.int64), sem="relaxed")
 
 
 # The capped kernel: 512 threads per program (16 warps) and a TILE-float register tile per thread that the
@@ -128,6 +162,24 @@ def gather_plain_kernel(table_ptr, idx_ptr, out_ptr, BAG: tl.constexpr, DIM: tl.
     _bag_sum(table_ptr, idx_ptr, out_ptr, tl.program_id(0), BAG, DIM)
 
 
+@triton.jit
+def gather_lookup_kernel(table_ptr, idx_ptr, out_ptr, order_ptr, BAG: tl.constexpr, DIM: tl.constexpr):
+    """The least a static plan costs: program p works on item order[p] (one dependent load of the item id)."""
+    _bag_sum(table_ptr, idx_ptr, out_ptr, tl.load(order_ptr + tl.program_id(0)), BAG, DIM)
+
+
+@triton.jit
+def gather_ticket_kernel(table_ptr, idx_ptr, out_ptr, order_ptr, counters_ptr, per_counter, BAG: tl.constexpr,
+                         DIM: tl.constexpr, COUNTERS: tl.constexpr):
+    """The least a dynamic claim costs: one relaxed atomic ticket, then one load of the item id; no plan check, no
+    failed claim, no finish. Program p draws from counter p % COUNTERS (spread, so the claims do not queue on one
+    address). The counters are never reset: each launch adds per_counter tickets to every counter, and ticket t
+    of counter g is item order[(t % per_counter) * COUNTERS + g], so every item is taken once per launch."""
+    g = tl.program_id(0) % COUNTERS
+    t = tl.atomic_add(counters_ptr + g, 1, sem="relaxed")
+    _bag_sum(table_ptr, idx_ptr, out_ptr, tl.load(order_ptr + (t % per_counter) * COUNTERS + g), BAG, DIM)
+
+
 def _alternating(n: int) -> np.ndarray:
     return (np.arange(n) % 2).astype(np.int8)
 
@@ -143,9 +195,10 @@ class Chase:
     map_s: float            # time of the buffer's partition map
 
 
-def chase_workload(device, footprint_bytes: int, n_items: int, loads: int, seed: int = 0) -> Chase:
+def chase_workload(device, footprint_bytes: int, n_items: int, loads: int, seed: int = 0,
+                   shuffled: bool = False) -> Chase:
     """Two random rings through the lines of a `footprint_bytes` buffer, one per home partition, and n_items
-    items evenly spaced along them (classes alternating)."""
+    items evenly spaced along them (classes alternating; shuffled: the same classes in a random order)."""
     import torch
 
     from torch_l2topo.placement.partition_map import partition_map
@@ -156,6 +209,8 @@ def chase_workload(device, footprint_bytes: int, n_items: int, loads: int, seed:
     line_home = np.repeat(pmap.homes, pmap.block_bytes // LINE_BYTES)[:n_lines]
     base, rng = buf.data_ptr(), np.random.default_rng(seed)
     classes = _alternating(n_items)
+    if shuffled:
+        classes = rng.permutation(classes)
     starts = np.empty(n_items, np.int64)
     expected = np.empty(n_items, np.int64)
     lengths = []

@@ -95,6 +95,8 @@ __device__ inline int64_t claim_share(const int32_t* plan, int64_t* state, int s
   const int64_t lo = plan[PLAN_HEADER + slot];
   const int64_t hi = plan[PLAN_HEADER + slot + 1];
   const int64_t i = static_cast<int64_t>(atomicAdd(as_u64(state + STATE_CURSORS + slot), 1ull));
+  // exactly one claim per share counts it drained: the one that took its last item (an empty share: the first)
+  if (i == (hi - lo > 0 ? hi - lo - 1 : 0)) atomicAdd(as_u64(state + STATE_DRAINED), 1ull);
   return i < hi - lo ? plan[PLAN_HEADER + n_slots + 1 + lo + i] : -1;
 }
 
@@ -122,6 +124,14 @@ __device__ inline PlanItem share_or_tail(const int32_t* plan, int64_t* state, in
 __device__ inline PlanItem steal(const int32_t* plan, int64_t* state, int lane) {
   constexpr unsigned FULL = 0xffffffffu;
   const int n_slots = plan[PLAN_N_SLOTS];
+  // Every share drained: no victim, no scan of every cursor (triton_kernels/placement.py says what it cost).
+  // Read on lane 0 and shuffled, so that every lane takes the same way.
+  int64_t drained = 0;
+  if (lane == 0) {
+    drained = cuda::atomic_ref<int64_t, cuda::thread_scope_device>(state[STATE_DRAINED])
+                  .load(cuda::memory_order_relaxed);
+  }
+  if (__shfl_sync(FULL, drained, 0) >= n_slots) return {-1, PHASE_DONE};
   while (true) {
     // All loads first, then the arithmetic: the lane's (up to) 8 cursor reads are in flight together.
     int64_t cursor[MAX_SLOTS / 32];
@@ -292,6 +302,7 @@ __device__ inline void plan_finish(const int32_t* plan, int64_t* state, int64_t 
         for (int s = 0; s < n_slots; ++s) state[STATE_CURSORS + s] = 0;
       }
       state[STATE_TAIL] = 0;
+      state[STATE_DRAINED] = 0;
       state[STATE_FINISHED] = 0;
     }
   }

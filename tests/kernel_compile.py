@@ -65,3 +65,42 @@ def derives_from_thread_id(reg: str, defs: dict, seen: set = None) -> bool:
         if any(derives_from_thread_id(r, defs, seen) for r in re.findall(r"%\w+", line.split(",", 1)[1])):
             return True
     return False
+
+
+_OPERATION = re.compile(r"\s*(?:@!?%p\d+\s+)?([a-z][\w.]*)\s+%\w+\s*,(.*);")
+
+
+def _operand(token: str, defs: dict, tid: int, depth: int):
+    token = token.strip()
+    if token == "%tid.x":
+        return tid
+    if re.fullmatch(r"-?\d+", token):
+        return int(token)
+    return thread_value(token, defs, tid, depth + 1) if token.startswith("%") else None
+
+
+def thread_value(reg: str, defs: dict, tid: int, depth: int = 0):
+    """The value of `reg` in thread `tid` of the program (x only), where its one definition is a chain of integer
+    and predicate operations on %tid.x and constants; None where it depends on anything else (an unknown)."""
+    writes = defs.get(reg, [])
+    m = _OPERATION.match(writes[0]) if len(writes) == 1 and depth < 32 else None
+    if m is None:
+        return None
+    op, args = m.group(1), [_operand(a, defs, tid, depth) for a in m.group(2).split(",")]
+    kind = op.split(".")
+    if kind[0] == "and" and kind[-1] == "pred":  # a conjunction is false once either side is
+        return False if False in args else (True if args == [True, True] else None)
+    if None in args:
+        return None
+    ops = {"mov": lambda a: a[0], "and": lambda a: a[0] & a[1], "or": lambda a: a[0] | a[1],
+           "shr": lambda a: a[0] >> a[1], "shl": lambda a: a[0] << a[1], "add": lambda a: a[0] + a[1],
+           "bfe": lambda a: (a[0] >> a[1]) & ((1 << a[2]) - 1),
+           "setp": lambda a: {"eq": a[0] == a[1], "ne": a[0] != a[1], "lt": a[0] < a[1], "le": a[0] <= a[1],
+                              "gt": a[0] > a[1], "ge": a[0] >= a[1]}.get(kind[1])}
+    return ops[kind[0]](args) if kind[0] in ops else None
+
+
+def threads_that_may_run(pred: str, defs: dict, n_threads: int) -> list:
+    """Threads of a program of n_threads whose `pred` is true or unknown (thread_value): those that may execute an
+    instruction guarded by @pred."""
+    return [t for t in range(n_threads) if thread_value(pred, defs, t) is not False]

@@ -15,7 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from kernel_compile import derives_from_thread_id, nvcc, register_definitions, sm90_ptx
+from kernel_compile import nvcc, register_definitions, sm90_ptx, threads_that_may_run
 
 ROOT = Path(__file__).resolve().parents[1]
 ATOMIC = re.compile(r"^\s*(@!?%p\d+\s+)?(atom|red)\.")
@@ -121,21 +121,49 @@ def test_triton_checksum_kernel_compiles_with_scalar_atomics(num_warps, place):
     # FINISHED; queues: claims, error flag; and the kernel's own two adds
     assert len(atomics) >= (8 if place == 1 else 4), atomics
     for line in atomics:
-        # Executed once per program: predicated on a test `tid-derived value == 0`.
+        # Executed once per program: its predicate, evaluated for every thread (through the chain of operations
+        # on %tid.x that defines it; Triton 3.6 writes `lane == 0 && tid < 32`, 3.9 `(tid & 31 | tid >> 5) == 0`,
+        # conjoined with the branch condition where it predicates instead of branching), may hold on thread 0
+        # only.
         pred = re.match(r"\s*@(%p\d+)\s", line)
         assert pred, f"unpredicated atomic runs on every thread: {line.strip()}"
-        setp = [d for d in defs.get(pred.group(1), []) if d.strip().startswith("setp.eq")]
-        assert setp, f"{pred.group(1)} is not an equality test: {line.strip()}"
-        compared, value = re.search(r",\s*(%\w+),\s*(\w+);", setp[0]).groups()
-        assert value == "0" and derives_from_thread_id(compared, defs), setp[0]
+        assert threads_that_may_run(pred.group(1), defs, 32 * num_warps) == [0], line.strip()
+
+
+def test_the_once_per_program_check_evaluates_predicates_per_thread():
+    """threads_that_may_run on hand-written PTX: each way the compilers write "thread 0" passes, and a predicate
+    that holds on one lane of every warp, or on an unknown, does not."""
+    ptx = """
+        mov.u32 %r1, %tid.x;
+        and.b32 %r2, %r1, 31;
+        setp.eq.b32 %p1, %r2, 0;
+        bfe.u32 %r3, %r1, 5, 2;
+        or.b32 %r4, %r3, %r2;
+        setp.eq.b32 %p2, %r4, 0;
+        setp.lt.u32 %p3, %r1, 32;
+        and.pred %p4, %p1, %p3;
+        ld.global.b32 %r5, [ %rd1 + 0 ];
+        setp.eq.b32 %p5, %r5, 0;
+        and.pred %p6, %p2, %p5;
+        and.pred %p7, %p1, %p5;
+    """
+    defs = register_definitions(ptx)
+    runs = {p: threads_that_may_run(p, defs, 128) for p in ("%p1", "%p2", "%p4", "%p5", "%p6", "%p7")}
+    assert runs["%p2"] == runs["%p4"] == runs["%p6"] == [0]
+    assert runs["%p1"] == runs["%p7"] == [0, 32, 64, 96] and runs["%p5"] == list(range(128))
 
 
 def test_triton_atomic_results_are_broadcast_through_shared_memory():
     """With 4 warps each returned atomic value goes thread 0 -> st.shared -> bar.sync -> ld.shared: every
     thread sees the one claim's result (the comment in triton_kernels/placement.py cites this)."""
     lines = _checksum_ptx(4).splitlines()
-    # the adds: claims and FINISHED, whose results are used (the error flag's exch result is not)
-    returning = [i for i, line in enumerate(lines) if re.match(r"\s*@%p\d+\s+atom\.global[\w.]*\.add", line)]
+    # the adds whose results are used: claims and FINISHED (Triton 3.6 writes atom, not red, for the unused
+    # results of the statistics and the drained count, which need no broadcast)
+    returning = []
+    for i, line in enumerate(lines):
+        m = re.match(r"\s*@%p\d+\s+atom\.global[\w.]*\.add\.\w+\s+(%\w+),", line)
+        if m and any(re.search(re.escape(m.group(1)) + r"\b", later.split(",", 1)[-1]) for later in lines[i + 1:]):
+            returning.append(i)
     assert returning
     for i in returning:
         window = "\n".join(lines[i:i + 12])
@@ -225,6 +253,7 @@ KNOWN_SMS = INTERP_SMS + 1  # %smid stand-in: program id modulo this
 INTERP_CASES = [  # policy, n_items, grid, launches
     ("weighted", 37, INTERP_SMS + 3, 2),  # programs on slots, one on an unknown SM, shares + tail, two launches
     ("uniform", 37, 2, 1),                # slots 2, 3 have no program: their shares are stolen
+    ("uniform", 200, 37, 2),              # more programs than slots: several count on each SM's cursor
     ("dynamic", 1, 3, 1),
     ("uniform", 0, INTERP_SMS, 1),
     ("partition_queues", 37, 37, 2),      # one program per item, classes spread over both sides' queues

@@ -231,22 +231,40 @@ def test_validate_names_missing_and_duplicated_items():
         plan.validate(3)
 
 
-def test_shares_are_contiguous_deterministic_and_cut_at_their_ends():
-    speeds, workload = two_partition_model(7), Workload(1000)
-    plan = make_plan("uniform", speeds, workload, tail_fraction=0)
+@pytest.mark.parametrize("order", ["dealt", "blocks"])
+def test_shares_are_dealt_or_blocks_deterministic_and_cut_at_their_ends(order):
+    speeds, workload = two_partition_model(7), Workload(1001)
+    plan = make_plan("uniform", speeds, workload, tail_fraction=0, share_order=order)
     sizes = np.diff(plan.offsets)
-    assert sizes.max() - sizes.min() <= 1 and len(plan.tail) == 0
-    for s in range(7):  # contiguous id blocks in id order
-        np.testing.assert_array_equal(plan.share(s), np.arange(plan.offsets[s], plan.offsets[s + 1]))
-    cut = make_plan("uniform", speeds, workload)
-    assert len(cut.tail) == round(DEFAULT_TAIL_FRACTION * 1000)
+    assert sizes.tolist() == [143] * 7 and len(plan.tail) == 0
+    for s in range(7):
+        if order == "blocks":  # contiguous id blocks in id order
+            np.testing.assert_array_equal(plan.share(s), np.arange(143 * s, 143 * (s + 1)))
+        else:  # one id of every run of 7, in id order
+            np.testing.assert_array_equal(plan.share(s) // 7, np.arange(143))
+    if order == "dealt":  # the SM order changes from run to run: no SM sits at a fixed offset in every run
+        first = plan.items.reshape(7, 143)[:, :8] % 7
+        assert all(len(set(row)) > 1 for row in first)
+    cut = make_plan("uniform", speeds, workload, share_order=order)
+    assert len(cut.tail) == round(DEFAULT_TAIL_FRACTION * 1001)
     for s in range(7):  # the tail comes off the end of each share, in proportion
         share = cut.share(s)
         np.testing.assert_array_equal(share, plan.share(s)[:len(share)])
         assert abs((sizes[s] - len(share)) - len(cut.tail) / 7) <= 1
-    again = make_plan("uniform", speeds, workload)
+    again = make_plan("uniform", speeds, workload, share_order=order)
     assert np.array_equal(again.items, cut.items) and np.array_equal(again.tail, cut.tail)
     assert len(make_plan("dynamic", speeds, workload).items) == 0
+
+
+def test_dealt_shares_spread_each_sms_ids_over_the_whole_range():
+    speeds = SpeedModel(np.repeat([[1.0], [2.0], [4.0]], 3, axis=1), [-1, -1, -1])
+    plan = make_plan("weighted", speeds, Workload(700), tail_fraction=0)
+    plan.validate(700)
+    for s, count in enumerate([400, 200, 100]):  # SM s's j-th id lies in the j-th of `count` stretches of ids
+        stretch = np.floor(plan.share(s) * count / 700 + 1e-9).astype(int)
+        assert len(stretch) == count and np.abs(stretch - np.arange(count)).max() <= 1
+    with pytest.raises(ValueError, match="share_order"):
+        make_plan("uniform", speeds, Workload(7), share_order="random")
 
 
 def test_affinity_keeps_classes_on_their_near_sms():
@@ -374,7 +392,8 @@ def h200_workload():
 
 def test_h200_static_shares_reproduce_the_measured_cuts(h200, h200_workload):
     """Without stealing and tail (the chase experiments: weighting -4.5%, affinity -6.8%, both -9.9%)."""
-    static = {p: predict(make_plan(p, h200, h200_workload, tail_fraction=0), h200, h200_workload, steal=False)
+    static = {p: predict(make_plan(p, h200, h200_workload, tail_fraction=0, share_order="blocks"), h200,
+                         h200_workload, steal=False)
               for p in ("uniform", "weighted", "partition_affine", "affine_weighted")}
     bound = limit(h200, h200_workload)
     assert static["uniform"] > static["weighted"] > static["partition_affine"] > static["affine_weighted"] >= bound

@@ -49,7 +49,8 @@ The modes (layouts in torch_l2topo/layout.py):
 
 Every item is handed out exactly once per launch: each index of a share, of the tail or of a queue is the
 return value of exactly one atomic_add on its cursor, and a program stops only once everything it could still
-claim is exhausted (cursors only grow during a launch, so "all exhausted" is final). No wait here needs a
+claim is exhausted (cursors only grow during a launch, so "all exhausted" is final; so is the count of drained
+shares, which lets a program skip the scan once it reaches the number of shares). No wait here needs a
 watchdog: a program never waits for another one; every scan ends after at most one failed claim per slot or
 queue plus one per item it gets.
 
@@ -94,6 +95,7 @@ PLAN_MAGIC_VALUE = tl.constexpr(_layout.PLAN_MAGIC_VALUE)
 STATE_TAIL = tl.constexpr(_layout.STATE_TAIL)
 STATE_FINISHED = tl.constexpr(_layout.STATE_FINISHED)
 STATE_ERROR = tl.constexpr(_layout.STATE_ERROR)
+STATE_DRAINED = tl.constexpr(_layout.STATE_DRAINED)
 STATE_CURSORS = tl.constexpr(_layout.STATE_CURSORS)
 STAT_ITEMS = tl.constexpr(_layout.STAT_ITEMS)
 STAT_BUSY_NS = tl.constexpr(_layout.STAT_BUSY_NS)
@@ -129,12 +131,13 @@ def _recording(PLACE: tl.constexpr):
 
 @triton.jit
 def _plan_ok(plan_ptr, PLACE: tl.constexpr):
-    # A plan without the magic word is not read any further: its sizes could point anywhere.
-    ok = tl.load(plan_ptr + PLAN_MAGIC) == PLAN_MAGIC_VALUE
-    if ok:
-        n_slots = tl.load(plan_ptr + PLAN_N_SLOTS)
-        ok = (n_slots >= 0) & (n_slots <= MAX_SLOTS) & (tl.load(plan_ptr + PLAN_MODE) == _mode(PLACE))
-    return ok
+    # The three header words in one round trip (every plan tensor holds a header; one read after the magic word
+    # was a second dependent L2 round trip before any claim). A plan without the magic word is not read beyond
+    # its header: its sizes could point anywhere.
+    magic = tl.load(plan_ptr + PLAN_MAGIC)
+    n_slots = tl.load(plan_ptr + PLAN_N_SLOTS)
+    mode = tl.load(plan_ptr + PLAN_MODE)
+    return (magic == PLAN_MAGIC_VALUE) & (n_slots >= 0) & (n_slots <= MAX_SLOTS) & (mode == _mode(PLACE))
 
 
 @triton.jit
@@ -164,6 +167,8 @@ def _claim_share(plan_ptr, state_ptr, slot, n_slots):
     i = tl.atomic_add(state_ptr + STATE_CURSORS + slot, tl.full((), 1, tl.int64), sem="relaxed")
     if i < hi - lo:
         item = tl.load(plan_ptr + PLAN_HEADER + n_slots + 1 + lo + i)
+    if i == tl.maximum(hi - lo - 1, 0):  # exactly one claim per share: the one that took its last item
+        tl.atomic_add(state_ptr + STATE_DRAINED, tl.full((), 1, tl.int64), sem="relaxed")
     return item
 
 
@@ -191,6 +196,15 @@ def _next_share(plan_ptr, state_ptr, sm, phase):
         # its int64), and one int32 max over a key that packs the items left with the slot (ties: lowest slot,
         # as tl.argmax). Vectors of int64 and a max + argmax took a gather kernel from 64 to 96 registers per
         # thread and its residency from 32 to 21 single-warp CTAs per SM.
+        # Every share drained: no victim, no scan. The scan reads every cursor from L2; 4,224 programs scanning
+        # as they ended made those few lines' slices so busy that the chases still running slowed by 16% (the
+        # chase at 32 items per SM, bench_placement.py --only uniform); this is one word, read once. Read by an
+        # atomic, whose result every thread gets from thread 0: a scalar load runs on every thread, and threads
+        # that read it at different times could disagree on the count, and so on whether to scan (the scan's
+        # reduction needs every warp; an H200 launch of one item hit an illegal address that way).
+        drained = tl.atomic_add(state_ptr + STATE_DRAINED, tl.zeros((), tl.int64), sem="relaxed")
+        if drained >= n_slots:
+            phase = tl.full((), PHASE_DONE, tl.int64)
         slots = tl.arange(0, MAX_SLOTS)
         in_plan = slots < n_slots
         cursor_low = (state_ptr + STATE_CURSORS + slots).to(tl.pointer_type(tl.int32), bitcast=True)
@@ -313,11 +327,14 @@ def plan_finish(plan_ptr, state_ptr, sm, t0, n_done, PLACE: tl.constexpr):
         # claims (the last one being the failed claim that returned -1) before this increment, and acq_rel
         # orders them before it (release) and this program's resets after it (acquire). The program that sees
         # grid - 1 is therefore the last to touch the cursors in this launch, and the next launch starts after
-        # this one ends in stream order.
+        # this one ends in stream order. (Counting in 16 shards first, so that 4,224 programs ending together
+        # do not all count on one address, measured no faster on the H200:
+        # benchmarks/results/diagnosis/placement_uniform_finish_shards_reverted_h200.json.)
         finished = tl.atomic_add(state_ptr + STATE_FINISHED, tl.full((), 1, tl.int64), sem="acq_rel")
         if finished == tl.num_programs(0) - 1:
             if ok:
                 slots = tl.arange(0, MAX_SLOTS)
                 tl.store(state_ptr + STATE_CURSORS + slots, tl.zeros((MAX_SLOTS,), tl.int64), mask=slots < n_slots)
             tl.store(state_ptr + STATE_TAIL, tl.full((), 0, tl.int64))
+            tl.store(state_ptr + STATE_DRAINED, tl.full((), 0, tl.int64))
             tl.store(state_ptr + STATE_FINISHED, tl.full((), 0, tl.int64))

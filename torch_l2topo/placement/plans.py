@@ -83,6 +83,7 @@ POLICY_TABLE = {p.name: p for p in (
     Policy("measured", PLACE_SHARES, False, False, False, "persistent grid, shares by the kernel's measured speed"),
 )}
 POLICIES = tuple(POLICY_TABLE)
+SHARE_ORDERS = ("dealt", "blocks")  # make_plan's share_order
 # Queues per group (L2 partition) in queues mode: about one per QUEUE_SMS SMs of the group, so that thousands of
 # programs starting at once spread their claims over ~16 counters on an H200 instead of hitting two.
 QUEUE_SMS = 8
@@ -426,11 +427,28 @@ def _counts(policy: str, speeds: SpeedModel, workload: Workload, k) -> np.ndarra
     return out
 
 
+def _dealt(counts: np.ndarray) -> np.ndarray:
+    """The owners of a group's ids in id order: SM s counts[s] times, its j-th turn at a random point of the
+    j-th of counts[s] equal stretches of the ids (seeded: plans are deterministic). Equal counts: each run of
+    n_sm ids goes to every SM once, in a random order. So an SM's ids lie about n / counts[s] apart, as when the
+    hardware deals a plain launch's programs, without lining up with any period in the ids (dealt in SM
+    order, items whose class alternates would give every SM of an even count items of one class only)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    owners = np.repeat(np.arange(len(counts)), counts)
+    turn = np.arange(len(owners)) - np.repeat(np.cumsum(counts) - counts, counts)
+    jitter = np.random.default_rng(0).random(len(owners))
+    return owners[np.argsort((turn + jitter) / counts[owners], kind="stable")]
+
+
 def make_plan(policy: str, speeds: SpeedModel, workload: Workload, *, k: int | None = None,
-              tail_fraction: float = DEFAULT_TAIL_FRACTION, chunk: int = 1) -> Plan:
+              tail_fraction: float = DEFAULT_TAIL_FRACTION, chunk: int = 1, share_order: str = "dealt") -> Plan:
     """A plan of `policy` (POLICY_TABLE) for `workload` on the SMs of `speeds`.
 
-    uniform: equal item counts, contiguous id blocks. dynamic: everything in the tail. weighted: counts
+    share_order (the static policies): which ids make up a share of a given size. "dealt" (default): the ids
+    of each group are dealt to its SMs in turns (_dealt), so that the CTAs of one SM run ids about n_sm apart
+    at once, as in a plain launch, not neighbours (items with neighbouring ids often touch neighbouring data at
+    the same time). "blocks": contiguous id blocks, for items that share data with their neighbours.
+    uniform: equal item counts. dynamic: everything in the tail. weighted: counts
     proportional to each SM's speed on this workload's class mix (largest remainder). fastest: weighted over
     only the k fastest SMs; the others drain the tail and steal. partition_affine: items of class p to the SMs
     near p (equal counts), class 2 over all SMs. affine_weighted: limit()'s LP rounded to whole items per
@@ -441,6 +459,7 @@ def make_plan(policy: str, speeds: SpeedModel, workload: Workload, *, k: int | N
     a queue without a claim cost. partition_queues: queues mode, `chunk` items per claim (queue_plan).
     """
     check_choice("policy", policy, POLICIES)
+    check_choice("share_order", share_order, SHARE_ORDERS)
     if not isinstance(speeds, SpeedModel) or not isinstance(workload, Workload):
         raise TypeError("make_plan takes a SpeedModel and a Workload")
     if POLICY_TABLE[policy].needs_k:
@@ -463,12 +482,12 @@ def make_plan(policy: str, speeds: SpeedModel, workload: Workload, *, k: int | N
         return replace(plan, predicted_makespan=predict(plan, speeds, workload))
 
     counts = _counts(policy, speeds, workload, k)
-    # Each group's ids, in id order, go to SMs in SM order: a share is a few contiguous runs of ids.
+    # Each group's ids, in id order, dealt to its SMs in turn or in SM order (a share of a few contiguous runs).
     groups = [np.arange(n)] if not POLICY_TABLE[policy].affinity \
         else [np.flatnonzero(workload.classes() == c) for c in range(N_CLASSES)]
     owner = np.empty(n, dtype=np.int64)
     for c, ids in enumerate(groups):
-        owner[ids] = np.repeat(np.arange(n_sm), counts[:, c])
+        owner[ids] = _dealt(counts[:, c]) if share_order == "dealt" else np.repeat(np.arange(n_sm), counts[:, c])
     items = np.argsort(owner, kind="stable")
     share = np.bincount(owner, minlength=n_sm)
     starts = np.concatenate([[0], np.cumsum(share)])

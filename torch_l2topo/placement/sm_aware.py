@@ -63,7 +63,7 @@ from ..errors import DeviceError, PlacementError, check_choice
 from ..layout import PLACE_RECORD
 from . import choice
 from .choice import Candidate, Decision
-from .plans import POLICIES, POLICY_TABLE, SpeedModel, Workload, make_plan
+from .plans import POLICIES, POLICY_TABLE, SHARE_ORDERS, SpeedModel, Workload, make_plan
 from .slots import CAPTURE_MESSAGE, PlanSlot, StatsSnapshot
 
 AUTO = "auto"
@@ -176,10 +176,10 @@ class Placement:
     chunk: items a "partition_queues" program claims per atomic. max_ctas_per_sm: how many CTAs of the kernel
     an SM holds (SmAwareKernel reads it from the compiled kernel; for other launches give it, else 1).
     topology: a calibration of the device (default: torch_l2topo.calibrate(device), on first use).
-    tail_fraction: plans.make_plan's (None: its default). k: SMs of policy "fastest". refresh: launches
-    between plan rebuilds of "measured" (eager only). trials: timed launches per "auto" candidate. tolerance:
-    how much faster than plain another candidate must be for "auto" to keep it. candidates: the policies
-    "auto" may try (choice.candidates prunes them per workload).
+    tail_fraction, share_order: plans.make_plan's (None: its default). k: SMs of policy "fastest". refresh:
+    launches between plan rebuilds of "measured" (eager only). trials: timed launches per "auto" candidate.
+    tolerance: how much faster than plain another candidate must be for "auto" to keep it. candidates: the
+    policies "auto" may try (choice.candidates prunes them per workload).
 
     decisions: per WorkloadKey, what "auto" did (a choice.Decision: .explain() says it in words).
 
@@ -190,9 +190,12 @@ class Placement:
 
     def __init__(self, *, policy: str = AUTO, ctas_per_sm: int | None = None, chunk: int = 1,
                  max_ctas_per_sm: int | None = None, topology=None, tail_fraction: float | None = None,
-                 k: int | None = None, refresh: int = DEFAULT_REFRESH, trials: int = choice.DEFAULT_TRIALS,
-                 tolerance: float = choice.DEFAULT_TOLERANCE, candidates=DEFAULT_CANDIDATES):
+                 share_order: str | None = None, k: int | None = None, refresh: int = DEFAULT_REFRESH,
+                 trials: int = choice.DEFAULT_TRIALS, tolerance: float = choice.DEFAULT_TOLERANCE,
+                 candidates=DEFAULT_CANDIDATES):
         check_choice("policy", policy, POLICY_CHOICES)
+        if share_order is not None:
+            check_choice("share_order", share_order, SHARE_ORDERS)
         for name, value in (("ctas_per_sm", ctas_per_sm), ("chunk", chunk), ("max_ctas_per_sm", max_ctas_per_sm),
                             ("refresh", refresh), ("trials", trials)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -207,7 +210,8 @@ class Placement:
         self.policy, self.ctas_per_sm, self.chunk, self.max_ctas_per_sm = policy, ctas_per_sm, chunk, max_ctas_per_sm
         self.topology, self.k, self.refresh, self.trials = topology, k, refresh, trials
         self.tolerance, self.candidates = tolerance, tuple(candidates)
-        self.plan_options = {} if tail_fraction is None else {"tail_fraction": tail_fraction}
+        options = {"tail_fraction": tail_fraction, "share_order": share_order}
+        self.plan_options = {name: value for name, value in options.items() if value is not None}
         self.decisions: dict = {}
         self.record_name: str | None = None  # the kernel name CTA records carry (SmAwareKernel: the Triton name)
         self._entries: dict = {}    # (device index, WorkloadKey) -> _Entry
