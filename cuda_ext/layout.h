@@ -60,10 +60,10 @@ constexpr int PLAN_MAX_QUEUES = 64;
 
 // ---- placement state (int64) ----
 constexpr int STATE_TAIL = 0;
+constexpr int STATE_DRAINED_SHIFT = 32;
 constexpr int STATE_FINISHED = 1;
 constexpr int STATE_ERROR = 2;
-constexpr int STATE_DRAINED = 3;
-constexpr int STATE_CURSORS = 4;
+constexpr int STATE_CURSORS = 3;
 constexpr int STAT_ITEMS = 0;
 constexpr int STAT_BUSY_NS = 1;
 constexpr int STAT_CTAS = 2;

@@ -96,7 +96,7 @@ __device__ inline int64_t claim_share(const int32_t* plan, int64_t* state, int s
   const int64_t hi = plan[PLAN_HEADER + slot + 1];
   const int64_t i = static_cast<int64_t>(atomicAdd(as_u64(state + STATE_CURSORS + slot), 1ull));
   // exactly one claim per share counts it drained: the one that took its last item (an empty share: the first)
-  if (i == (hi - lo > 0 ? hi - lo - 1 : 0)) atomicAdd(as_u64(state + STATE_DRAINED), 1ull);
+  if (i == (hi - lo > 0 ? hi - lo - 1 : 0)) atomicAdd(as_u64(state + STATE_TAIL), 1ull << STATE_DRAINED_SHIFT);
   return i < hi - lo ? plan[PLAN_HEADER + n_slots + 1 + lo + i] : -1;
 }
 
@@ -111,8 +111,11 @@ __device__ inline PlanItem share_or_tail(const int32_t* plan, int64_t* state, in
     phase = PHASE_TAIL;
   }
   if (phase == PHASE_TAIL) {
-    const int64_t t = static_cast<int64_t>(atomicAdd(as_u64(state + STATE_TAIL), 1ull));
+    // the tail index (low bits) and, with it, the count of drained shares (triton_kernels/placement.py)
+    const unsigned long long claimed = atomicAdd(as_u64(state + STATE_TAIL), 1ull);
+    const int64_t t = static_cast<int64_t>(claimed & ((1ull << STATE_DRAINED_SHIFT) - 1));
     if (t < plan[PLAN_N_TAIL]) return {plan[PLAN_HEADER + n_slots + 1 + plan[PLAN_N_STATIC] + t], PHASE_TAIL};
+    if (static_cast<int64_t>(claimed >> STATE_DRAINED_SHIFT) >= n_slots) return {-1, PHASE_DONE};  // no victim
     phase = PHASE_STEAL;
   }
   return {-1, phase};
@@ -128,8 +131,8 @@ __device__ inline PlanItem steal(const int32_t* plan, int64_t* state, int lane) 
   // Read on lane 0 and shuffled, so that every lane takes the same way.
   int64_t drained = 0;
   if (lane == 0) {
-    drained = cuda::atomic_ref<int64_t, cuda::thread_scope_device>(state[STATE_DRAINED])
-                  .load(cuda::memory_order_relaxed);
+    drained = cuda::atomic_ref<int64_t, cuda::thread_scope_device>(state[STATE_TAIL])
+                  .load(cuda::memory_order_relaxed) >> STATE_DRAINED_SHIFT;
   }
   if (__shfl_sync(FULL, drained, 0) >= n_slots) return {-1, PHASE_DONE};
   while (true) {
@@ -302,7 +305,6 @@ __device__ inline void plan_finish(const int32_t* plan, int64_t* state, int64_t 
         for (int s = 0; s < n_slots; ++s) state[STATE_CURSORS + s] = 0;
       }
       state[STATE_TAIL] = 0;
-      state[STATE_DRAINED] = 0;
       state[STATE_FINISHED] = 0;
     }
   }

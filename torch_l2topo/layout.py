@@ -87,12 +87,14 @@ REC_WORDS = 7
 # ---- placement state (int64) --------------------------------------------------------------------------
 # Fixed words first, then cursor[s] at STATE_CURSORS + s, then per-SM statistics that accumulate across
 # launches: statistic k of SM s at STATE_CURSORS + (1 + k) * n_slots + s.
-STATE_TAIL = 0      # next tail item to hand out
-STATE_FINISHED = 1  # CTAs that finished this launch; the last one zeroes cursors, tail, drained and this count
+STATE_TAIL = 0      # next tail item to hand out (bits 0-31) and shares drained (bits 32-62: a share counts once,
+                    # at the claim of its last item, or the first claim of an empty one): the tail claim that
+                    # fails also says whether any share is left, so a program on its way out skips the scan for a
+                    # victim without another round trip once the count is n_slots
+STATE_DRAINED_SHIFT = 32
+STATE_FINISHED = 1  # CTAs that finished this launch; the last one zeroes cursors, tail and this count
 STATE_ERROR = 2     # set when a kernel was handed a plan without PLAN_MAGIC_VALUE
-STATE_DRAINED = 3   # shares whose last item was claimed (the first failed claim for an empty share): once it is
-                    # n_slots no share has items, and a program on its way out skips the scan for a victim
-STATE_CURSORS = 4
+STATE_CURSORS = 3
 STAT_ITEMS = 0      # items done by the CTAs on SM s
 STAT_BUSY_NS = 1    # %globaltimer ns those CTAs spent from start to finish, summed
 STAT_CTAS = 2       # CTAs that ran on SM s

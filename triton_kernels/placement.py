@@ -95,7 +95,9 @@ PLAN_MAGIC_VALUE = tl.constexpr(_layout.PLAN_MAGIC_VALUE)
 STATE_TAIL = tl.constexpr(_layout.STATE_TAIL)
 STATE_FINISHED = tl.constexpr(_layout.STATE_FINISHED)
 STATE_ERROR = tl.constexpr(_layout.STATE_ERROR)
-STATE_DRAINED = tl.constexpr(_layout.STATE_DRAINED)
+STATE_DRAINED_SHIFT = tl.constexpr(_layout.STATE_DRAINED_SHIFT)
+TAIL_MASK = tl.constexpr(2**_layout.STATE_DRAINED_SHIFT - 1)
+ONE_DRAINED = tl.constexpr(2**_layout.STATE_DRAINED_SHIFT)  # one drained share, added to the tail word
 STATE_CURSORS = tl.constexpr(_layout.STATE_CURSORS)
 STAT_ITEMS = tl.constexpr(_layout.STAT_ITEMS)
 STAT_BUSY_NS = tl.constexpr(_layout.STAT_BUSY_NS)
@@ -167,8 +169,8 @@ def _claim_share(plan_ptr, state_ptr, slot, n_slots):
     i = tl.atomic_add(state_ptr + STATE_CURSORS + slot, tl.full((), 1, tl.int64), sem="relaxed")
     if i < hi - lo:
         item = tl.load(plan_ptr + PLAN_HEADER + n_slots + 1 + lo + i)
-    if i == tl.maximum(hi - lo - 1, 0):  # exactly one claim per share: the one that took its last item
-        tl.atomic_add(state_ptr + STATE_DRAINED, tl.full((), 1, tl.int64), sem="relaxed")
+    if i == tl.maximum(hi - lo - 1, 0):  # exactly one claim per share counts it drained: the one taking its last item
+        tl.atomic_add(state_ptr + STATE_TAIL, tl.full((), ONE_DRAINED, tl.int64), sem="relaxed")
     return item
 
 
@@ -177,6 +179,10 @@ def _next_share(plan_ptr, state_ptr, sm, phase):
     """Shares mode: this SM's share, the dynamic tail, then stealing. (item, phase)."""
     item = tl.full((), -1, tl.int32)
     n_slots = tl.load(plan_ptr + PLAN_N_SLOTS)
+    if phase == PHASE_STEAL:  # back after a stolen item: is any share left? (the count, read by an atomic)
+        if (tl.atomic_add(state_ptr + STATE_TAIL, tl.zeros((), tl.int64), sem="relaxed") >> STATE_DRAINED_SHIFT) \
+                >= n_slots:
+            phase = tl.full((), PHASE_DONE, tl.int64)
     if phase == PHASE_SHARE:
         if sm < n_slots:  # an SM the plan does not know has no share
             item = _claim_share(plan_ptr, state_ptr, sm, n_slots)
@@ -184,9 +190,12 @@ def _next_share(plan_ptr, state_ptr, sm, phase):
             phase = tl.full((), PHASE_TAIL, tl.int64)
     if phase == PHASE_TAIL:
         n_static = tl.load(plan_ptr + PLAN_N_STATIC)
-        t = tl.atomic_add(state_ptr + STATE_TAIL, tl.full((), 1, tl.int64), sem="relaxed")
+        claimed = tl.atomic_add(state_ptr + STATE_TAIL, tl.full((), 1, tl.int64), sem="relaxed")
+        t = claimed & TAIL_MASK
         if t < tl.load(plan_ptr + PLAN_N_TAIL):
             item = tl.load(plan_ptr + PLAN_HEADER + n_slots + 1 + n_static + t)
+        elif (claimed >> STATE_DRAINED_SHIFT) >= n_slots:  # every share drained: no victim, no scan
+            phase = tl.full((), PHASE_DONE, tl.int64)
         else:
             phase = tl.full((), PHASE_STEAL, tl.int64)
     if phase == PHASE_STEAL:
@@ -196,15 +205,13 @@ def _next_share(plan_ptr, state_ptr, sm, phase):
         # its int64), and one int32 max over a key that packs the items left with the slot (ties: lowest slot,
         # as tl.argmax). Vectors of int64 and a max + argmax took a gather kernel from 64 to 96 registers per
         # thread and its residency from 32 to 21 single-warp CTAs per SM.
-        # Every share drained: no victim, no scan. The scan reads every cursor from L2; 4,224 programs scanning
-        # as they ended made those few lines' slices so busy that the chases still running slowed by 16% (the
-        # chase at 32 items per SM, bench_placement.py --only uniform); this is one word, read once. Read by an
-        # atomic, whose result every thread gets from thread 0: a scalar load runs on every thread, and threads
-        # that read it at different times could disagree on the count, and so on whether to scan (the scan's
-        # reduction needs every warp; an H200 launch of one item hit an illegal address that way).
-        drained = tl.atomic_add(state_ptr + STATE_DRAINED, tl.zeros((), tl.int64), sem="relaxed")
-        if drained >= n_slots:
-            phase = tl.full((), PHASE_DONE, tl.int64)
+        # A program gets here only while some share may have items (the drained count in the tail word, above).
+        # The scan reads every cursor from L2: 4,224 programs scanning as they ended made those few lines' slices
+        # so busy that the chases still running slowed by 16% (the chase at 32 items per SM, bench_placement.py
+        # --only uniform), before the count let them skip it. The count is read by atomics, whose result every
+        # thread gets from thread 0: a scalar load runs on every thread, and threads that read it at different
+        # times could disagree on whether to scan (the scan's reduction needs every warp; an H200 launch of one
+        # item hit an illegal address that way).
         slots = tl.arange(0, MAX_SLOTS)
         in_plan = slots < n_slots
         cursor_low = (state_ptr + STATE_CURSORS + slots).to(tl.pointer_type(tl.int32), bitcast=True)
@@ -336,5 +343,4 @@ def plan_finish(plan_ptr, state_ptr, sm, t0, n_done, PLACE: tl.constexpr):
                 slots = tl.arange(0, MAX_SLOTS)
                 tl.store(state_ptr + STATE_CURSORS + slots, tl.zeros((MAX_SLOTS,), tl.int64), mask=slots < n_slots)
             tl.store(state_ptr + STATE_TAIL, tl.full((), 0, tl.int64))
-            tl.store(state_ptr + STATE_DRAINED, tl.full((), 0, tl.int64))
             tl.store(state_ptr + STATE_FINISHED, tl.full((), 0, tl.int64))
