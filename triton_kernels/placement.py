@@ -210,8 +210,8 @@ def _next_share(plan_ptr, state_ptr, sm, phase):
         # so busy that the chases still running slowed by 16% (the chase at 32 items per SM, bench_placement.py
         # --only uniform), before the count let them skip it. The count is read by atomics, whose result every
         # thread gets from thread 0: a scalar load runs on every thread, and threads that read it at different
-        # times could disagree on whether to scan (the scan's reduction needs every warp; an H200 launch of one
-        # item hit an illegal address that way).
+        # times could disagree on whether to scan, while the scan's reduction needs every warp. (Read by a
+        # volatile load, a launch of one item hit an illegal address on the H200; read by an atomic, none did.)
         slots = tl.arange(0, MAX_SLOTS)
         in_plan = slots < n_slots
         cursor_low = (state_ptr + STATE_CURSORS + slots).to(tl.pointer_type(tl.int32), bitcast=True)
