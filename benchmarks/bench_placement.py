@@ -24,7 +24,10 @@ embedding-bag-like gather (bags of 32 rows of 64 floats homed in one partition, 
 (a CUDA kernel whose 100 KB of shared memory per CTA caps an SM at 2 CTAs, as attention kernels are). Then the
 @sm_aware launch overhead over a plain Triton launch (host time eager, device time in a graph) and the time of a
 partition map of a tensor size not seen before (and of several in a row, and of the probe plan alone). `uniform`
-(a diagnosis): where persistent uniform's time goes at equal concurrency, every item traced.
+(a diagnosis, bench_uniform): where persistent uniform's time goes at equal concurrency (a shares-mode program's
+way out step by step, every item traced, the gather's floors).
+
+    python benchmarks/bench_placement.py --only uniform --out benchmarks/results/diagnosis/placement_uniform_h200.json
 
     python benchmarks/bench_placement.py --device 0 --out benchmarks/results/placement_h200.json
 """
