@@ -352,6 +352,11 @@ def bench_diagnosis(dev, topo, reps) -> list:
     return rows
 
 
+def _vs_plain_kernel(times: dict) -> dict:
+    """Each entry's median over the hand plain kernel's, from interleaved()'s quantiles."""
+    return {k: t["p50"] / times["plain_kernel"]["p50"] for k, t in times.items()}
+
+
 def bench_uniform(dev, topo, reps) -> dict:
     """Where persistent `uniform` at equal concurrency (as many CTAs per SM as items per SM) loses to the hand plain
     kernel, in interleaved graph replays:
@@ -391,7 +396,7 @@ def _uniform_chase(dev, topo, reps) -> list:
         times = interleaved({k: graph_of(f, GRAPH_LAUNCHES).replay for k, f in runs.items()}, reps,
                             per_run=GRAPH_LAUNCHES)
         row = {"items_per_sm": m, "classes": "shuffled" if shuffled else "alternating", "ms": times,
-               "vs_plain_kernel": {k: times[k]["p50"] / times["plain_kernel"]["p50"] for k in times}, "traced": {}}
+               "vs_plain_kernel": _vs_plain_kernel(times), "traced": {}}
         for name, options in {"plain": {"policy": "plain"}, **variants}.items():
             trace = torch.zeros(3 * n, dtype=torch.int64, device=dev)
             kernel = sm_aware(traced_chase_kernel, num_warps=1, topology=topo, **options)
@@ -468,7 +473,7 @@ def _uniform_exit(dev, topo, reps, m: int = 32) -> dict:
         ends.zero_()
     state.zero_()  # the real uniform plan's cursors start from zero again
     times = interleaved({k: graph_of(f, GRAPH_LAUNCHES).replay for k, f in runs.items()}, reps, per_run=GRAPH_LAUNCHES)
-    ratios = {k: times[k]["p50"] / times["plain_kernel"]["p50"] for k in times}
+    ratios = _vs_plain_kernel(times)
     print(f"  chase {m}/SM, exit steps: " + ", ".join(f"{k} {v:.3f}" for k, v in ratios.items()), flush=True)
     return {"items_per_sm": m, "ms": times, "vs_plain_kernel": ratios}
 
@@ -503,7 +508,7 @@ def _uniform_gather(dev, topo, reps) -> list:
             out.zero_()
         times = interleaved({k: graph_of(f, 20).replay for k, f in runs.items()}, reps, per_run=20)
         row = {"items_per_sm": m, "ms": times,
-               "vs_plain_kernel": {k: times[k]["p50"] / times["plain_kernel"]["p50"] for k in times}}
+               "vs_plain_kernel": _vs_plain_kernel(times)}
         rows.append(row)
         print(f"  gather {m}/SM ({times['plain_kernel']['p50'] * 1e3:.1f} us): "
               + ", ".join(f"{k} {v:.3f}" for k, v in row["vs_plain_kernel"].items()), flush=True)
