@@ -13,9 +13,9 @@ whose tensors would not fit is recorded as skipped), and against scikit-learn's 
 Every row: time_ms (median of --reps rounds, p20/p80 kept per implementation), vs_reference (ours over the best
 reference: torch's op / Hummingbird's best strategy), vs_plain (ours over the same kernel as a plain launch),
 auto_chose (what policy "auto" resolves to: plain, ops/policy.py says why). In each round every implementation
-runs `inner` calls back to back between two CUDA events (interleaved, each round starting with another entry, so drift
-and round order touch all alike); results are checked against torch /
-scikit-learn once per row before timing. --grid full runs the issue's whole grid (tables 1 MB-4 GB, bags 1-256,
+runs `inner` calls back to back between two CUDA events (interleaved, in a new random order each round, so
+drift and round order touch all alike); results are checked against torch / scikit-learn once per row before
+timing. --grid full runs the issue's whole grid (tables 1 MB-4 GB, bags 1-256,
 batch 1-65,536; forests 10-2,000 trees, depth 4-12, batch 1-1M: ~15 min); the default grid (~3 min on an H200)
 keeps the target shape and one point per axis.
 
@@ -52,31 +52,41 @@ N_FEATURES = 16
 HUMMINGBIRD_STRATEGIES = ("gemm", "tree_trav", "perf_tree_trav")
 GEMM_LIMIT_BYTES = 16 << 30  # Hummingbird's gemm holds (trees x leaves x internal nodes) floats: skip beyond this
 CPU_SECONDS = 5.0            # scikit-learn's predict on the CPU: at most this long per row (fewer rounds)
-TIMED_MS = 2.0               # each timed block of `inner` calls lasts about this long
+# Each timed block of `inner` calls lasts about this long (at most 200 calls). The first calls after the idle
+# GPU of a block's start take longer on the host (a batch-1 forest_predict: 111 us per call in blocks of 4 calls,
+# 99 us in blocks of 64, H200 host, 2026-12-01); blocks of 2 ms gave a 0.12 ms call 4-16 calls, and the entry
+# whose one probe call ran slow got the fewest and read up to 1.4x slower than the same code path in the same row.
+TIMED_MS = 20.0
+PROBE_CALLS = 3
 DEVICE = "cuda"              # tests/test_ops_bench.py runs the row functions on the CPU with a host timer
 
 
 def gpu_rounds(launches: dict, reps: int) -> dict:
     """{name: quantiles of ms per call}: `inner` calls of each entry between two events, from an idle GPU,
-    entries interleaved within each of `reps` rounds (after one warm-up round); `inner` sized from one probe
-    call."""
+    entries interleaved within each of `reps` rounds (after one warm-up round) in a new seeded random order each
+    round; `inner` sized from PROBE_CALLS calls, once every entry is warm."""
     import torch
 
+    for launch in launches.values():  # every entry warm before any is probed: the first probe came right after
+        launch()                      # the row's first calls, read slow, and gave its entry a third of the calls
     inner = {}
     for name, launch in launches.items():
-        launch()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
         start.record()
-        launch()
+        for _ in range(PROBE_CALLS):
+            launch()
         end.record()
         end.synchronize()
-        inner[name] = int(np.clip(TIMED_MS / max(start.elapsed_time(end), 1e-3), 1, 200))
+        inner[name] = int(np.clip(TIMED_MS * PROBE_CALLS / max(start.elapsed_time(end), 1e-3), 1, 200))
     events = {name: [] for name in launches}
-    names = list(launches)
+    order = np.random.default_rng(0)
     for r in range(reps + 1):
-        # each round starts with another entry: the first block of a round measured slower (up to 1.45x on the
-        # same call), and a fixed order put that on one implementation every time
-        for name in names[r % len(names):] + names[:r % len(names)]:
+        # a new order every round: the first block of a round measured slower (up to 1.45x on the same call), and
+        # with a fixed order, even rotated, every entry always followed the same one: the first entry of the
+        # forest rows (ours_bfs), always right after Hummingbird's blocks, read up to 1.46x slower than the same
+        # code path (plain) on host-bound calls (H200 host, 2026-12-01)
+        for name in order.permutation(list(launches)):
             launch = launches[name]
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             # an empty queue at the start: work still queued from the entry before would hide this entry's host

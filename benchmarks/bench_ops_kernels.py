@@ -7,8 +7,9 @@ eager fast path are set from).
 - host: eager calls back to back at one bag of 32 rows (the kernel takes microseconds, so the time per call is
   the host's): torch's F.embedding_bag, ours (checked, the default), ours unchecked, ours through the
   torch.library dispatcher (what a call needing autograd pays), and forest_predict on one sample; and the
-  layers under ours: the kernel's Triton launch alone, launch_kernel (the launch with its placement
-  dispatch and argument packing, output preallocated), and the output's allocation alone.
+  layers under ours: the kernel's launch alone (Triton's kernel[grid], and the ops' lean launch, which skips
+  Triton's per-launch check of the kernel's globals: ops/lean_launch.py), launch_kernel (the launch with its
+  placement dispatch and argument packing, output preallocated), and the output's allocation alone.
 - forest_copies: forest_predict with per-partition copies of the nodes against one copy, in CUDA graphs (GPU
   time), 500-tree random forests at batch 1, 132 (one sample per SM) and 1,024: what placing the data near every
   SM saves (the ops issue asks >= 8% at one sample per SM).
@@ -39,7 +40,6 @@ def _bags(table_mb, dim, dtype_name, bag, batch):
 
 
 def tiles(reps: int) -> dict:
-    import torch
     import torch.nn.functional as F
 
     from torch_l2topo.ops import embedding_bag as _  # noqa: F401  (registers the op)
@@ -54,10 +54,9 @@ def tiles(reps: int) -> dict:
         for rows, warps in VARIANTS:
             config = (rows, default[1], warps)
             calls[f"rows{rows}_w{warps}"] = (lambda c=config: launch_kernel(
-                input, offsets, weight, None, result, None, MODES["sum"], -1, "plain", config=c))
-        checked = torch.ones(1, dtype=torch.int32, device="cuda")
-        calls["default_checked"] = lambda: (launch_kernel(input, offsets, weight, None, result, checked, MODES["sum"],
-                                                          -1, "plain"), torch._assert_async(checked))
+                input, offsets, weight, None, result, False, MODES["sum"], -1, "plain", config=c))
+        calls["default_checked"] = lambda: launch_kernel(input, offsets, weight, None, result, True, MODES["sum"], -1,
+                                                         "plain")
         times = gpu_rounds({k: graphed(f, GRAPH_CALLS) for k, f in calls.items()}, reps)
         bytes_read = input.numel() * weight.size(1) * weight.element_size()
         out[name] = {"default": list(default), "bytes_read": bytes_read, "impl": {
@@ -86,20 +85,22 @@ def host(reps: int) -> dict:
     x1 = torch.from_numpy(x[:1]).cuda()
     from torch_l2topo.layout import PLACE_DIRECT
     from torch_l2topo.ops.embedding_bag import launch_kernel
+    from torch_l2topo.ops.lean_launch import lean
     from torch_l2topo.triton_kernels.embedding_bag import embedding_bag_kernel
 
     out = weight.new_empty(1, weight.size(1))
     plan, state = torch.empty(1, dtype=torch.int32, device="cuda"), torch.empty(1, dtype=torch.int64, device="cuda")
 
-    def triton_launch_alone():  # the floor of any Triton op: the kernel's own JIT launch, nothing else
-        embedding_bag_kernel[(1,)](input, offsets, weight, out, out, out, input.numel(), 1, weight.size(0),
-                                   weight.size(1), weight.stride(0), -1, plan, state, MODE=0, HAS_PSW=False,
-                                   CHECK=False, ROWS=32, BLOCK_D=64, PLACE=PLACE_DIRECT, num_warps=1)
+    def launch_alone(launcher):  # the floor of any Triton op: the kernel's launch, nothing else
+        return lambda: launcher[(1,)](input, offsets, weight, out, out, input.numel(), 1, weight.size(0),
+                                      weight.size(1), weight.stride(0), -1, plan, state, MODE=0, HAS_PSW=False,
+                                      CHECK=False, ROWS=32, BLOCK_D=64, PLACE=PLACE_DIRECT, num_warps=1)
 
     calls = {
         "F.embedding_bag": lambda: F.embedding_bag(input, weight, offsets, mode="sum"),
-        "triton_launch_alone": triton_launch_alone,
-        "launch_kernel": lambda: launch_kernel(input, offsets, weight, None, out, None, 0, -1, "plain"),
+        "triton_launch_alone": launch_alone(embedding_bag_kernel),
+        "lean_launch_alone": launch_alone(lean(embedding_bag_kernel)),
+        "launch_kernel": lambda: launch_kernel(input, offsets, weight, None, out, False, 0, -1, "plain"),
         "torch_empty_alone": lambda: weight.new_empty(1, weight.size(1)),
         "ours": lambda: embedding_bag(input, weight, offsets, mode="sum"),
         "ours_unchecked": lambda: embedding_bag(input, weight, offsets, mode="sum", check_indices=False),

@@ -33,14 +33,16 @@ def triton_module():
     return triton
 
 
-def sm90_ptx(fn, signature: dict, constexprs: dict, num_warps: int = 1, attrs: dict = None) -> str:
-    """PTX of `fn` compiled for sm_90 at `num_warps` warps; `attrs` as ASTSource takes them."""
+def sm90_ptx(fn, signature: dict, constexprs: dict, num_warps: int = 1, attrs: dict = None,
+             options: dict = None) -> str:
+    """PTX of `fn` compiled for sm_90 at `num_warps` warps; `attrs` as ASTSource takes them; `options`: more
+    compile options (debug, sanitize_overflow: what a launch passes as keyword arguments)."""
     triton = triton_module()
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     return triton.compile(ASTSource(fn, signature, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": num_warps}).asm["ptx"]
+                          options={"num_warps": num_warps, **(options or {})}).asm["ptx"]
 
 
 def register_definitions(ptx: str) -> dict:
@@ -80,10 +82,17 @@ def _operand(token: str, defs: dict, tid: int, depth: int):
 
 
 def thread_value(reg: str, defs: dict, tid: int, depth: int = 0):
-    """The value of `reg` in thread `tid` of the program (x only), where its one definition is a chain of integer
-    and predicate operations on %tid.x and constants; None where it depends on anything else (an unknown)."""
+    """The value of `reg` in thread `tid` of the program (x only), where its definitions are chains of integer and
+    predicate operations on %tid.x and constants; None where it depends on anything else (an unknown). PTX
+    registers are not SSA: a register written in several places is known only where every write gives the same
+    value (whichever reaches the use)."""
     writes = defs.get(reg, [])
-    m = _OPERATION.match(writes[0]) if len(writes) == 1 and depth < 32 else None
+    values = {_write_value(write, defs, tid, depth) for write in writes} if depth < 32 else {None}
+    return values.pop() if len(values) == 1 else None
+
+
+def _write_value(write: str, defs: dict, tid: int, depth: int):
+    m = _OPERATION.match(write)
     if m is None:
         return None
     op, args = m.group(1), [_operand(a, defs, tid, depth) for a in m.group(2).split(",")]

@@ -79,28 +79,35 @@ def test_embedding_bag_layouts_of_the_arguments():
         torch.testing.assert_close(got.cpu().double(), expected.double(), rtol=1e-5, atol=1e-5)
 
 
-_BAD_INDEX = """
+_BAD_CALL = """
+import sys
 import torch
 from torch_l2topo.ops import embedding_bag
 weight = torch.randn(100, 64, device="cuda")
 embedding_bag(torch.tensor([1, 99, 2], device="cuda"), weight, torch.tensor([0, 2], device="cuda"))
 torch.cuda.synchronize()
-print("a good call passed", flush=True)  # and made the device's check flag, which the bad call reuses
-embedding_bag(torch.tensor([1, 100, 2], device="cuda"), weight, torch.tensor([0, 2], device="cuda"))
+print("a good call passed", flush=True)
+input, offsets = {"index": ([1, 100, 2], [0, 2]), "offsets": ([1, 99, 2], [0, 3, 2])}[sys.argv[1]]
+embedding_bag(torch.tensor(input, device="cuda"), weight, torch.tensor(offsets, device="cuda"))
 print("launched without a host sync", flush=True)
 torch.cuda.synchronize()
 """
 
 
-def test_embedding_bag_out_of_range_indices():
-    # checked (the default): no host sync; the device asserts at the next sync (its own process: a device-side
-    # assert leaves the CUDA context unusable), printing the op's message
+@pytest.mark.parametrize("bad", ["index", "offsets"])
+def test_embedding_bag_out_of_range_indices(bad):
+    # checked (the default): no host sync; the kernel's device assert stops the program at the next sync (its
+    # own process: a device-side assert leaves the CUDA context unusable), and the device prints the op's message
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-c", _BAD_INDEX], capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", _BAD_CALL, bad], capture_output=True, text=True, timeout=300)
+    printed = out.stdout + out.stderr
     assert out.returncode != 0 and "a good call passed" in out.stdout and "launched without a host sync" in out.stdout
-    assert "device-side assert" in out.stderr and "embedding_bag: an index is outside" in out.stderr, out.stderr
+    assert "device-side assert" in out.stderr and "embedding_bag: an index is outside" in printed, printed
+
+
+def test_embedding_bag_unchecked_skips_out_of_range_indices():
     # unchecked: the kernel skips the entry instead of reading it
     weight = torch.randn(N_ROWS, 64, device="cuda")
     input = torch.tensor([1, N_ROWS, 2], device="cuda")
@@ -275,3 +282,54 @@ def test_opcheck_on_cuda():
                           (forest.nodes, forest.values, forest.roots, forest.groups, forest.base, x, forest.depth,
                            1.0, "plain"))
 
+
+
+def test_lean_launches_match_triton_launches_for_every_specialisation():
+    # The lean path must never reuse a kernel compiled for other arguments: rows whose width is and is not a
+    # multiple of 16 elements, tables whose address is and is not 16-byte aligned, int32 and int64 indices, one
+    # bag (an int argument equal to 1 is specialised), each checked against torch's op (the oracle), and lean
+    # launches must really happen once compiled.
+    from torch_l2topo.ops import lean_launch
+
+    lean_launch._launches.update(lean=0, triton=0)
+    cases = [(64, 0, False, 50), (17, 0, False, 50), (17, 1, False, 50), (17, 1, True, 50), (64, 0, True, 50),
+             (64, 0, False, 1), (64, 0, False, 50)]
+    for dim, shift, int32, n_bags in cases:
+        table = torch.randn(N_ROWS + 1, dim, device="cuda")
+        weight = table[shift:]  # 68-byte rows: a one-row shift moves the table off 16-byte alignment
+        input, offsets = _bag_case(dim + shift, n_bags, 12, int32=int32)
+        if n_bags == 1:  # one index in one bag: two int arguments equal to 1
+            input, offsets = torch.tensor([5], device="cuda"), torch.tensor([0], device="cuda")
+        for _ in range(2):
+            got = embedding_bag(input, weight, offsets, mode="sum")
+            torch.testing.assert_close(got, F.embedding_bag(input, weight, offsets, mode="sum"), rtol=1e-5,
+                                       atol=1e-5)
+    assert lean_launch._launches["lean"] >= len(cases), lean_launch._launches
+
+
+def test_lean_launch_defers_to_triton_while_a_launch_hook_is_set():
+    from triton import knobs
+
+    from torch_l2topo.ops import lean_launch
+
+    input, offsets = _bag_case(3, 20, 8)
+    weight = torch.randn(N_ROWS, 32, device="cuda")
+    embedding_bag(input, weight, offsets)
+    seen = []
+    chain = knobs.runtime.launch_enter_hook  # Triton 3.6: a HookChain, always there (empty: no hook)
+    hook = lambda metadata: seen.append(metadata)  # noqa: E731
+    previous = chain
+    if hasattr(chain, "add"):
+        chain.add(hook)
+    else:
+        knobs.runtime.launch_enter_hook = hook
+    try:
+        lean_launch._launches.update(lean=0, triton=0)
+        got = embedding_bag(input, weight, offsets)
+    finally:
+        if hasattr(chain, "remove"):
+            chain.remove(hook)
+        else:
+            knobs.runtime.launch_enter_hook = previous
+    assert lean_launch._launches == {"lean": 0, "triton": 1} and seen
+    torch.testing.assert_close(got, F.embedding_bag(input, weight, offsets), rtol=1e-5, atol=1e-5)

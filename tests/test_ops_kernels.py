@@ -32,18 +32,18 @@ bags = importlib.import_module("torch_l2topo.ops.embedding_bag")
 forests = importlib.import_module("torch_l2topo.ops.forest_predict")
 
 
-def _compile(kernel, types: dict, constexprs: dict, aligned: tuple, num_warps: int):
+def _compile(kernel, types: dict, constexprs: dict, aligned: tuple, num_warps: int, options: dict = None):
     """The kernel's PTX for sm_90; `aligned` arguments specialised as multiples of 16 (as Triton does at launch
-    for 16-byte aligned pointers and integers divisible by 16)."""
+    for 16-byte aligned pointers and integers divisible by 16); `options` as a launch passes them."""
     names = kernel.arg_names
     signature = {n: "constexpr" if n in constexprs else types[n] for n in names}
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
-    return sm90_ptx(kernel, signature, constexprs, num_warps, attrs)
+    return sm90_ptx(kernel, signature, constexprs, num_warps, attrs, options)
 
 
 ROW_TYPES = {"fp32": 4, "bf16": 2, "fp16": 2}
 BAG_TYPES = dict(input_ptr="*i64", offsets_ptr="*i64", weight_ptr="*fp32", psw_ptr="*fp32", out_ptr="*fp32",
-                 ok_ptr="*i32", n_indices="i64", n_offsets="i32", n_rows="i32", dim="i32", stride_w="i32",
+                 n_indices="i64", n_offsets="i32", n_rows="i32", dim="i32", stride_w="i32",
                  padding_idx="i32", plan_ptr="*i32", state_ptr="*i64")
 
 
@@ -64,8 +64,27 @@ def test_embedding_bag_kernel_loads_rows_in_16_byte_vectors(row_type, row_bytes,
     # every row element of the tile arrives through 16-byte loads: elements per thread / (16 B / element size)
     per_thread = rows * block_d // (32 * num_warps)
     assert len(VECTOR_LOAD.findall(ptx)) == max(1, per_thread * ROW_TYPES[row_type] // 16), ptx.count("ld.global")
-    # the plain launch (PLACE_DIRECT) reads no plan and makes no atomic; the checks store a flag, never load it
+    # the plain launch (PLACE_DIRECT) reads no plan and makes no atomic
     assert not ATOMIC.search(ptx)
+
+
+def test_the_checked_kernel_asserts_its_checks_and_nothing_else():
+    # What the op launches when checking (CHECK, debug=True, sanitize_overflow=False) calls __assertfail for the
+    # two checks alone; without debug=True Triton drops the asserts; debug alone would add overflow asserts on
+    # the index arithmetic (what sanitize_overflow=False keeps out)
+    from torch_l2topo.triton_kernels.embedding_bag import embedding_bag_kernel
+
+    rows, block_d, num_warps = bags.tile_config(65536 * 32, 65536, 64, 4)
+
+    def asserts(check: bool, **options) -> int:
+        ptx = _compile(embedding_bag_kernel, BAG_TYPES, dict(MODE=0, HAS_PSW=False, CHECK=check, ROWS=rows,
+                                                             BLOCK_D=block_d, PLACE=0),
+                       ("input_ptr", "offsets_ptr", "weight_ptr", "out_ptr", "dim", "stride_w"), num_warps, options)
+        return len(re.findall(r"call(?:\.uni)?\s+__assertfail", ptx))
+
+    launched = asserts(True, debug=True, sanitize_overflow=False)
+    assert launched >= 2 and asserts(True) == 0 and asserts(False, debug=True, sanitize_overflow=False) == 0
+    assert asserts(True, debug=True) > launched
 
 
 def test_embedding_bag_backward_adds_with_atomics_only():
@@ -150,26 +169,36 @@ def _interpreter_embedding_bag():
             psw = torch.rand(input.numel()).to(dtype) if with_psw else None
             n_bags = offsets.numel() - 1 if last else offsets.numel()
             out = torch.empty(n_bags, weight.size(1), dtype=dtype)
-            bags.launch_kernel(input, offsets, weight, psw, out, None, bags.MODES[mode],
+            bags.launch_kernel(input, offsets, weight, psw, out, False, bags.MODES[mode],
                                padding % 50 if padding >= 0 else -1, "plain")
             expected = F.embedding_bag(input, weight.double(), offsets, mode=mode, include_last_offset=last,
                                        per_sample_weights=None if psw is None else psw.double(),
                                        padding_idx=None if padding < 0 else padding)
             tol = 1e-5 if dtype == torch.float32 else 1e-2
             torch.testing.assert_close(out.double(), expected, rtol=tol, atol=tol)
-    # out-of-range entries are skipped, never read, and clear the check flag; so do invalid offsets
+    # out-of-range entries are skipped, never read; checked, they and invalid offsets fail the kernel's assert
+    # (the interpreter raises an AssertionError with the kernel's message). The interpreter ignores the
+    # launch's debug=True, which on a GPU compiles the assert in: its builder's own option turns asserts on.
+    import dataclasses
+
+    from triton.runtime.interpreter import interpreter_builder
+
+    interpreter_builder.options = dataclasses.replace(interpreter_builder.options, debug=True)
     weight, input = wide, torch.tensor([1, 99, 2, -3, 4])
+    out = torch.empty(2, 40)
+    bags.launch_kernel(input, torch.tensor([0, 3]), weight, None, out, False, bags.MODES["mean"], -1, "plain")
+    torch.testing.assert_close(out, torch.stack([(weight[1] + weight[2]) / 2, weight[4]]))
     for offsets in ([0, 3], [0, 0], [1, 3], [0, 4, 3], [0, 6]):  # a bad index; first offset; decreasing; past the end
-        ok, out = torch.ones(1, dtype=torch.int32), torch.empty(len(offsets), 40)
-        bags.launch_kernel(input, torch.tensor(offsets), weight, None, out, ok, bags.MODES["mean"], -1, "plain")
-        assert int(ok) == 0, offsets
-        if offsets == [0, 3]:
-            torch.testing.assert_close(out, torch.stack([(weight[1] + weight[2]) / 2, weight[4]]))
+        try:
+            bags.launch_kernel(input, torch.tensor(offsets), weight, None, torch.empty(len(offsets), 40), True,
+                               bags.MODES["mean"], -1, "plain")
+        except Exception as exc:  # the interpreter wraps the AssertionError in an InterpreterError
+            assert "AssertionError" in repr(exc) and "embedding_bag: an index is outside" in str(exc), exc
+        else:
+            raise AssertionError(f"offsets {offsets}: the checked kernel did not assert")
     for offsets in ([0, 2], [0, 0, 2, 5]):  # valid: empty bags, the last offset at the input's end
-        ok = torch.ones(1, dtype=torch.int32)
         bags.launch_kernel(torch.tensor([1, 2, 3, 4, 5]), torch.tensor(offsets), weight, None,
-                           torch.empty(len(offsets), 40), ok, bags.MODES["sum"], -1, "plain")
-        assert int(ok) == 1, offsets
+                           torch.empty(len(offsets), 40), True, bags.MODES["sum"], -1, "plain")
 
 
 def _interpreter_embedding_bag_backward():

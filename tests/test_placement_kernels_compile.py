@@ -131,8 +131,9 @@ def test_triton_checksum_kernel_compiles_with_scalar_atomics(num_warps, place):
 
 
 def test_the_once_per_program_check_evaluates_predicates_per_thread():
-    """threads_that_may_run on hand-written PTX: each way the compilers write "thread 0" passes, and a predicate
-    that holds on one lane of every warp, or on an unknown, does not."""
+    """threads_that_may_run on hand-written PTX: each way the compilers write "thread 0" passes, also through a
+    register written twice alike; a predicate that holds on one lane of every warp, on an unknown, or on a
+    register whose two writes disagree, does not."""
     ptx = """
         mov.u32 %r1, %tid.x;
         and.b32 %r2, %r1, 31;
@@ -146,11 +147,18 @@ def test_the_once_per_program_check_evaluates_predicates_per_thread():
         setp.eq.b32 %p5, %r5, 0;
         and.pred %p6, %p2, %p5;
         and.pred %p7, %p1, %p5;
+        or.b32 %r6, %r2, %r3;
+        or.b32 %r6, %r3, %r2;
+        setp.eq.b32 %p8, %r6, 0;
+        mov.u32 %r7, %r4;
+        mov.u32 %r7, %r2;
+        setp.eq.b32 %p9, %r7, 0;
     """
     defs = register_definitions(ptx)
-    runs = {p: threads_that_may_run(p, defs, 128) for p in ("%p1", "%p2", "%p4", "%p5", "%p6", "%p7")}
-    assert runs["%p2"] == runs["%p4"] == runs["%p6"] == [0]
+    runs = {p: threads_that_may_run(p, defs, 128) for p in ("%p1", "%p2", "%p4", "%p5", "%p6", "%p7", "%p8", "%p9")}
+    assert runs["%p2"] == runs["%p4"] == runs["%p6"] == runs["%p8"] == [0]
     assert runs["%p1"] == runs["%p7"] == [0, 32, 64, 96] and runs["%p5"] == list(range(128))
+    assert runs["%p9"][:2] == [0, 32]  # where the two writes of %r7 disagree (thread 32 on), %p9 is unknown
 
 
 def test_triton_atomic_results_are_broadcast_through_shared_memory():

@@ -19,13 +19,13 @@ assignment with the backward). The op is
 one opaque call and CUDA graphs capture it; it mutates nothing (the output is allocated inside).
 
 Data checks (indices inside the table, offsets[0] == 0, offsets non-decreasing and ending inside the input):
-on a GPU the kernel checks them as it reads (no extra pass, no host sync) and clears a flag that
-torch._assert_async then asserts, with the message below, as torch's own CUDA index kernels do: a bad index
-stops the program at its next synchronization with a device-side assert (the message is printed by the
-device; the CUDA context is unusable afterwards, as after any device-side assert). The kernel never reads
-outside the table: out-of-range entries are skipped. On the CPU the checks run on the host with torch's
-messages. `check_indices=False` skips the assert (the kernel still skips bad entries); inside torch.compile'd
-regions the assert is not traced (the kernel skips bad entries there too).
+on a GPU the kernel checks them as it reads (no extra pass, no extra launch, no host sync) with a device
+assert, as torch's own CUDA index kernels do: a bad index stops the program at its next synchronization with
+a device-side assert whose message (the kernel module's CHECK_MESSAGE) the device prints; the CUDA context
+is unusable afterwards, as after any device-side assert. The kernel never reads outside the table:
+out-of-range entries are skipped. On the CPU the checks run on the host with torch's messages.
+`check_indices=False` compiles the assert out (the kernel still skips bad entries); inside torch.compile'd
+regions it is off too (the kernel skips bad entries there as well).
 
 Dispatch: an eager call that needs no autograd graph calls the implementation directly (policy.direct_call:
 the dispatcher costs tens of microseconds per call); everything else goes through the op.
@@ -39,7 +39,7 @@ from typing import Optional
 
 import torch
 
-from .policy import check_policy, direct_call, launch_placed, traced, triton_launcher
+from .policy import check_policy, direct_call, launch_placed, triton_launcher
 
 try:
     from ..triton_kernels.embedding_bag import embedding_bag_backward_kernel, embedding_bag_kernel
@@ -59,8 +59,6 @@ NO_PADDING = -1
 TILE_BYTES = 8192
 BYTES_PER_WARP = 8192
 MAX_WARPS = 8
-CHECK_MESSAGE = ("embedding_bag: an index is outside [0, num_embeddings), or offsets are not valid (offsets[0] "
-                 "must be 0, non-decreasing, and not past the input's length)")
 
 
 def embedding_bag(input: torch.Tensor, weight: torch.Tensor, offsets: Optional[torch.Tensor] = None,
@@ -199,20 +197,20 @@ def tile_config(n_indices: int, n_bags: int, dim: int, itemsize: int = 4) -> tup
     return rows, block_d, min(MAX_WARPS, max(1, rows * block_d * itemsize // BYTES_PER_WARP))
 
 
-def launch_kernel(input, offsets, weight, per_sample_weights, out, ok, mode: int, padding_idx: int, policy: str,
-                  config: Optional[tuple] = None) -> None:
-    """The forward kernel over every bag of `out`, placed as `policy` says (policy.launch_placed); `ok` is the
-    check flag (None: no check). config: (ROWS, BLOCK_D, num_warps), default tile_config's."""
+def launch_kernel(input, offsets, weight, per_sample_weights, out, check: bool, mode: int, padding_idx: int,
+                  policy: str, config: Optional[tuple] = None) -> None:
+    """The forward kernel over every bag of `out`, placed as `policy` says (policy.launch_placed); check: the
+    kernel asserts its data checks (compiled with debug=True for the assert alone: the kernel module's doc).
+    config: (ROWS, BLOCK_D, num_warps), default tile_config's."""
     n_bags, dim = out.shape
     rows, block_d, num_warps = config or tile_config(input.numel(), n_bags, dim, weight.element_size())
     psw = per_sample_weights if per_sample_weights is not None else out  # never read when HAS_PSW is off
 
     def launch(grid, plan, state, place):
         triton_launcher(embedding_bag_kernel, out)[(grid,)](
-            input, offsets, weight, psw, out, out if ok is None else ok, input.numel(), offsets.numel(),
-            weight.size(0), dim, weight.stride(0), padding_idx, plan, state, MODE=mode,
-            HAS_PSW=per_sample_weights is not None, CHECK=ok is not None, ROWS=rows, BLOCK_D=block_d, PLACE=place,
-            num_warps=num_warps)
+            input, offsets, weight, psw, out, input.numel(), offsets.numel(), weight.size(0), dim, weight.stride(0),
+            padding_idx, plan, state, MODE=mode, HAS_PSW=per_sample_weights is not None, CHECK=check, ROWS=rows,
+            BLOCK_D=block_d, PLACE=place, num_warps=num_warps, debug=check, sanitize_overflow=False)
 
     launch_placed("embedding_bag", policy, launch, n_bags, out)
 
@@ -258,27 +256,6 @@ def _bag_counts(bag, keep, n_bags: int, dtype) -> torch.Tensor:
     return torch.zeros(n_bags, dtype=dtype, device=bag.device).scatter_add_(0, bag, keep.to(dtype))
 
 
-_flags: dict = {}  # device -> the check flag of eager calls (int32 1; a kernel clears it on bad data)
-
-
-def _check_flag(like: torch.Tensor) -> torch.Tensor:
-    """The flag the kernel clears on bad data and torch._assert_async asserts, on `like`'s device. One per device
-    (real tensors only), made once and never reset: a cleared flag stops the program at the assert (a
-    device-side assert leaves the CUDA context unusable), so no later call can read it cleared. Made outside
-    graph capture only (a flag made during capture would hold its 1 only once the graph replays); a capture
-    before any eager call captures a fill of its own. Saves an allocation and a fill launch per call (a
-    one-element torch.zeros took 9.9 us of host time on the H200, 2026-12-01)."""
-    if traced(like):  # fake or functional tensors (the fake implementation, opcheck, torch.compile): never cached
-        return torch.ones(1, dtype=torch.int32, device=like.device)
-    flag = _flags.get(like.device)
-    if flag is None:
-        flag = torch.ones(1, dtype=torch.int32, device=like.device)
-        if torch.cuda.is_current_stream_capturing():
-            return flag
-        _flags[like.device] = flag
-    return flag
-
-
 def _forward(input: torch.Tensor, offsets: torch.Tensor, weight: torch.Tensor,
              per_sample_weights: Optional[torch.Tensor], mode: int, padding_idx: int, include_last_offset: bool,
              check: bool, policy: str) -> torch.Tensor:
@@ -296,10 +273,7 @@ def _forward(input: torch.Tensor, offsets: torch.Tensor, weight: torch.Tensor,
     out = weight.new_empty((n_bags, weight.size(1)))
     if weight.stride(1) != 1:
         weight = weight.contiguous()
-    ok = _check_flag(weight) if check else None
-    launch_kernel(input, offsets, weight, per_sample_weights, out, ok, mode, padding_idx, policy)
-    if check:
-        torch._assert_async(ok, CHECK_MESSAGE)
+    launch_kernel(input, offsets, weight, per_sample_weights, out, check, mode, padding_idx, policy)
     return out
 
 

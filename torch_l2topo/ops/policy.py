@@ -13,12 +13,12 @@ loop on the placement helpers (plan_start / plan_next / plan_finish) with PLACE 
   kernel, and it settled on "weighted x1" for forests of 65,536 samples, 4.9-7.1x slower than plain.
 
 The ops are torch.library custom ops, opaque to torch.compile, whose fake implementation is their own body:
-`triton_launcher` gives that body the raw kernel on real tensors and, on fake tensors, a launcher that
-launches nothing, so the body only allocates its outputs. (They were triton_ops, traced through
-wrap_triton: on torch 2.11 with Triton 3.6 opcheck's test_aot_dispatch_dynamic failed on the H200, 2026-12-01,
-every element of the compiled forward's output wrong, as when wrap_triton's mutation analysis misses a store
-(the kernels' item loop is a `while`: pytorch/pytorch#173795). Outside a triton_op's own eager call,
-wrap_triton also launched through a higher-order op, about 0.4 ms per call there.)
+`triton_launcher` gives that body the kernel on real tensors (launched through lean_launch) and, on fake
+tensors, a launcher that launches nothing, so the body only allocates its outputs. (They were triton_ops,
+traced through wrap_triton: on torch 2.11 with Triton 3.6 opcheck's test_aot_dispatch_dynamic failed on the
+H200, 2026-12-01, every element of the compiled forward's output wrong, as when wrap_triton's mutation analysis
+misses a store (the kernels' item loop is a `while`: pytorch/pytorch#173795). Outside a triton_op's own eager
+call, wrap_triton also launched through a higher-order op, about 0.4 ms per call there.)
 
 `direct_call` says when an op may skip the torch.library dispatcher and call its implementation (the same
 function the custom op runs): eager, plain tensors, no tensor needing a gradient, no dispatch or function mode
@@ -32,6 +32,7 @@ import torch
 from ..errors import check_choice
 from ..layout import PLACE_DIRECT
 from ..placement.plans import POLICIES
+from .lean_launch import lean
 
 AUTO = "auto"
 PLAIN = "plain"
@@ -69,9 +70,10 @@ class _NoLaunch:
 
 
 def triton_launcher(kernel, like: torch.Tensor):
-    """`kernel` on real tensors; under fake or traced tensors (the op's fake implementation, which is the op's
-    own body run for shapes) a launcher that launches nothing (module doc)."""
-    return _NoLaunch() if traced(like) else kernel
+    """`kernel` on real tensors, launched through lean_launch (without Triton's per-launch check of the kernel's
+    globals); under fake or traced tensors (the op's fake implementation, which is the op's own body run for
+    shapes) a launcher that launches nothing (module doc)."""
+    return _NoLaunch() if traced(like) else lean(kernel)
 
 
 def _eager(tensor) -> bool:
