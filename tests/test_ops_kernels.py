@@ -47,6 +47,12 @@ BAG_TYPES = dict(input_ptr="*i64", offsets_ptr="*i64", weight_ptr="*fp32", psw_p
                  padding_idx="i32", plan_ptr="*i32", state_ptr="*i64")
 
 
+FOREST_TYPES = dict(nodes_ptr="*i32", values_ptr="*fp32", roots_ptr="*i32", groups_ptr="*i32", base_ptr="*fp32",
+                    x_ptr="*fp32", out_ptr="*fp32", scale="fp32", sm_part_ptr="*i32", plan_ptr="*i32",
+                    state_ptr="*i64", **{n: "i32" for n in ("n_samples", "n_features", "n_trees", "trees_per_chunk",
+                                                            "n_chunks", "depth", "n_outputs", "leaf_width", "n_sm")})
+
+
 # every row type and size with per-sample weights (sum), the other modes on the target shape
 KERNEL_CASES = [(t, b, 0) for t in ROW_TYPES for b in (32, 256, 1024)] + [("fp32", 256, 1), ("fp32", 256, 2)]
 
@@ -118,19 +124,29 @@ def test_embedding_bag_tiles_keep_rows_in_flight():
 def test_forest_kernel_walks_with_one_record_load_per_step():
     from torch_l2topo.triton_kernels.forest import forest_kernel
 
-    types = dict(nodes_ptr="*i32", values_ptr="*fp32", roots_ptr="*i32", groups_ptr="*i32", base_ptr="*fp32",
-                 x_ptr="*fp32", out_ptr="*fp32", scale="fp32", sm_part_ptr="*i32", plan_ptr="*i32", state_ptr="*i64")
-    types.update({n: "i32" for n in ("n_samples", "n_features", "n_trees", "trees_per_chunk", "n_chunks", "depth",
-                                      "n_outputs", "leaf_width", "n_sm")})
     for block_s, vector_leaves, replicas in ((32, False, 1), (1, False, 1), (8, True, 1), (32, False, 2)):
         constexprs = dict(BLOCK_S=block_s, BLOCK_T=forests.LANES // block_s, OUT_PAD=4, VECTOR_LEAVES=vector_leaves,
-                          REPLICAS=replicas, PLACE=0)
-        ptx = _compile(forest_kernel, types, constexprs, ("nodes_ptr", "values_ptr", "x_ptr", "out_ptr"), 4)
+                          REPLICAS=replicas, PLACE=0, LINK=forests.LINKS["identity"])
+        ptx = _compile(forest_kernel, FOREST_TYPES, constexprs, ("nodes_ptr", "values_ptr", "x_ptr", "out_ptr"), 4)
         assert len(VECTOR_LOAD.findall(ptx)) == 1  # the 16-byte node record, once per step
         # per-partition copies read the SM's copy once (%smid); one copy reads no SM id at all
         assert ptx.count("%smid") == (1 if replicas == 2 else 0)
         assert "setp.nan.f32" in ptx and "setp.le.f32" in ptx  # NaN goes its default way; x <= threshold
         assert not re.search(r"setp\.[\w.]*ftz", ptx)  # no flush to zero: thresholds next to 0 are denormals
+
+
+def test_forest_links_compile_and_match_the_host_codes():
+    # the kernel's LINK codes are the host's (LINKS, in Forest's TRANSFORMS order), and each link compiles into the
+    # kernel's store: the exponential of sigmoid, softmax and exp (ex2 in PTX), none for identity
+    from torch_l2topo.triton_kernels import forest as kernels
+    from torch_l2topo.triton_kernels.forest import forest_kernel
+
+    assert {name: getattr(kernels, f"LINK_{name.upper()}").value for name in forests.LINKS} == forests.LINKS
+    for name, code in forests.LINKS.items():
+        constexprs = dict(BLOCK_S=1, BLOCK_T=forests.LANES, OUT_PAD=4, VECTOR_LEAVES=False, REPLICAS=1, PLACE=0,
+                          LINK=code)
+        ptx = _compile(forest_kernel, FOREST_TYPES, constexprs, ("nodes_ptr", "values_ptr", "x_ptr", "out_ptr"), 4)
+        assert ("ex2.approx" in ptx) == (name != "identity"), name
 
 
 def test_forest_work_split():
@@ -228,17 +244,23 @@ def _interpreter_forest():
 
     from torch_l2topo.ops import Forest
 
-    for case, n_sm in (("binary_d6_nan", 1), ("multiclass_d4", 132), ("regression_d9", 4)):
+    cases = (("binary_d6_nan", 1), ("multiclass_d4", 132), ("regression_d9", 4), ("poisson_d5", 4))
+    for case, n_sm in cases:
         recorded = np.load(XGBOOST / f"{case}.npz")
         forest = Forest.from_xgboost_json(XGBOOST / f"{case}.json", layout="blocks")
-        for n in (1, 37):
+        for n in (1, 37):  # one tree chunk (the kernel links) and several (the host links their sum)
             x = torch.from_numpy(recorded["x"][:n])
-            raw = forests.launch_kernel(forest.nodes, forest.values, forest.roots, forest.groups, forest.base, x,
-                                        forest.depth, 1.0, n_sm, "plain")
+            args = (forest.nodes, forest.values, forest.roots, forest.groups, forest.base, x, forest.depth, 1.0, n_sm,
+                    "plain")
+            raw = forests.launch_kernel(*args)
             expected = torch.from_numpy(recorded["margin"][:n]).reshape(raw.shape)
             torch.testing.assert_close(raw, expected, rtol=1e-5, atol=1e-5)  # chunks change the float32 order
+            linked = forests.launch_kernel(*args, link=forest.transform)
+            linked = linked[:, 0] if forest.squeeze else linked
+            torch.testing.assert_close(linked, torch.from_numpy(recorded["prediction"][:n]).float(), rtol=1e-5,
+                                       atol=1e-5)
     try:
-        from sklearn.ensemble import RandomForestClassifier
+        from sklearn.ensemble import GradientBoostingClassifier, RandomForestClassifier
     except ImportError:
         return
     rng = np.random.default_rng(0)
@@ -249,6 +271,15 @@ def _interpreter_forest():
     mean = forests.launch_kernel(forest.nodes, forest.values.float(), forest.roots, forest.groups,
                                  forest.base.float(), torch.from_numpy(x[:50]), forest.depth, 9.0, 2, "plain")
     np.testing.assert_allclose(mean.numpy(), model.predict_proba(x[:50]), atol=1e-6)
+    # the binary pair [1 - p, p] of boosted trees, linked in the kernel (one sample: one chunk) and on the host
+    dense = np.nan_to_num(x)  # scikit-learn's gradient boosting takes no NaN
+    boosted = GradientBoostingClassifier(n_estimators=20, max_depth=3, random_state=0).fit(dense, dense[:, 0] > 0)
+    pair = Forest.from_sklearn(boosted, layout="dfs")
+    assert pair.transform == "sigmoid_pair"
+    for n in (1, 50):
+        got = forests.launch_kernel(pair.nodes, pair.values.float(), pair.roots, pair.groups, pair.base.float(),
+                                    torch.from_numpy(dense[:n]), pair.depth, 1.0, 2, "plain", link="sigmoid_pair")
+        np.testing.assert_allclose(got.numpy(), boosted.predict_proba(dense[:n]), atol=1e-6)
     _interpreter_forest_copies(forest, torch.from_numpy(x[:50]), mean)
 
 

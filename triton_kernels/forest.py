@@ -15,6 +15,10 @@ Leaves of width 1 add to output groups[tree] (gradient boosting: one tree per cl
 (VECTOR_LEAVES: random-forest class probabilities, multi-output regression) add their whole row.
 
 The sums are stored times `scale` (1 / the forest's divisor: random forests average), so the host adds no pass.
+A one-chunk launch also applies the forest's link (LINK, a constexpr: identity, sigmoid, the binary pair
+[1 - p, p] of scikit-learn's predict_proba, softmax over the outputs, exp) before it stores: the prediction
+leaves the kernel finished, where the link in PyTorch ops took up to three more launches per call. A chunked
+launch stores raw partial sums (LINK_IDENTITY) and the host links their sum.
 
 Item loop: the items come from the placement helpers (plan_start / plan_next / plan_finish, PLACE a constexpr):
 in PLACE_DIRECT mode program p takes item p and the helpers compile to nothing.
@@ -30,6 +34,12 @@ from torch_l2topo.triton_kernels.placement import plan_finish, plan_next, plan_s
 from torch_l2topo.triton_kernels.protocol import sm_id
 
 DEFAULT_LEFT_BIT = tl.constexpr(31)
+# the links, as torch_l2topo.ops.forest_predict.LINKS numbers them
+LINK_IDENTITY = tl.constexpr(0)
+LINK_SIGMOID = tl.constexpr(1)
+LINK_SIGMOID_PAIR = tl.constexpr(2)
+LINK_SOFTMAX = tl.constexpr(3)
+LINK_EXP = tl.constexpr(4)
 
 
 @triton.jit
@@ -54,7 +64,7 @@ def _walk(nodes_ptr, x_ptr, node, samples, sample_ok, n_features, depth, BLOCK_S
 def _sample_block(item, nodes_ptr, values_ptr, roots_ptr, groups_ptr, base_ptr, x_ptr, out_ptr, n_samples,
                   n_features, n_trees, trees_per_chunk, n_chunks, depth, n_outputs, leaf_width, scale,
                   BLOCK_S: tl.constexpr, BLOCK_T: tl.constexpr, OUT_PAD: tl.constexpr,
-                  VECTOR_LEAVES: tl.constexpr):
+                  VECTOR_LEAVES: tl.constexpr, LINK: tl.constexpr):
     chunk = item % n_chunks
     samples = (item // n_chunks) * BLOCK_S + tl.arange(0, BLOCK_S)
     sample_ok = samples < n_samples
@@ -79,15 +89,37 @@ def _sample_block(item, nodes_ptr, values_ptr, roots_ptr, groups_ptr, base_ptr, 
             groups = tl.load(groups_ptr + trees, mask=tree_ok, other=0)
             hit = groups[None, :, None] == outputs[None, None, :]
             acc += tl.sum(tl.where(hit, values[:, :, None], 0.0), axis=1)
-    offsets = (chunk.to(tl.int64) * n_samples + samples.to(tl.int64))[:, None] * n_outputs + outputs[None, :]
-    tl.store(out_ptr + offsets, acc * scale, mask=sample_ok[:, None] & output_ok[None, :])
+    _store(out_ptr, acc * scale, chunk, samples, sample_ok, outputs, output_ok, n_samples, n_outputs, LINK)
+
+
+@triton.jit
+def _store(out_ptr, sums, chunk, samples, sample_ok, outputs, output_ok, n_samples, n_outputs,
+           LINK: tl.constexpr):
+    """The tile's sums [BLOCK_S, OUT_PAD] through the link, into out[chunk, sample, :] (LINK_SIGMOID_PAIR: one
+    output in, the two columns [1 - p, p] out)."""
+    rows = chunk.to(tl.int64) * n_samples + samples.to(tl.int64)
+    if LINK == LINK_SIGMOID_PAIR:
+        p = tl.sum(tl.where(outputs[None, :] == 0, tl.sigmoid(sums), 0.0), axis=1)
+        tl.store(out_ptr + rows * 2, 1.0 - p, mask=sample_ok)
+        tl.store(out_ptr + rows * 2 + 1, p, mask=sample_ok)
+    else:
+        if LINK == LINK_SIGMOID:
+            sums = tl.sigmoid(sums)
+        elif LINK == LINK_EXP:
+            sums = tl.exp(sums)
+        elif LINK == LINK_SOFTMAX:
+            shifted = sums - tl.max(tl.where(output_ok[None, :], sums, float("-inf")), axis=1)[:, None]
+            e = tl.where(output_ok[None, :], tl.exp(shifted), 0.0)
+            sums = e / tl.sum(e, axis=1)[:, None]
+        tl.store(out_ptr + rows[:, None] * n_outputs + outputs[None, :], sums,
+                 mask=sample_ok[:, None] & output_ok[None, :])
 
 
 @triton.jit
 def forest_kernel(nodes_ptr, values_ptr, roots_ptr, groups_ptr, base_ptr, x_ptr, out_ptr, n_samples, n_features,
                   n_trees, trees_per_chunk, n_chunks, depth, n_outputs, leaf_width, scale, sm_part_ptr, n_sm,
                   plan_ptr, state_ptr, BLOCK_S: tl.constexpr, BLOCK_T: tl.constexpr, OUT_PAD: tl.constexpr,
-                  VECTOR_LEAVES: tl.constexpr, REPLICAS: tl.constexpr, PLACE: tl.constexpr):
+                  VECTOR_LEAVES: tl.constexpr, REPLICAS: tl.constexpr, PLACE: tl.constexpr, LINK: tl.constexpr):
     if REPLICAS > 1:  # this SM's copy: its roots are row `copy` of roots
         me = sm_id()
         copy = tl.load(sm_part_ptr + me, mask=me < n_sm, other=0)
@@ -98,7 +130,7 @@ def forest_kernel(nodes_ptr, values_ptr, roots_ptr, groups_ptr, base_ptr, x_ptr,
     while item >= 0:
         _sample_block(item, nodes_ptr, values_ptr, roots_ptr, groups_ptr, base_ptr, x_ptr, out_ptr, n_samples,
                       n_features, n_trees, trees_per_chunk, n_chunks, depth, n_outputs, leaf_width, scale, BLOCK_S,
-                      BLOCK_T, OUT_PAD, VECTOR_LEAVES)
+                      BLOCK_T, OUT_PAD, VECTOR_LEAVES, LINK)
         n_done += 1
         item, phase = plan_next(plan_ptr, state_ptr, sm, phase, PLACE)
     plan_finish(plan_ptr, state_ptr, sm, t0, n_done, PLACE)

@@ -4,20 +4,21 @@
     proba = forest_predict(forest, x)                    # what model.predict_proba(x) returns (predict for
                                                          # regressors; Booster.predict for xgboost files)
 
-The op `torch.ops.torch_l2topo.forest_predict` returns the raw sums (base + every tree's leaf row, per output):
-on a CUDA device the kernel of triton_kernels/forest.py (float32), elsewhere the same walk in PyTorch ops, in the
-forest's own precision (float64 for scikit-learn, float32 for xgboost), adding trees in order from the base,
-so the CPU path reproduces the library's own predictions. forest_predict then divides (random forests average)
-and applies the link (sigmoid, softmax, exp) with PyTorch ops. The op is a torch.library custom op (no
-argument mutated: the partial sums are allocated inside) whose fake implementation is its own body, so
-torch.compile(fullgraph=True) keeps it as one call and CUDA graphs capture it; the forest's tensors are
-inputs, built outside the region (Forest.to(device) once). An eager call (no autograd: forests are not
-trained here) calls the op's body directly (policy.direct_call: the dispatcher
-costs tens of microseconds, more than a small batch's kernel).
+The op `torch.ops.torch_l2topo.forest_predict` returns the prediction: the sums (base + every tree's leaf row,
+per output) over the divisor (random forests average), through the forest's link (identity, sigmoid, the
+binary pair [1 - p, p], softmax, exp). On a CUDA device the kernel of triton_kernels/forest.py (float32) walks
+the trees and, in a one-chunk launch, applies the link itself (no PyTorch op after it: each took a launch of
+host time per call); elsewhere the same walk in PyTorch ops, in the forest's own precision (float64 for
+scikit-learn, float32 for xgboost), adding trees in order from the base, so the CPU path reproduces the
+library's own predictions. The op is a torch.library custom op (no argument mutated: the partial sums are
+allocated inside) whose fake implementation is its own body, so torch.compile(fullgraph=True) keeps it as one
+call and CUDA graphs capture it; the forest's tensors are inputs, built outside the region (Forest.to(device)
+once). An eager call (no autograd: forests are not trained here) calls the op's body directly
+(policy.direct_call: the dispatcher costs tens of microseconds, more than a small batch's kernel).
 
 Work split on a GPU: items are (block of BLOCK_S samples, chunk of trees) pairs; with few sample blocks the trees
 are cut into chunks until there are about ITEMS_PER_SM items per SM (batch 1 on an H200: 132 x 8 items of a
-few dozen trees each), and the chunks' partial sums are added by one torch.sum.
+few dozen trees each), and the chunks' partial sums are added by one torch.sum, then linked in PyTorch ops.
 
 Placement: `policy=` takes the placement policies and "auto" (policy.py says how a call is launched); items are
 the (sample block, tree chunk) pairs. Data placement: a forest with per-partition copies (Forest.per_partition)
@@ -30,7 +31,7 @@ from typing import Optional
 
 import torch
 
-from .forest import Forest
+from .forest import TRANSFORMS, Forest
 from .policy import check_policy, direct_call, launch_placed, triton_launcher
 
 try:
@@ -43,6 +44,7 @@ MAX_BLOCK_S = 32       # samples per program; the rest of the lanes walk differe
 ITEMS_PER_SM = 8       # chunk the trees until the launch has this many items per SM (when samples are few)
 MAX_GPU_OUTPUTS = 64   # outputs (classes) the kernel accumulates in registers
 CPU_WALKS = 1 << 22    # (sample, tree) walks the CPU path holds at once (its index tensors: 32 MB each)
+LINKS = {name: code for code, name in enumerate(TRANSFORMS)}  # Forest.transform -> the kernel's LINK code
 
 
 def forest_predict(forest: Forest, x: torch.Tensor, *, policy: str = "auto") -> torch.Tensor:
@@ -65,20 +67,25 @@ def forest_predict(forest: Forest, x: torch.Tensor, *, policy: str = "auto") -> 
         raise ValueError(f"forest_predict on a GPU handles up to {MAX_GPU_OUTPUTS} outputs; this forest has "
                          f"{forest.n_outputs} (run it on the CPU)")
     args = (forest.nodes, forest.values, forest.roots, forest.groups, forest.base,
-            x.to(torch.float32).contiguous(), forest.depth, forest.divisor, policy, forest.sm_partition)
-    raw = _forest_predict(*args) if direct_call(x) else torch.ops.torch_l2topo.forest_predict(*args)
-    if forest.transform == "sigmoid":
-        out = torch.sigmoid(raw)
-    elif forest.transform == "sigmoid_pair":
-        p = torch.sigmoid(raw)
-        out = torch.cat([1 - p, p], dim=1)
-    elif forest.transform == "softmax":
-        out = torch.softmax(raw, dim=1)
-    elif forest.transform == "exp":
-        out = torch.exp(raw)
-    else:
-        out = raw
+            x.to(torch.float32).contiguous(), forest.depth, forest.divisor, policy, forest.sm_partition,
+            forest.transform)
+    out = _forest_predict(*args) if direct_call(x) else torch.ops.torch_l2topo.forest_predict(*args)
     return out[:, 0] if forest.squeeze else out
+
+
+def apply_link(raw: torch.Tensor, link: str) -> torch.Tensor:
+    """The link in PyTorch ops (the CPU path, and a chunked launch's summed partials): what the kernel applies
+    itself in a one-chunk launch."""
+    if link == "sigmoid":
+        return torch.sigmoid(raw)
+    if link == "sigmoid_pair":
+        p = torch.sigmoid(raw)
+        return torch.cat([1 - p, p], dim=1)
+    if link == "softmax":
+        return torch.softmax(raw, dim=1)
+    if link == "exp":
+        return torch.exp(raw)
+    return raw
 
 
 def _runs_on_triton(x) -> bool:
@@ -108,25 +115,27 @@ def sm_count(index: int) -> int:
 
 
 def launch_kernel(nodes, values, roots, groups, base, x, depth: int, divisor: float, n_sm: int,
-                  policy: str, sm_partition: Optional[torch.Tensor] = None) -> torch.Tensor:
+                  policy: str, sm_partition: Optional[torch.Tensor] = None, link: str = "identity") -> torch.Tensor:
     """The kernel over every (sample block, tree chunk) item, placed as `policy` says: the sums (n_samples,
-    n_outputs) over divisor, float32. sm_partition: each SM's copy of per-partition copies (roots (2, n_trees)),
-    or None."""
+    n_outputs) over divisor through `link` (one of LINKS; "sigmoid_pair": (n_samples, 2)), float32. sm_partition:
+    each SM's copy of per-partition copies (roots (2, n_trees)), or None."""
     n, n_features = x.shape
     n_trees, n_outputs = roots.shape[-1], base.numel()
     sm_part = sm_partition if sm_partition is not None else roots  # never read with REPLICAS 1
     block_s, block_t, n_blocks, n_chunks, trees_per_chunk = work_split(n, n_trees, n_sm)
-    partial = torch.empty((n_chunks, n, n_outputs), dtype=torch.float32, device=x.device)
+    fused = link if n_chunks == 1 else "identity"  # one chunk: the kernel links; else the host links the sum
+    width = 2 if fused == "sigmoid_pair" else n_outputs
+    partial = torch.empty((n_chunks, n, width), dtype=torch.float32, device=x.device)
 
     def launch(grid, plan, state, place):
         triton_launcher(forest_kernel, partial)[(grid,)](
             nodes, values, roots, groups, base, x, partial, n, n_features, n_trees, trees_per_chunk, n_chunks,
             depth, n_outputs, values.shape[1], 1.0 / divisor, sm_part, sm_part.numel(), plan, state,
             BLOCK_S=block_s, BLOCK_T=block_t, OUT_PAD=_pow2(n_outputs), VECTOR_LEAVES=values.shape[1] > 1,
-            REPLICAS=1 if sm_partition is None else 2, PLACE=place, num_warps=4)
+            REPLICAS=1 if sm_partition is None else 2, PLACE=place, LINK=LINKS[fused], num_warps=4)
 
     launch_placed("forest_predict", policy, launch, n_blocks * n_chunks, partial)
-    return partial[0] if n_chunks == 1 else partial.sum(0)
+    return partial[0] if n_chunks == 1 else apply_link(partial.sum(0), link)
 
 
 def reference_walk(nodes, values, roots, groups, base, x, depth: int) -> torch.Tensor:
@@ -158,18 +167,21 @@ def reference_walk(nodes, values, roots, groups, base, x, depth: int) -> torch.T
 
 def _forest_predict(nodes: torch.Tensor, values: torch.Tensor, roots: torch.Tensor, groups: torch.Tensor,
                     base: torch.Tensor, x: torch.Tensor, depth: int, divisor: float, policy: str,
-                    sm_partition: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """The sums (n_samples, n_outputs) of a laid-out forest (forest.py) for float32 rows x, over divisor.
-    sm_partition: per-partition copies (roots (2, n_trees)): each SM walks its own (Forest.per_partition)."""
+                    sm_partition: Optional[torch.Tensor] = None, link: str = "identity") -> torch.Tensor:
+    """The prediction of a laid-out forest (forest.py) for float32 rows x: its sums (n_samples, n_outputs) over
+    divisor, through `link` (one of LINKS; "sigmoid_pair" gives (n_samples, 2)). sm_partition: per-partition
+    copies (roots (2, n_trees)): each SM walks its own (Forest.per_partition)."""
+    if link not in LINKS:
+        raise ValueError(f"link must be one of {', '.join(LINKS)}; got {link!r}")
     if sm_partition is not None:
         if roots.dim() != 2 or roots.shape[0] != 2:
             raise ValueError(f"per-partition copies need roots of shape (2, n_trees); got {tuple(roots.shape)}")
         roots, sm_partition = roots.contiguous(), sm_partition.contiguous()  # the kernel reads row p at p * n_trees
     if not _runs_on_triton(x) or x.shape[0] == 0:
         raw = reference_walk(nodes, values, roots.reshape(-1, roots.shape[-1])[0], groups, base, x, depth)
-        return raw if divisor == 1.0 else raw / divisor
+        return apply_link(raw if divisor == 1.0 else raw / divisor, link)
     return launch_kernel(nodes, values, roots, groups, base, x, depth, divisor, sm_count(x.device.index), policy,
-                         sm_partition)
+                         sm_partition, link)
 
 
 _forest_predict_op = torch.library.custom_op("torch_l2topo::forest_predict", _forest_predict, mutates_args=())
