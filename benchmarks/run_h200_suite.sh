@@ -3,7 +3,7 @@
 # Writes everything under $OUT/r and packs it as $OUT/r.tgz. Steps are independent: one failing does not
 # stop the others (each logs to $OUT/r/<step>.log).
 #   bash benchmarks/run_h200_suite.sh [steps...]     steps: tests noise trust placement partition green replication
-#                                                    fingerprints sanitizer
+#                                                    fingerprints sanitizer ops profiler
 set -u
 python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -1
 export PYTHONUNBUFFERED=1 MAX_JOBS=16
@@ -28,6 +28,10 @@ for step in $steps; do
     replication) (cd benchmarks && python3 bench_replication.py --device 0 --out "$R/replication_h200.json" 2>&1 | tee "$R/replication.log" | tail -8) ;;
     fingerprints) (cd benchmarks && python3 collect_fingerprints.py collect --out "$R/fingerprints" --rounds 2 2>&1 | tee "$R/collect.log" | tail -6) ;;
     sanitizer) bash benchmarks/run_sanitizer.sh "$R/sanitizer" ;;
+    ops) (cd benchmarks && python3 bench_ops_kernels.py --only host --only tiles --out "$R/ops_kernels_h200.json" 2>&1 | tee "$R/ops_kernels.log" | tail -4
+          python3 bench_ops_kernels.py --only forest_copies --reps 7 --out "$R/ops_forest_copies_h200.json" 2>&1 | tee "$R/copies.log" | tail -7
+          python3 bench_ops.py --reps 9 --out "$R/ops_h200.json" 2>&1 | tee "$R/ops.log" | tail -40) ;;
+    profiler) (cd benchmarks && python3 bench_profiler.py --device 0 --reps 4 --cycles 8 --out "$R/profiler_h200.json" 2>&1 | tee "$R/profiler.log" | tail -8) ;;
   esac
 done
 cd "$OUT" && tar czf r.tgz r && rm -rf r && ls -la "$OUT"
