@@ -197,11 +197,16 @@ def test_forest_matches_recorded_xgboost(case):
     recorded = np.load(XGBOOST / f"{case}.npz")
     forest = Forest.from_xgboost_json(XGBOOST / f"{case}.json", layout="blocks").to("cuda")
     x = torch.from_numpy(recorded["x"]).cuda()
-    for n in (1, 256):
+    for n in (1, 256):  # one sample: one tree chunk, linked in the kernel; 256: chunks, linked on the host
         margin = torch.ops.torch_l2topo.forest_predict(forest.nodes, forest.values, forest.roots, forest.groups,
                                                        forest.base, x[:n], forest.depth, 1.0, "auto")
         np.testing.assert_allclose(margin.cpu().numpy(), recorded["margin"][:n].reshape(margin.shape), rtol=1e-5,
                                    atol=1e-5)
+        got = forest_predict(forest, x[:n]).cpu().numpy()
+        if case.startswith("softmax"):  # multi:softmax predicts the label
+            assert np.array_equal(got.argmax(1), recorded["prediction"][:n])
+        else:
+            np.testing.assert_allclose(got, recorded["prediction"][:n], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("policy", ["plain", "auto", "partition_queues", "weighted", "dynamic"])
