@@ -15,9 +15,9 @@ reference: torch's op / Hummingbird's best strategy), vs_plain (ours over the sa
 auto_chose (what policy "auto" resolves to: plain, ops/policy.py says why). In each round every implementation
 runs `inner` calls back to back between two CUDA events (interleaved, in a new random order each round, so
 drift and round order touch all alike); results are checked against torch / scikit-learn once per row before
-timing. --grid full runs the issue's whole grid (tables 1 MB-4 GB, bags 1-256,
-batch 1-65,536; forests 10-2,000 trees, depth 4-12, batch 1-1M: ~15 min); the default grid (~3 min on an H200)
-keeps the target shape and one point per axis.
+timing. --grid full runs the issue's whole grid (tables 1 MB-4 GB, bags 1-256, batch 1-65,536; forests
+10-2,000 trees, depth 4-12, batch 1-1M: ~15 min); the default grid (~3 min on an H200) keeps the target shape
+and one point per axis.
 
     python benchmarks/bench_ops.py --out benchmarks/results/ops_h200.json [--grid full] [--only forest]
 """

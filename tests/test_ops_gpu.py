@@ -288,7 +288,6 @@ def test_opcheck_on_cuda():
                            1.0, "plain"))
 
 
-
 def test_lean_launches_match_triton_launches_for_every_specialisation():
     # The lean path must never reuse a kernel compiled for other arguments: rows whose width is and is not a
     # multiple of 16 elements, tables whose address is and is not 16-byte aligned, int32 and int64 indices, one
@@ -323,7 +322,6 @@ def test_lean_launch_defers_to_triton_while_a_launch_hook_is_set():
     seen = []
     chain = knobs.runtime.launch_enter_hook  # Triton 3.6: a HookChain, always there (empty: no hook)
     hook = lambda metadata: seen.append(metadata)  # noqa: E731
-    previous = chain
     if hasattr(chain, "add"):
         chain.add(hook)
     else:
@@ -335,6 +333,6 @@ def test_lean_launch_defers_to_triton_while_a_launch_hook_is_set():
         if hasattr(chain, "remove"):
             chain.remove(hook)
         else:
-            knobs.runtime.launch_enter_hook = previous
+            knobs.runtime.launch_enter_hook = chain
     assert lean_launch._launches == {"lean": 0, "triton": 1} and seen
     torch.testing.assert_close(got, F.embedding_bag(input, weight, offsets), rtol=1e-5, atol=1e-5)

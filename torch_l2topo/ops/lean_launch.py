@@ -15,10 +15,11 @@ a program runs, so the ops launch through `lean(kernel)[grid](*args, **kwargs)`:
   without these internals, or in Triton's interpreter, goes through kernel[grid] unchanged (which compiles it
   and checks its globals once).
 
-A Triton whose run() adds compile options this module does not know builds other keys: every lookup misses and
-every call takes kernel[grid], so such a Triton is slower here, never wrong. tests/test_ops_gpu.py checks that
-lean launches happen, that a kernel specialised for other arguments is never reused (row widths, alignment,
-index dtypes, arguments equal to 1, against torch's op), and that a launch hook sends calls to kernel[grid].
+A Triton whose run() adds compile options this module does not know: lookups are keyed without them, so they
+miss the kernels run() compiled with those options set, and such calls take kernel[grid] (slower, the same
+kernel). tests/test_ops_gpu.py checks that lean launches happen, that a kernel specialised for other arguments
+is never reused (row widths, alignment, index dtypes, arguments equal to 1, against torch's op), and that a
+launch hook sends calls to kernel[grid].
 """
 from __future__ import annotations
 
