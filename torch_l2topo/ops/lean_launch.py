@@ -17,7 +17,8 @@ a program runs, so the ops launch through `lean(kernel)[grid](*args, **kwargs)`:
 
 A Triton whose run() adds compile options this module does not know: lookups are keyed without them, so they
 miss the kernels run() compiled with those options set, and such calls take kernel[grid] (slower, the same
-kernel). tests/test_ops_gpu.py checks that lean launches happen, that a kernel specialised for other arguments
+kernel); a kernel compiled before such an option was set is still found, and launched as compiled.
+tests/test_ops_gpu.py checks that lean launches happen, that a kernel specialised for other arguments
 is never reused (row widths, alignment, index dtypes, arguments equal to 1, against torch's op), and that a
 launch hook sends calls to kernel[grid].
 """
