@@ -282,6 +282,29 @@ def test_op_registration_and_compile():
     assert torch.equal(compiled(x), forest_predict(forest, x))
 
 
+def test_the_gpu_launch_shapes_its_outputs_for_symbolic_sizes():
+    # The op's fake implementation is its body: on a GPU it reaches launch_kernel with the sizes torch.compile and
+    # opcheck make symbolic (a cache keyed on them once raised "unhashable type: non-nested SymInt" there). The
+    # same body on fake CPU tensors with a ShapeEnv: outputs of the right symbolic shape, nothing launched.
+    import importlib
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    forests = importlib.import_module("torch_l2topo.ops.forest_predict")
+    forest = Forest.from_sklearn(_fit("boosting classifier d3"))
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    dynamic = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC])
+    real = (forest.nodes, forest.values.float(), forest.roots, forest.groups, forest.base.float())
+    x = torch.from_numpy(_data(n=50, seed=5)[0]).float()
+    with mode:
+        x = mode.from_tensor(x, symbolic_context=dynamic)
+        tensors = [mode.from_tensor(t) for t in real]
+        for link, width in (("identity", forest.n_outputs), ("sigmoid_pair", 2)):
+            out = forests.launch_kernel(*tensors, x, forest.depth, 1.0, 132, "plain", link=link)
+            assert isinstance(x.shape[0], torch.SymInt) and out.shape == (x.shape[0], width)
+
+
 # ---- per-partition copies (the layout; the GPU tests walk them on a real partition map) ----------------------
 def _homes(n_blocks, seed):
     """Synthetic partition homes of a buffer's blocks: random sides, some undecided."""

@@ -7,6 +7,7 @@ of a module using both ops (Inductor, forward and backward); opcheck on CUDA.
     python -m pytest -q -m gpu tests/test_ops_gpu.py
 """
 import functools
+import importlib
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,8 @@ import torch.nn.functional as F
 
 from torch_l2topo.ops import Forest, embedding_bag, forest_predict
 from torch_l2topo.ops.forest import LAYOUTS
+
+forests = importlib.import_module("torch_l2topo.ops.forest_predict")  # the module, not the op of that name
 
 pytestmark = pytest.mark.gpu
 XGBOOST = Path(__file__).resolve().parent / "data" / "xgboost"
@@ -197,7 +200,7 @@ def test_forest_matches_recorded_xgboost(case):
     recorded = np.load(XGBOOST / f"{case}.npz")
     forest = Forest.from_xgboost_json(XGBOOST / f"{case}.json", layout="blocks").to("cuda")
     x = torch.from_numpy(recorded["x"]).cuda()
-    for n in (1, 256):  # one sample: one tree chunk, linked in the kernel; 256: chunks, linked on the host
+    for n in (1, 256):  # one sample: one tree chunk; 256: chunks, added and linked in the kernel
         margin = torch.ops.torch_l2topo.forest_predict(forest.nodes, forest.values, forest.roots, forest.groups,
                                                        forest.base, x[:n], forest.depth, 1.0, "auto")
         np.testing.assert_allclose(margin.cpu().numpy(), recorded["margin"][:n].reshape(margin.shape), rtol=1e-5,
@@ -222,6 +225,25 @@ def test_policies_on_the_gpu(policy):
     for _ in range(12):
         torch.testing.assert_close(embedding_bag(input, weight, offsets, policy=policy), expected[0])
         torch.testing.assert_close(forest_predict(forest, x, policy=policy), expected[1], rtol=1e-6, atol=1e-6)
+
+
+def test_forest_chunks_are_added_in_the_kernel_on_two_streams_at_once():
+    # few samples: the trees are cut into chunks, and the last chunk of each block adds them (counters per block,
+    # per stream, left at zero): the same prediction bit for bit, call after call, on two streams at once
+    x, models = _sklearn_models()
+    forest = Forest.from_sklearn(models["gbr"]).to("cuda")
+    xs = torch.from_numpy(x[:64]).cuda()
+    assert forests.work_split(64, forest.n_trees, forests.sm_count(0))[3] > 1
+    expected = forest_predict(forest, xs)
+    np.testing.assert_allclose(expected.cpu().numpy(), models["gbr"].predict(x[:64]), rtol=1e-5, atol=1e-5)
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    got = []
+    for stream in streams:
+        with torch.cuda.stream(stream):
+            got.append([forest_predict(forest, xs) for _ in range(20)])
+    torch.cuda.synchronize()
+    assert all(torch.equal(g, expected) for calls in got for g in calls)
+    assert all(int(c.count_nonzero()) == 0 for c in forests._counters.values())
 
 
 class _Model(torch.nn.Module):

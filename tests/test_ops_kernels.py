@@ -48,7 +48,8 @@ BAG_TYPES = dict(input_ptr="*i64", offsets_ptr="*i64", weight_ptr="*fp32", psw_p
 
 
 FOREST_TYPES = dict(nodes_ptr="*i32", values_ptr="*fp32", roots_ptr="*i32", groups_ptr="*i32", base_ptr="*fp32",
-                    x_ptr="*fp32", out_ptr="*fp32", scale="fp32", sm_part_ptr="*i32", plan_ptr="*i32",
+                    x_ptr="*fp32", out_ptr="*fp32", partial_ptr="*fp32", counts_ptr="*i32", scale="fp32",
+                    sm_part_ptr="*i32", plan_ptr="*i32",
                     state_ptr="*i64", **{n: "i32" for n in ("n_samples", "n_features", "n_trees", "trees_per_chunk",
                                                             "n_chunks", "depth", "n_outputs", "leaf_width", "n_sm")})
 
@@ -127,11 +128,17 @@ def test_forest_kernel_walks_with_one_record_load_per_step():
 
     for block_s, vector_leaves, replicas in ((32, False, 1), (1, False, 1), (8, True, 1), (32, False, 2)):
         constexprs = dict(BLOCK_S=block_s, BLOCK_T=forests.LANES // block_s, OUT_PAD=4, VECTOR_LEAVES=vector_leaves,
-                          REPLICAS=replicas, PLACE=0, LINK=forests.LINKS["identity"])
+                          REPLICAS=replicas, PLACE=0, SUM_CHUNKS=8, LINK=forests.LINKS["identity"])
         ptx = _compile(forest_kernel, FOREST_TYPES, constexprs, ("nodes_ptr", "values_ptr", "x_ptr", "out_ptr"), 4)
         assert len(VECTOR_LOAD.findall(ptx)) == 1  # the 16-byte node record, once per step
         # per-partition copies read the SM's copy once (%smid); one copy reads no SM id at all
         assert ptx.count("%smid") == (1 if replicas == 2 else 0)
+        # the chunk count, the only atomic of a plain launch: one acq_rel add after a CTA barrier, and the last
+        # chunk's reads of the partial sums past L1
+        atomics = ATOMIC.findall(ptx)
+        assert len(atomics) == 1 and re.search(r"atom\.[\w.]*acq_rel[\w.]*\.add", ptx), atomics
+        assert re.search(r"bar\.sync[^\n]*\n(?:(?!ld\.global|st\.global)[^\n]*\n)*?[^\n]*atom\.", ptx)
+        assert re.search(r"ld\.global\.cg", ptx)
         assert "setp.nan.f32" in ptx and "setp.le.f32" in ptx  # NaN goes its default way; x <= threshold
         assert not re.search(r"setp\.[\w.]*ftz", ptx)  # no flush to zero: thresholds next to 0 are denormals
 
@@ -145,7 +152,7 @@ def test_forest_links_compile_and_match_the_host_codes():
     assert {name: getattr(kernels, f"LINK_{name.upper()}").value for name in forests.LINKS} == forests.LINKS
     for name, code in forests.LINKS.items():
         constexprs = dict(BLOCK_S=1, BLOCK_T=forests.LANES, OUT_PAD=4, VECTOR_LEAVES=False, REPLICAS=1, PLACE=0,
-                          LINK=code)
+                          SUM_CHUNKS=256, LINK=code)
         ptx = _compile(forest_kernel, FOREST_TYPES, constexprs, ("nodes_ptr", "values_ptr", "x_ptr", "out_ptr"), 4)
         assert ("ex2.approx" in ptx) == (name != "identity"), name
 
@@ -249,7 +256,7 @@ def _interpreter_forest():
     for case, n_sm in cases:
         recorded = np.load(XGBOOST / f"{case}.npz")
         forest = Forest.from_xgboost_json(XGBOOST / f"{case}.json", layout="blocks")
-        for n in (1, 37):  # one tree chunk (the kernel links) and several (the host links their sum)
+        for n in (1, 37):  # one tree chunk, and several (the last chunk of each block adds them)
             x = torch.from_numpy(recorded["x"][:n])
             args = (forest.nodes, forest.values, forest.roots, forest.groups, forest.base, x, forest.depth, 1.0, n_sm,
                     "plain")
@@ -260,6 +267,8 @@ def _interpreter_forest():
             linked = linked[:, 0] if forest.squeeze else linked
             torch.testing.assert_close(linked, torch.from_numpy(recorded["prediction"][:n]).float(), rtol=1e-5,
                                        atol=1e-5)
+    # there were chunked launches (their counters exist), and each left its block counters at zero for the next
+    assert forests._counters and all(int(c.count_nonzero()) == 0 for c in forests._counters.values())
     try:
         from sklearn.ensemble import GradientBoostingClassifier, RandomForestClassifier
     except ImportError:
@@ -272,7 +281,7 @@ def _interpreter_forest():
     mean = forests.launch_kernel(forest.nodes, forest.values.float(), forest.roots, forest.groups,
                                  forest.base.float(), torch.from_numpy(x[:50]), forest.depth, 9.0, 2, "plain")
     np.testing.assert_allclose(mean.numpy(), model.predict_proba(x[:50]), atol=1e-6)
-    # the binary pair [1 - p, p] of boosted trees, linked in the kernel (one sample: one chunk) and on the host
+    # the binary pair [1 - p, p] of boosted trees, from one chunk (one sample) and from several
     dense = np.nan_to_num(x)  # scikit-learn's gradient boosting takes no NaN
     boosted = GradientBoostingClassifier(n_estimators=20, max_depth=3, random_state=0).fit(dense, dense[:, 0] > 0)
     pair = Forest.from_sklearn(boosted, layout="dfs")

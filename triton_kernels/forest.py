@@ -8,17 +8,22 @@ trip count); each step is one 16-byte record load (a vector load: records are 16
 x, both dependent on the last: a walk is a latency-bound chain, and a tile of BLOCK_S samples x BLOCK_T trees
 keeps BLOCK_S x BLOCK_T chains in flight per program. The leaf's record then names its row of leaf values.
 
-Item = one (sample block, tree chunk) pair: the program adds its chunk's trees into a per-chunk partial sum
-out[chunk, sample, output] (the host sums the chunks: no atomics, a deterministic result). Chunk 0 starts from
-base, so a one-chunk launch adds base + tree 0 + tree 1 + ... in tree order, the order the forest libraries use.
+Item = one (sample block, tree chunk) pair. Chunk 0 starts from base, so a one-chunk launch adds base + tree 0 +
+tree 1 + ... in tree order, the order the forest libraries use, and stores the block's prediction. In a chunked
+launch each program stores its chunk's sums in partial[chunk, sample, output] and counts itself in on the block's
+counter (counts_ptr, zero at launch); the last of a block's chunks to arrive adds the block's partial sums in chunk
+order (a deterministic result: no float atomics), stores the prediction and zeroes the counter for the next launch.
+The count is the threadfence-reduction pattern: a CTA barrier, so that every thread's stores precede it, then one
+acq_rel atomic (release: this chunk's sums are visible before the count; acquire: the last program reads every
+chunk's after it), and the last program reads the partials past L1 (.cg), which may hold a previous call's lines.
 Leaves of width 1 add to output groups[tree] (gradient boosting: one tree per class and round); wider leaves
 (VECTOR_LEAVES: random-forest class probabilities, multi-output regression) add their whole row.
 
 The sums are stored times `scale` (1 / the forest's divisor: random forests average), so the host adds no pass.
-A one-chunk launch also applies the forest's link (LINK, a constexpr: identity, sigmoid, the binary pair
-[1 - p, p] of scikit-learn's predict_proba, softmax over the outputs, exp) before it stores: the prediction
-leaves the kernel finished, where the link in PyTorch ops took up to three more launches per call. A chunked
-launch stores raw partial sums (LINK_IDENTITY) and the host links their sum.
+The prediction is stored through the forest's link (LINK, a constexpr: identity, sigmoid, the binary pair
+[1 - p, p] of scikit-learn's predict_proba, softmax over the outputs, exp): it leaves the kernel finished, where
+summing the chunks and the link in PyTorch ops took up to four more launches per call, host time that was most of
+a small batch's call.
 
 Item loop: the items come from the placement helpers (plan_start / plan_next / plan_finish, PLACE a constexpr):
 in PLACE_DIRECT mode program p takes item p and the helpers compile to nothing.
@@ -61,10 +66,10 @@ def _walk(nodes_ptr, x_ptr, node, samples, sample_ok, n_features, depth, BLOCK_S
 
 
 @triton.jit
-def _sample_block(item, nodes_ptr, values_ptr, roots_ptr, groups_ptr, base_ptr, x_ptr, out_ptr, n_samples,
-                  n_features, n_trees, trees_per_chunk, n_chunks, depth, n_outputs, leaf_width, scale,
-                  BLOCK_S: tl.constexpr, BLOCK_T: tl.constexpr, OUT_PAD: tl.constexpr,
-                  VECTOR_LEAVES: tl.constexpr, LINK: tl.constexpr):
+def _sample_block(item, nodes_ptr, values_ptr, roots_ptr, groups_ptr, base_ptr, x_ptr, out_ptr, partial_ptr,
+                  counts_ptr, n_samples, n_features, n_trees, trees_per_chunk, n_chunks, depth, n_outputs,
+                  leaf_width, scale, BLOCK_S: tl.constexpr, BLOCK_T: tl.constexpr, OUT_PAD: tl.constexpr,
+                  VECTOR_LEAVES: tl.constexpr, SUM_CHUNKS: tl.constexpr, LINK: tl.constexpr):
     chunk = item % n_chunks
     samples = (item // n_chunks) * BLOCK_S + tl.arange(0, BLOCK_S)
     sample_ok = samples < n_samples
@@ -89,15 +94,44 @@ def _sample_block(item, nodes_ptr, values_ptr, roots_ptr, groups_ptr, base_ptr, 
             groups = tl.load(groups_ptr + trees, mask=tree_ok, other=0)
             hit = groups[None, :, None] == outputs[None, None, :]
             acc += tl.sum(tl.where(hit, values[:, :, None], 0.0), axis=1)
-    _store(out_ptr, acc * scale, chunk, samples, sample_ok, outputs, output_ok, n_samples, n_outputs, LINK)
+    sums = acc * scale
+    if n_chunks == 1:
+        _store(out_ptr, sums, samples, sample_ok, outputs, output_ok, n_outputs, LINK)
+    else:
+        _add_chunk(out_ptr, partial_ptr, counts_ptr, sums, item // n_chunks, chunk, samples, sample_ok, outputs,
+                   output_ok, n_samples, n_chunks, n_outputs, SUM_CHUNKS, LINK)
 
 
 @triton.jit
-def _store(out_ptr, sums, chunk, samples, sample_ok, outputs, output_ok, n_samples, n_outputs,
-           LINK: tl.constexpr):
-    """The tile's sums [BLOCK_S, OUT_PAD] through the link, into out[chunk, sample, :] (LINK_SIGMOID_PAIR: one
-    output in, the two columns [1 - p, p] out)."""
-    rows = chunk.to(tl.int64) * n_samples + samples.to(tl.int64)
+def _add_chunk(out_ptr, partial_ptr, counts_ptr, sums, block, chunk, samples, sample_ok, outputs, output_ok,
+               n_samples, n_chunks, n_outputs, SUM_CHUNKS: tl.constexpr, LINK: tl.constexpr):
+    """A chunked launch: this chunk's sums into partial[chunk]; the block's last chunk to arrive adds them all and
+    stores the prediction (module doc)."""
+    mask = sample_ok[:, None] & output_ok[None, :]
+    chunk_size = (tl.zeros((), tl.int64) + n_samples) * n_outputs  # int64: chunks x samples x outputs may pass 2**31
+    tile = partial_ptr + samples.to(tl.int64)[:, None] * n_outputs + outputs[None, :]
+    tl.store(tile + chunk * chunk_size, sums, mask=mask)
+    tl.debug_barrier()  # every thread's stores before thread 0's count
+    arrived = tl.atomic_add(counts_ptr + block, 1, sem="acq_rel")
+    if arrived == n_chunks - 1:
+        # SUM_CHUNKS chunks per load, so that their reads are in flight together (one chunk at a time was a chain
+        # of dependent L2 round trips at the end of the launch)
+        lanes = tl.arange(0, SUM_CHUNKS)
+        total = tl.zeros_like(sums)
+        for first in range(0, n_chunks, SUM_CHUNKS):
+            chunks = first + lanes
+            total += tl.sum(tl.load(tile[None, :, :] + chunks.to(tl.int64)[:, None, None] * chunk_size,
+                                    mask=(chunks < n_chunks)[:, None, None] & mask[None, :, :], other=0.0,
+                                    cache_modifier=".cg"), axis=0)
+        _store(out_ptr, total, samples, sample_ok, outputs, output_ok, n_outputs, LINK)
+        tl.store(counts_ptr + block, 0)  # every chunk of the block has counted: the next launch starts from zero
+
+
+@triton.jit
+def _store(out_ptr, sums, samples, sample_ok, outputs, output_ok, n_outputs, LINK: tl.constexpr):
+    """The block's sums [BLOCK_S, OUT_PAD] through the link, into out[sample, :] (LINK_SIGMOID_PAIR: one output
+    in, the two columns [1 - p, p] out)."""
+    rows = samples.to(tl.int64)
     if LINK == LINK_SIGMOID_PAIR:
         p = tl.sum(tl.where(outputs[None, :] == 0, tl.sigmoid(sums), 0.0), axis=1)
         tl.store(out_ptr + rows * 2, 1.0 - p, mask=sample_ok)
@@ -116,10 +150,11 @@ def _store(out_ptr, sums, chunk, samples, sample_ok, outputs, output_ok, n_sampl
 
 
 @triton.jit
-def forest_kernel(nodes_ptr, values_ptr, roots_ptr, groups_ptr, base_ptr, x_ptr, out_ptr, n_samples, n_features,
-                  n_trees, trees_per_chunk, n_chunks, depth, n_outputs, leaf_width, scale, sm_part_ptr, n_sm,
-                  plan_ptr, state_ptr, BLOCK_S: tl.constexpr, BLOCK_T: tl.constexpr, OUT_PAD: tl.constexpr,
-                  VECTOR_LEAVES: tl.constexpr, REPLICAS: tl.constexpr, PLACE: tl.constexpr, LINK: tl.constexpr):
+def forest_kernel(nodes_ptr, values_ptr, roots_ptr, groups_ptr, base_ptr, x_ptr, out_ptr, partial_ptr, counts_ptr,
+                  n_samples, n_features, n_trees, trees_per_chunk, n_chunks, depth, n_outputs, leaf_width, scale,
+                  sm_part_ptr, n_sm, plan_ptr, state_ptr, BLOCK_S: tl.constexpr, BLOCK_T: tl.constexpr,
+                  OUT_PAD: tl.constexpr, VECTOR_LEAVES: tl.constexpr, REPLICAS: tl.constexpr, PLACE: tl.constexpr,
+                  SUM_CHUNKS: tl.constexpr, LINK: tl.constexpr):
     if REPLICAS > 1:  # this SM's copy: its roots are row `copy` of roots
         me = sm_id()
         copy = tl.load(sm_part_ptr + me, mask=me < n_sm, other=0)
@@ -128,9 +163,9 @@ def forest_kernel(nodes_ptr, values_ptr, roots_ptr, groups_ptr, base_ptr, x_ptr,
     item, phase = plan_next(plan_ptr, state_ptr, sm, 0, PLACE)
     n_done = 0
     while item >= 0:
-        _sample_block(item, nodes_ptr, values_ptr, roots_ptr, groups_ptr, base_ptr, x_ptr, out_ptr, n_samples,
-                      n_features, n_trees, trees_per_chunk, n_chunks, depth, n_outputs, leaf_width, scale, BLOCK_S,
-                      BLOCK_T, OUT_PAD, VECTOR_LEAVES, LINK)
+        _sample_block(item, nodes_ptr, values_ptr, roots_ptr, groups_ptr, base_ptr, x_ptr, out_ptr, partial_ptr,
+                      counts_ptr, n_samples, n_features, n_trees, trees_per_chunk, n_chunks, depth, n_outputs,
+                      leaf_width, scale, BLOCK_S, BLOCK_T, OUT_PAD, VECTOR_LEAVES, SUM_CHUNKS, LINK)
         n_done += 1
         item, phase = plan_next(plan_ptr, state_ptr, sm, phase, PLACE)
     plan_finish(plan_ptr, state_ptr, sm, t0, n_done, PLACE)

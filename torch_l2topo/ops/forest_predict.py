@@ -7,8 +7,8 @@
 The op `torch.ops.torch_l2topo.forest_predict` returns the prediction: the sums (base + every tree's leaf row,
 per output) over the divisor (random forests average), through the forest's link (identity, sigmoid, the
 binary pair [1 - p, p], softmax, exp). On a CUDA device the kernel of triton_kernels/forest.py (float32) walks
-the trees and, in a one-chunk launch, applies the link itself (no PyTorch op after it: each took a launch of
-host time per call); elsewhere the same walk in PyTorch ops, in the forest's own precision (float64 for
+the trees, adds the tree chunks and applies the link itself (no PyTorch op after it: each took a launch of host
+time per call); elsewhere the same walk in PyTorch ops, in the forest's own precision (float64 for
 scikit-learn, float32 for xgboost), adding trees in order from the base, so the CPU path reproduces the
 library's own predictions. The op is a torch.library custom op (no argument mutated: the partial sums are
 allocated inside) whose fake implementation is its own body, so torch.compile(fullgraph=True) keeps it as one
@@ -18,7 +18,8 @@ once). An eager call (no autograd: forests are not trained here) calls the op's 
 
 Work split on a GPU: items are (block of BLOCK_S samples, chunk of trees) pairs; with few sample blocks the trees
 are cut into chunks until there are about ITEMS_PER_SM items per SM (batch 1 on an H200: 132 x 8 items of a
-few dozen trees each), and the chunks' partial sums are added by one torch.sum, then linked in PyTorch ops.
+few dozen trees each). The kernel itself adds a block's chunks (the last chunk to finish adds them all, counted
+on per-block counters that the kernel leaves at zero: chunk_counters) and links the sum, so a call is one launch.
 
 Placement: `policy=` takes the placement policies and "auto" (policy.py says how a call is launched); items are
 the (sample block, tree chunk) pairs. Data placement: a forest with per-partition copies (Forest.per_partition)
@@ -32,7 +33,7 @@ from typing import Optional
 import torch
 
 from .forest import TRANSFORMS, Forest
-from .policy import check_policy, direct_call, launch_placed, triton_launcher
+from .policy import check_policy, direct_call, launch_placed, traced, triton_launcher
 
 try:
     from ..triton_kernels.forest import forest_kernel
@@ -43,8 +44,14 @@ LANES = 128            # (sample, tree) walks per program: one per thread at 4 w
 MAX_BLOCK_S = 32       # samples per program; the rest of the lanes walk different trees of the same samples
 ITEMS_PER_SM = 8       # chunk the trees until the launch has this many items per SM (when samples are few)
 MAX_GPU_OUTPUTS = 64   # outputs (classes) the kernel accumulates in registers
+SUM_VALUES = 1024      # partial sums the last chunk of a block loads at once (chunks x samples x outputs)
 CPU_WALKS = 1 << 22    # (sample, tree) walks the CPU path holds at once (its index tensors: 32 MB each)
 LINKS = {name: code for code, name in enumerate(TRANSFORMS)}  # Forest.transform -> the kernel's LINK code
+
+_counters: dict = {}   # (device, stream) -> chunk_counters' eager buffer
+# the current stream's handle without building a Stream object (as Triton and Inductor read it): 3-4 us less
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) \
+    or (lambda index: torch.cuda.current_stream(index).cuda_stream)
 
 
 def forest_predict(forest: Forest, x: torch.Tensor, *, policy: str = "auto") -> torch.Tensor:
@@ -74,8 +81,7 @@ def forest_predict(forest: Forest, x: torch.Tensor, *, policy: str = "auto") -> 
 
 
 def apply_link(raw: torch.Tensor, link: str) -> torch.Tensor:
-    """The link in PyTorch ops (the CPU path, and a chunked launch's summed partials): what the kernel applies
-    itself in a one-chunk launch."""
+    """The link in PyTorch ops (the CPU path): what the kernel applies before it stores."""
     if link == "sigmoid":
         return torch.sigmoid(raw)
     if link == "sigmoid_pair":
@@ -108,6 +114,15 @@ def work_split(n_samples: int, n_trees: int, n_sm: int) -> tuple:
     return block_s, block_t, n_blocks, -(-n_trees // trees_per_chunk), trees_per_chunk
 
 
+@functools.lru_cache(maxsize=4096)
+def _shape(n_samples: int, n_trees: int, n_sm: int, n_outputs: int) -> tuple:
+    """work_split, OUT_PAD and SUM_CHUNKS (a power of two) of a launch, cached: host time is most of a small
+    call."""
+    split = work_split(n_samples, n_trees, n_sm)
+    out_pad = _pow2(n_outputs)
+    return (*split, out_pad, 1 << (max(1, SUM_VALUES // (split[0] * out_pad)).bit_length() - 1))
+
+
 @functools.lru_cache(maxsize=None)
 def sm_count(index: int) -> int:
     """SMs of CUDA device `index` (cached: reading the properties costs microseconds per call)."""
@@ -122,20 +137,41 @@ def launch_kernel(nodes, values, roots, groups, base, x, depth: int, divisor: fl
     n, n_features = x.shape
     n_trees, n_outputs = roots.shape[-1], base.numel()
     sm_part = sm_partition if sm_partition is not None else roots  # never read with REPLICAS 1
-    block_s, block_t, n_blocks, n_chunks, trees_per_chunk = work_split(n, n_trees, n_sm)
-    fused = link if n_chunks == 1 else "identity"  # one chunk: the kernel links; else the host links the sum
-    width = 2 if fused == "sigmoid_pair" else n_outputs
-    partial = torch.empty((n_chunks, n, width), dtype=torch.float32, device=x.device)
+    # symbolic sizes (torch.compile, opcheck: the fake implementation is this body) cannot key a cache
+    shape = _shape.__wrapped__ if traced(x) else _shape
+    block_s, block_t, n_blocks, n_chunks, trees_per_chunk, out_pad, sum_chunks = shape(n, n_trees, n_sm, n_outputs)
+    out = torch.empty((n, 2 if link == "sigmoid_pair" else n_outputs), dtype=torch.float32, device=x.device)
+    chunked = n_chunks > 1
+    # one chunk: the kernel stores the prediction straight away (partial and the counters are never read)
+    partial = torch.empty((n_chunks, n, n_outputs), dtype=torch.float32, device=x.device) if chunked else out
+    counts = chunk_counters(x, n_blocks if chunked else 0)
 
     def launch(grid, plan, state, place):
-        triton_launcher(forest_kernel, partial)[(grid,)](
-            nodes, values, roots, groups, base, x, partial, n, n_features, n_trees, trees_per_chunk, n_chunks,
-            depth, n_outputs, values.shape[1], 1.0 / divisor, sm_part, sm_part.numel(), plan, state,
-            BLOCK_S=block_s, BLOCK_T=block_t, OUT_PAD=_pow2(n_outputs), VECTOR_LEAVES=values.shape[1] > 1,
-            REPLICAS=1 if sm_partition is None else 2, PLACE=place, LINK=LINKS[fused], num_warps=4)
+        triton_launcher(forest_kernel, out)[(grid,)](
+            nodes, values, roots, groups, base, x, out, partial, counts, n, n_features, n_trees, trees_per_chunk,
+            n_chunks, depth, n_outputs, values.shape[1], 1.0 / divisor, sm_part, sm_part.numel(), plan, state,
+            BLOCK_S=block_s, BLOCK_T=block_t, OUT_PAD=out_pad, VECTOR_LEAVES=values.shape[1] > 1,
+            REPLICAS=1 if sm_partition is None else 2, PLACE=place, SUM_CHUNKS=sum_chunks, LINK=LINKS[link],
+            num_warps=4)
 
-    launch_placed("forest_predict", policy, launch, n_blocks * n_chunks, partial)
-    return partial[0] if n_chunks == 1 else apply_link(partial.sum(0), link)
+    launch_placed("forest_predict", policy, launch, n_blocks * n_chunks, out)
+    return out
+
+
+def chunk_counters(like: torch.Tensor, n_blocks: int) -> torch.Tensor:
+    """int32 counters, at least n_blocks of them and zero, for a chunked launch on like's device (the kernel
+    zeroes each again once its block's chunks are added). Eager: one buffer per (device, stream), kept (no memset
+    per call; two streams never share one). Under CUDA graph capture: the graph's own, zeroed by a memset the
+    graph replays, so no graph shares a buffer with eager calls or other graphs. Traced or fake: a tensor for the
+    shapes (nothing launches)."""
+    if traced(like) or (like.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return torch.zeros(max(n_blocks, 1), dtype=torch.int32, device=like.device) if n_blocks \
+            else torch.empty(1, dtype=torch.int32, device=like.device)
+    key = (like.device, _raw_stream(like.device.index) if like.is_cuda else 0)
+    counts = _counters.get(key)
+    if counts is None or counts.numel() < n_blocks:
+        counts = _counters[key] = torch.zeros(max(n_blocks, 1024), dtype=torch.int32, device=like.device)
+    return counts
 
 
 def reference_walk(nodes, values, roots, groups, base, x, depth: int) -> torch.Tensor:

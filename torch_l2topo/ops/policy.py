@@ -81,10 +81,10 @@ def _eager(tensor) -> bool:
     return not traced(tensor) and tensor.is_cuda and not torch.cuda.is_current_stream_capturing()
 
 
-def _unread_plan(like: torch.Tensor) -> tuple:
+def _unread_plan(like: torch.Tensor, eager: bool) -> tuple:
     """(plan, state) of a plain launch: never read (PLACE_DIRECT), but typed as the helpers declare them (int32,
     int64: Triton 3.6 type-checks the helpers' other modes too); kept per device in eager mode."""
-    if not _eager(like):
+    if not eager:
         return (torch.empty(0, dtype=torch.int32, device=like.device),
                 torch.empty(0, dtype=torch.int64, device=like.device))
     key = (like.device.type, like.device.index)
@@ -96,8 +96,9 @@ def _unread_plan(like: torch.Tensor) -> tuple:
 
 def launch_placed(op: str, policy: str, launch, n_items: int, like: torch.Tensor) -> None:
     """launch(grid, plan, state, place) once over n_items items on `like`'s device, as policy says (module doc)."""
-    if policy in (PLAIN, AUTO) or not _eager(like):
-        launch(n_items, *_unread_plan(like), PLACE_DIRECT)
+    eager = _eager(like)
+    if policy in (PLAIN, AUTO) or not eager:
+        launch(n_items, *_unread_plan(like, eager), PLACE_DIRECT)
         return
     placement = _placements.get((op, policy))
     if placement is None:
