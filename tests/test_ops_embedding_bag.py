@@ -5,6 +5,8 @@ checked in Triton's interpreter and compiled for sm_90 in tests/test_ops_kernels
 tests/test_ops_gpu.py.
 """
 import importlib
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -300,3 +302,35 @@ def test_compiles_with_fullgraph(table):
     expected.backward()
     torch.testing.assert_close(loss, expected)
     torch.testing.assert_close(grad, weight.grad)
+
+
+H200_RUN = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "ops_h200.json"
+
+
+def _eager_and_graph_rows():
+    rows = json.loads(H200_RUN.read_text())["figures"]["embedding_bag"]
+    key = lambda r: (r["table_mb"], r["dim"], r["dtype"], r["bag"], r["batch"], r["mode"])  # noqa: E731
+    graph = {key(r): r for r in rows if r["timing"] == "graph"}
+    return [(r, graph[key(r)]) for r in rows if r["timing"] == "eager"]
+
+
+def test_torch_op_rule_against_an_h200_run_it_was_not_fitted_to():
+    # ops_h200.json is a later run than the fit's (its doc), with four shapes the fit never saw. The rule must
+    # have done what it says (the run records what "auto" ran), must never have sent to torch's op a call that
+    # the kernel ran faster eagerly, and its estimate must stay within 2x of torch's measured GPU time (or
+    # 10 us: the fit has no launch floor).
+    from torch_l2topo.ops.embedding_bag import TORCH_OP_BELOW_US, torch_op_us
+
+    sent = []
+    for eager, graph in _eager_and_graph_rows():
+        itemsize = torch.finfo(getattr(torch, eager["dtype"])).bits // 8
+        estimate = torch_op_us(eager["bag"] * eager["batch"], eager["batch"], eager["dim"] * itemsize)
+        to_torch = estimate < TORCH_OP_BELOW_US and eager["mode"] in bags.MODES
+        assert (eager["auto_chose"] == "torch") == to_torch, eager
+        times = eager["impl"]
+        if to_torch:
+            sent.append(eager["batch"])
+            assert times["plain"]["p50"] > times["F.embedding_bag"]["p50"], eager  # the kernel would have lost
+        measured_us = 1e3 * graph["impl"]["F.embedding_bag"]["p50"]
+        assert estimate / 2 - 10 < measured_us < 2 * estimate + 10, (eager, estimate, measured_us)
+    assert len(sent) >= 3  # the run holds small calls, so the rule was exercised

@@ -30,6 +30,21 @@ regions it is off too (the kernel skips bad entries there as well).
 Dispatch: an eager call that needs no autograd graph calls the implementation directly (policy.direct_call:
 the dispatcher costs tens of microseconds per call); everything else goes through the op.
 
+Small eager calls run torch's own op (policy "auto" only; `torch_op_is_faster`). A call launched from Python
+spends 60-80 us on the host of the H200 machines before its kernel runs (the whole call, arguments checked,
+output allocated, Triton's launcher: benchmarks/results/diagnosis/eager_host_h200.json, where torch's own call
+took 19-21 us), so a call that torch's op finishes on the GPU in less than TORCH_OP_BELOW_US is faster through
+torch when nothing else is queued, as in an eager loop of small steps. Such a call (1-D input with offsets, no
+per_sample_weights or padding_idx, no autograd, indices checked (torch's op asserts on a bad index where the
+unchecked kernel skips it), outside compilation and CUDA graph capture) goes straight to
+torch.embedding_bag, the function torch.nn.functional.embedding_bag ends in, with the same arguments; whatever it
+raises is torch's own error. The GPU time of torch's op is estimated by TORCH_US_PER_MB, _PER_BAG and _PER_ROW,
+a non-negative least-squares fit to its CUDA-graph times on an H200 (11 shapes, 6 us to 0.51 ms:
+benchmarks/results/history/ops_h200_f8be5465b3a1_before_torch_op_rule.json); benchmarks/results/ops_h200.json,
+a later run with four shapes outside the fit, tests the rule (tests/test_ops_bench.py). In a CUDA graph,
+or when the GPU is busy and host time is hidden, the kernel is the faster one (4.4 us against torch's 6-8 us at
+1-1,024 bags of 32 rows), which is why graphs and compiled code keep it.
+
 Placement: `policy=` takes the placement policies and "auto"; the kernel's item loop runs on the placement
 helpers (policy.py says how a call is launched). Items are bags.
 """
@@ -39,7 +54,7 @@ from typing import Optional
 
 import torch
 
-from .policy import check_policy, direct_call, launch_placed, triton_launcher
+from .policy import AUTO, check_policy, direct_call, launch_placed, triton_launcher
 
 try:
     from ..triton_kernels.embedding_bag import embedding_bag_backward_kernel, embedding_bag_kernel
@@ -59,6 +74,11 @@ NO_PADDING = -1
 TILE_BYTES = 8192
 BYTES_PER_WARP = 8192
 MAX_WARPS = 8
+# Small eager calls: torch's op where its estimated GPU time is below our call's host time (module doc)
+TORCH_OP_BELOW_US = 60.0     # the low end of our eager call's host time on the H200 machines (60-80 us)
+TORCH_US_PER_MB = 0.39       # torch's op, per MB of rows read
+TORCH_US_PER_BAG = 0.69e-3   # per bag
+TORCH_US_PER_ROW = 0.025e-3  # per row read
 
 
 def embedding_bag(input: torch.Tensor, weight: torch.Tensor, offsets: Optional[torch.Tensor] = None,
@@ -68,7 +88,12 @@ def embedding_bag(input: torch.Tensor, weight: torch.Tensor, offsets: Optional[t
     """torch.nn.functional.embedding_bag(input, weight, offsets, mode=..., per_sample_weights=...,
     padding_idx=..., include_last_offset=...) on the Triton gather kernel: (n_bags, embedding_dim), weight's
     dtype. policy: "auto", or a placement policy (torch_l2topo.ops.policy). check_indices: check the index
-    and offset values (on a GPU inside the kernel, without a host sync: see the module doc)."""
+    and offset values (on a GPU inside the kernel, without a host sync: see the module doc). Small eager calls
+    under "auto" with checked indices run torch's own op (torch_op_is_faster), which checks them too."""
+    if policy == AUTO and check_indices and torch_op_is_faster(input, weight, offsets, mode, per_sample_weights,
+                                                                padding_idx):
+        return torch.embedding_bag(weight, input, offsets, False, MODES[mode], False, None, include_last_offset,
+                                   None)[0]
     check_policy(policy)
     if per_sample_weights is not None and input.size() != per_sample_weights.size():
         raise ValueError(f"embedding_bag: If per_sample_weights ({per_sample_weights.shape}) is not None, then it "
@@ -119,6 +144,30 @@ def embedding_bag(input: torch.Tensor, weight: torch.Tensor, offsets: Optional[t
     if direct_call(weight, per_sample_weights):
         return _forward(*args)
     return torch.ops.torch_l2topo.embedding_bag(*args)
+
+
+def torch_op_is_faster(input, weight, offsets, mode, per_sample_weights=None, padding_idx=None) -> bool:
+    """True where policy "auto" runs torch's own op: an eager call on plain CUDA tensors (1-D input with 1-D
+    offsets, a 2-D fp32/bf16/fp16 table, no per_sample_weights or padding_idx, a known mode, no autograd),
+    outside compilation and CUDA graph capture, whose work torch's op does on the GPU in less than
+    TORCH_OP_BELOW_US (module doc). Ordered so that a large call is turned away after a few attribute reads."""
+    # compilation first: under torch.compile the size test below would put guards on the sizes
+    if torch.compiler.is_compiling() or per_sample_weights is not None or padding_idx is not None \
+            or offsets is None or mode not in MODES:
+        return False
+    if type(weight) is not torch.Tensor or not weight.is_cuda or weight.dtype not in KERNEL_DTYPES \
+            or weight.dim() != 2 or input.dim() != 1 or offsets.dim() != 1:
+        return False
+    if torch_op_us(input.numel(), offsets.numel(), weight.size(1) * weight.element_size()) >= TORCH_OP_BELOW_US \
+            or (torch.is_grad_enabled() and weight.requires_grad):
+        return False
+    return not torch._C._cuda_isCurrentStreamCapturing()
+
+
+def torch_op_us(rows: int, bags: int, row_bytes: int) -> float:
+    """torch's embedding_bag on the H200, estimated GPU microseconds for `rows` rows of `row_bytes` in `bags` bags
+    (module doc)."""
+    return rows * row_bytes * 1e-6 * TORCH_US_PER_MB + bags * TORCH_US_PER_BAG + rows * TORCH_US_PER_ROW
 
 
 def _promoted_indices(input, offsets):

@@ -1,0 +1,117 @@
+"""Where an eager embedding_bag call's host time goes, on a call so small that the host sets its pace (one bag of
+32 rows of 64 fp32, and 1,024 bags): torch's op, ours, and each piece of ours on its own, in microseconds of
+host time per call (2,000 calls back to back, after a warm-up), plus a cProfile of ours.
+
+    python benchmarks/diag_eager_host.py --out benchmarks/results/diagnosis/eager_host_h200.json
+"""
+from __future__ import annotations
+
+import cProfile
+import io
+import pstats
+import time
+
+from common import gpu_parser, write_result
+
+CALLS = 2000
+
+
+def host_us(fn, calls: int = CALLS) -> float:
+    """Median over 5 blocks of host microseconds per call (the GPU drained before each block)."""
+    import torch
+
+    for _ in range(50):
+        fn()
+    blocks = []
+    for _ in range(5):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        blocks.append((time.perf_counter() - t0) / calls * 1e6)
+    torch.cuda.synchronize()
+    return sorted(blocks)[2]
+
+
+def pieces(batch: int) -> dict:
+    import importlib
+
+    import torch
+    import torch.nn.functional as F
+    from triton.runtime.driver import driver
+    from triton.runtime.jit import compute_cache_key
+
+    from torch_l2topo.ops import embedding_bag
+    from torch_l2topo.ops.lean_launch import _options, lean
+    from torch_l2topo.ops.policy import _unread_plan, direct_call
+    from torch_l2topo.triton_kernels.embedding_bag import embedding_bag_kernel
+
+    eb_module = importlib.import_module("torch_l2topo.ops.embedding_bag")  # the package exports the function
+    dev = "cuda"
+    weight = torch.randn(65536, 64, device=dev)
+    input = torch.randint(0, 65536, (32 * batch,), device=dev)
+    offsets = torch.arange(0, 32 * batch, 32, device=dev)
+    out = torch.empty(batch, 64, device=dev)
+    plan, state = _unread_plan(out, True)
+    rows, block_d, warps = eb_module.tile_config(input.numel(), batch, 64, 4)
+    args = (input, offsets, weight, out, out, input.numel(), offsets.numel(), weight.size(0), 64, weight.stride(0), -1,
+            plan, state)
+    kwargs = dict(MODE=0, HAS_PSW=False, CHECK=False, ROWS=rows, BLOCK_D=block_d, PLACE=0, num_warps=warps,
+                  debug=False, sanitize_overflow=False)
+    embedding_bag_kernel[(batch,)](*args, **kwargs)  # compiled
+    device = driver.active.get_current_device()
+    kernel_cache, key_cache, _, _, binder = embedding_bag_kernel.device_caches[device]
+    bound, specialization, options = binder(*args, **_options(embedding_bag_kernel, dict(kwargs)))
+    compiled = kernel_cache[compute_cache_key(key_cache, specialization, options)]
+    stream = driver.active.get_current_stream(device)
+    values = tuple(bound.values())
+
+    def run_only():
+        compiled.run(batch, 1, 1, stream, compiled.function, compiled.packed_metadata, None, None, None, *values)
+
+    ops = {
+        "F.embedding_bag": lambda: F.embedding_bag(input, weight, offsets, mode="sum"),
+        "torch.embedding_bag (aten)": lambda: torch.embedding_bag(weight, input, offsets, False, 0),
+        "ours": lambda: embedding_bag(input, weight, offsets, mode="sum"),
+        "ours, plain unchecked": lambda: embedding_bag(input, weight, offsets, mode="sum", policy="plain",
+                                                       check_indices=False),
+        "ours._forward": lambda: eb_module._forward(input, offsets, weight, None, 0, -1, False, False, "plain"),
+        "kernel[grid]": lambda: embedding_bag_kernel[(batch,)](*args, **kwargs),
+        "lean(kernel)[grid]": lambda: lean(embedding_bag_kernel)[(batch,)](*args, **kwargs),
+        "binder + cache key": lambda: kernel_cache.get(compute_cache_key(
+            key_cache, binder(*args, **_options(embedding_bag_kernel, dict(kwargs)))[1], options)),
+        "compiled.run": run_only,
+        "get_current_device + stream": lambda: driver.active.get_current_stream(driver.active.get_current_device()),
+        "is_current_stream_capturing": torch.cuda.is_current_stream_capturing,
+        "new_empty": lambda: weight.new_empty((batch, 64)),
+        "contiguous x3": lambda: (input.contiguous(), offsets.contiguous(), weight.contiguous()),
+        "direct_call": lambda: direct_call(weight, None),
+        "is_compiling": torch.compiler.is_compiling,
+    }
+    times = {name: host_us(fn) for name, fn in ops.items()}
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(CALLS):
+        ops["ours"]()
+    profile.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(30)
+    return {"host_us": times, "cprofile_ours_tottime": text.getvalue()}
+
+
+def main(argv=None) -> dict:
+    p = gpu_parser(__doc__, reps=1)
+    args = p.parse_args(argv)
+    figures = {"calls": CALLS}
+    for batch in (1, 1024):
+        figures[f"batch {batch}"] = result = pieces(batch)
+        for k, v in result["host_us"].items():
+            print(f"  batch {batch:5d}  {k:32s} {v:7.2f} us", flush=True)
+        print(result["cprofile_ours_tottime"][:4000], flush=True)
+    write_result(args.out, figures, args.device)
+    return figures
+
+
+if __name__ == "__main__":
+    main()
