@@ -1,6 +1,6 @@
-"""Where an eager embedding_bag call's host time goes, on a call so small that the host sets its pace (one bag of
-32 rows of 64 fp32, and 1,024 bags): torch's op, ours, and each piece of ours on its own, in microseconds of
-host time per call (2,000 calls back to back, after a warm-up), plus a cProfile of ours.
+"""Where an eager embedding_bag call's host time goes, on calls so small that the host sets its pace (one bag and
+1,024 bags of 32 rows of 64 fp32, 65,536 bags of 4): torch's op, ours, and each piece of ours on its own, in
+microseconds of host time per call (2,000 calls back to back, after a warm-up), plus a cProfile of ours.
 
     python benchmarks/diag_eager_host.py --out benchmarks/results/diagnosis/eager_host_h200.json
 """
@@ -33,7 +33,7 @@ def host_us(fn, calls: int = CALLS) -> float:
     return sorted(blocks)[2]
 
 
-def pieces(batch: int) -> dict:
+def pieces(batch: int, bag: int) -> dict:
     import importlib
 
     import torch
@@ -49,16 +49,18 @@ def pieces(batch: int) -> dict:
     eb_module = importlib.import_module("torch_l2topo.ops.embedding_bag")  # the package exports the function
     dev = "cuda"
     weight = torch.randn(65536, 64, device=dev)
-    input = torch.randint(0, 65536, (32 * batch,), device=dev)
-    offsets = torch.arange(0, 32 * batch, 32, device=dev)
+    input = torch.randint(0, 65536, (bag * batch,), device=dev)
+    offsets = torch.arange(0, bag * batch, bag, device=dev)
     out = torch.empty(batch, 64, device=dev)
     plan, state = _unread_plan(out, True)
     rows, block_d, warps = eb_module.tile_config(input.numel(), batch, 64, 4)
-    args = (input, offsets, weight, out, out, input.numel(), offsets.numel(), weight.size(0), 64, weight.stride(0), -1,
-            plan, state)
-    kwargs = dict(MODE=0, HAS_PSW=False, CHECK=False, ROWS=rows, BLOCK_D=block_d, PLACE=0, num_warps=warps,
-                  debug=False, sanitize_overflow=False)
-    embedding_bag_kernel[(batch,)](*args, **kwargs)  # compiled
+    group = eb_module.bags_per_program(batch, rows, block_d, 4)
+    args = (input, offsets, weight, out, out, batch, input.numel(), offsets.numel(), weight.size(0), 64,
+            weight.stride(0), -1, plan, state)
+    kwargs = dict(MODE=0, HAS_PSW=False, CHECK=False, ROWS=rows, BAGS=group, BLOCK_D=block_d, PLACE=0,
+                  num_warps=warps, debug=False, sanitize_overflow=False)
+    grid = (-(-batch // group),)
+    embedding_bag_kernel[grid](*args, **kwargs)  # compiled
     device = driver.active.get_current_device()
     kernel_cache, key_cache, _, _, binder = embedding_bag_kernel.device_caches[device]
     bound, specialization, options = binder(*args, **_options(embedding_bag_kernel, dict(kwargs)))
@@ -67,7 +69,7 @@ def pieces(batch: int) -> dict:
     values = tuple(bound.values())
 
     def run_only():
-        compiled.run(batch, 1, 1, stream, compiled.function, compiled.packed_metadata, None, None, None, *values)
+        compiled.run(grid[0], 1, 1, stream, compiled.function, compiled.packed_metadata, None, None, None, *values)
 
     ops = {
         "F.embedding_bag": lambda: F.embedding_bag(input, weight, offsets, mode="sum"),
@@ -76,8 +78,8 @@ def pieces(batch: int) -> dict:
         "ours, plain unchecked": lambda: embedding_bag(input, weight, offsets, mode="sum", policy="plain",
                                                        check_indices=False),
         "ours._forward": lambda: eb_module._forward(input, offsets, weight, None, 0, -1, False, False, "plain"),
-        "kernel[grid]": lambda: embedding_bag_kernel[(batch,)](*args, **kwargs),
-        "lean(kernel)[grid]": lambda: lean(embedding_bag_kernel)[(batch,)](*args, **kwargs),
+        "kernel[grid]": lambda: embedding_bag_kernel[grid](*args, **kwargs),
+        "lean(kernel)[grid]": lambda: lean(embedding_bag_kernel)[grid](*args, **kwargs),
         "binder + cache key": lambda: kernel_cache.get(compute_cache_key(
             key_cache, binder(*args, **_options(embedding_bag_kernel, dict(kwargs)))[1], options)),
         "compiled.run": run_only,
@@ -104,10 +106,10 @@ def main(argv=None) -> dict:
     p = gpu_parser(__doc__, reps=1)
     args = p.parse_args(argv)
     figures = {"calls": CALLS}
-    for batch in (1, 1024):
-        figures[f"batch {batch}"] = result = pieces(batch)
+    for batch, bag in ((1, 32), (1024, 32), (65536, 4)):
+        figures[f"{batch} bags of {bag}"] = result = pieces(batch, bag)
         for k, v in result["host_us"].items():
-            print(f"  batch {batch:5d}  {k:32s} {v:7.2f} us", flush=True)
+            print(f"  {batch:5d} bags of {bag:2d}  {k:32s} {v:7.2f} us", flush=True)
         print(result["cprofile_ours_tottime"][:4000], flush=True)
     write_result(args.out, figures, args.device)
     return figures

@@ -43,7 +43,7 @@ def _compile(kernel, types: dict, constexprs: dict, aligned: tuple, num_warps: i
 
 ROW_TYPES = {"fp32": 4, "bf16": 2, "fp16": 2}
 BAG_TYPES = dict(input_ptr="*i64", offsets_ptr="*i64", weight_ptr="*fp32", psw_ptr="*fp32", out_ptr="*fp32",
-                 n_indices="i64", n_offsets="i32", n_rows="i32", dim="i32", stride_w="i32",
+                 n_bags="i32", n_indices="i64", n_offsets="i32", n_rows="i32", dim="i32", stride_w="i32",
                  padding_idx="i32", plan_ptr="*i32", state_ptr="*i64")
 
 
@@ -64,12 +64,13 @@ def test_embedding_bag_kernel_loads_rows_in_16_byte_vectors(row_type, row_bytes,
 
     dim = row_bytes // ROW_TYPES[row_type]
     rows, block_d, num_warps = bags.tile_config(65536 * 32, 65536, dim, ROW_TYPES[row_type])
+    group = bags.bags_per_program(65536, rows, block_d, ROW_TYPES[row_type])  # 8 bags of 32-byte rows, else 1
     ptx = _compile(embedding_bag_kernel, BAG_TYPES | dict(weight_ptr=f"*{row_type}", psw_ptr=f"*{row_type}",
                                                            out_ptr=f"*{row_type}"),
-                   dict(MODE=mode, HAS_PSW=mode == 0, CHECK=True, ROWS=rows, BLOCK_D=block_d, PLACE=0),
+                   dict(MODE=mode, HAS_PSW=mode == 0, CHECK=True, ROWS=rows, BAGS=group, BLOCK_D=block_d, PLACE=0),
                    ("input_ptr", "offsets_ptr", "weight_ptr", "psw_ptr", "out_ptr", "dim", "stride_w"), num_warps)
     # every row element of the tile arrives through 16-byte loads: elements per thread / (16 B / element size)
-    per_thread = rows * block_d // (32 * num_warps)
+    per_thread = group * rows * block_d // (32 * num_warps)
     assert len(VECTOR_LOAD.findall(ptx)) == max(1, per_thread * ROW_TYPES[row_type] // 16), ptx.count("ld.global")
     # the plain launch (PLACE_DIRECT) reads no plan and makes no atomic
     assert not ATOMIC.search(ptx)
@@ -84,7 +85,7 @@ def test_the_checked_kernel_asserts_its_checks_and_nothing_else():
     rows, block_d, num_warps = bags.tile_config(65536 * 32, 65536, 64, 4)
 
     def asserts(check: bool, **options) -> int:
-        ptx = _compile(embedding_bag_kernel, BAG_TYPES, dict(MODE=0, HAS_PSW=False, CHECK=check, ROWS=rows,
+        ptx = _compile(embedding_bag_kernel, BAG_TYPES, dict(MODE=0, HAS_PSW=False, CHECK=check, ROWS=rows, BAGS=1,
                                                              BLOCK_D=block_d, PLACE=0),
                        ("input_ptr", "offsets_ptr", "weight_ptr", "out_ptr", "dim", "stride_w"), num_warps, options)
         return len(re.findall(r"call(?:\.uni)?\s+__assertfail", ptx))
@@ -111,8 +112,17 @@ def test_embedding_bag_backward_adds_with_atomics_only():
 
 
 def test_embedding_bag_tiles_keep_rows_in_flight():
-    # the H200 target shape: a 32-row bag of 64 fp32 in one step on one warp (the measured fastest)
+    # the H200 target shape: a 32-row bag of 64 fp32 in one step on one warp (the measured fastest), one per program
     assert bags.tile_config(65536 * 32, 65536, 64, 4) == (32, 64, 1)
+    assert bags.bags_per_program(65536, 32, 64, 4) == 1
+    # short bags share a program up to a full tile, while the launch keeps MIN_PROGRAMS programs
+    assert bags.bags_per_program(16384, 4, 32, 4) == 16 and bags.bags_per_program(65536, 1, 64, 4) == 32
+    assert bags.bags_per_program(2048, 1, 64, 4) == 2 and bags.bags_per_program(1, 1, 64, 4) == 1
+    for n_bags, rows, block_d, itemsize in [(10 ** 6, 1, 8, 2), (5000, 2, 64, 4), (3, 1, 1024, 4)]:
+        group = bags.bags_per_program(n_bags, rows, block_d, itemsize)
+        assert group & (group - 1) == 0 and group * rows * block_d * itemsize <= max(bags.TILE_BYTES,
+                                                                                      rows * block_d * itemsize)
+        assert group == 1 or n_bags // group >= bags.MIN_PROGRAMS
     # tiles are counted in bytes: the bf16 rows of 256 B of the table also take a 32-row bag in one step
     assert bags.tile_config(65536 * 32, 65536, 128, 2) == (32, 128, 1)
     for n_indices, n_bags, dim in [(1, 1, 8), (65536, 65536, 8), (10 ** 6, 10, 256), (256, 1, 512), (5, 4, 33)]:
@@ -186,7 +196,9 @@ def _interpreter_embedding_bag():
         (wide[:, :8], torch.randint(0, 50, (300,)), [0, 299], "mean", False, -1, False),  # bags longer than a tile
         (wide[:, :33], torch.randint(0, 50, (9,)).int(), [0, 1, 1, 5], "sum", False, -1, False),
     ]
-    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+    # each case one bag per program (the default here) and 4 (bags of unequal lengths in one tile, a last group
+    # that the bags do not fill)
+    for dtype, group in ((torch.float32, 1), (torch.float32, 4), (torch.bfloat16, 1), (torch.float16, 4)):
         for weight, input, offsets, mode, with_psw, padding, last in cases:
             weight = weight.to(dtype)
             offsets = torch.tensor(offsets, dtype=input.dtype)
@@ -194,7 +206,7 @@ def _interpreter_embedding_bag():
             n_bags = offsets.numel() - 1 if last else offsets.numel()
             out = torch.empty(n_bags, weight.size(1), dtype=dtype)
             bags.launch_kernel(input, offsets, weight, psw, out, False, bags.MODES[mode],
-                               padding % 50 if padding >= 0 else -1, "plain")
+                               padding % 50 if padding >= 0 else -1, "plain", bags=group)
             expected = F.embedding_bag(input, weight.double(), offsets, mode=mode, include_last_offset=last,
                                        per_sample_weights=None if psw is None else psw.double(),
                                        padding_idx=None if padding < 0 else padding)
@@ -212,17 +224,19 @@ def _interpreter_embedding_bag():
     out = torch.empty(2, 40)
     bags.launch_kernel(input, torch.tensor([0, 3]), weight, None, out, False, bags.MODES["mean"], -1, "plain")
     torch.testing.assert_close(out, torch.stack([(weight[1] + weight[2]) / 2, weight[4]]))
-    for offsets in ([0, 3], [0, 0], [1, 3], [0, 4, 3], [0, 6]):  # a bad index; first offset; decreasing; past the end
+    for offsets, group in (([0, 3], 1), ([0, 3], 4), ([0, 0], 1), ([1, 3], 2), ([0, 4, 3], 1), ([0, 4, 3], 4),
+                           ([0, 6], 2)):  # a bad index; first offset; decreasing; past the end
         try:
             bags.launch_kernel(input, torch.tensor(offsets), weight, None, torch.empty(len(offsets), 40), True,
-                               bags.MODES["mean"], -1, "plain")
+                               bags.MODES["mean"], -1, "plain", bags=group)
         except Exception as exc:  # the interpreter wraps the AssertionError in an InterpreterError
             assert "AssertionError" in repr(exc) and "embedding_bag: an index is outside" in str(exc), exc
         else:
-            raise AssertionError(f"offsets {offsets}: the checked kernel did not assert")
+            raise AssertionError(f"offsets {offsets}, {group} bags per program: the checked kernel did not assert")
     for offsets in ([0, 2], [0, 0, 2, 5]):  # valid: empty bags, the last offset at the input's end
-        bags.launch_kernel(torch.tensor([1, 2, 3, 4, 5]), torch.tensor(offsets), weight, None,
-                           torch.empty(len(offsets), 40), True, bags.MODES["sum"], -1, "plain")
+        for group in (1, 4):
+            bags.launch_kernel(torch.tensor([1, 2, 3, 4, 5]), torch.tensor(offsets), weight, None,
+                               torch.empty(len(offsets), 40), True, bags.MODES["sum"], -1, "plain", bags=group)
 
 
 def _interpreter_embedding_bag_backward():

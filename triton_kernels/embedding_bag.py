@@ -1,5 +1,6 @@
-"""The embedding-bag kernels: the forward gathers one bag per item, rows ROWS at a time as one [ROWS, BLOCK_D]
-tile; the backward adds each bag's output gradient into the weight gradient rows of its entries.
+"""The embedding-bag kernels: the forward gathers BAGS consecutive bags per item, ROWS rows of each at a time as
+one [BAGS, ROWS, BLOCK_D] tile; the backward adds each bag's output gradient into the weight gradient rows of its
+entries.
 
 Bandwidth is the whole game (65,536 bags x 32 rows x 256 B read 512 MB for 16 MB written): every row of a
 ROWS-row chunk is loaded by one tile load, so ROWS independent row loads are in flight per program, each
@@ -18,8 +19,14 @@ assert on every int32 add, subtract and multiply that could overflow); nothing e
 check costs no launch beside the kernel's (a flag asserted by torch._assert_async after the launch cost 16 us
 of host time per eager call on the H200 and one more kernel in a graph).
 
-Item loop: the items (bags) come from the placement helpers (plan_start / plan_next / plan_finish, PLACE a
-constexpr): in PLACE_DIRECT mode program p takes bag p and the helpers compile to nothing.
+Bags per program (BAGS): a program with one short bag does little but wait (16,384 bags of 4 rows of 128 B took
+12.8 us on the H200, torch's op 10.3 us: four waves of single-warp programs, each three dependent loads long),
+so short bags come BAGS to a program (ops/embedding_bag.py: bags_per_program), their rows in one tile; a step
+takes ROWS rows of every bag of the group, and the group loops until its longest bag is done.
+
+Item loop: the items (groups of BAGS bags) come from the placement helpers (plan_start / plan_next /
+plan_finish, PLACE a constexpr): in PLACE_DIRECT mode program p takes group p and the helpers compile to
+nothing.
 
 Backward (sum and mean): program p takes bag p, loads its output gradient row once (scaled by 1 / count for
 a mean) and adds it, times the entry's per-sample weight, into grad_weight[index] with fp32 atomic adds: no
@@ -42,68 +49,75 @@ MODE_MAX = tl.constexpr(2)
 
 
 @triton.jit
-def _bag_span(bag, offsets_ptr, n_indices, n_offsets, CHECK: tl.constexpr):
-    """(start, end) of the bag's entries, clamped into the input; asserts valid offsets when CHECK."""
-    start = tl.load(offsets_ptr + bag).to(tl.int64)
-    end = tl.load(offsets_ptr + bag + 1, mask=bag + 1 < n_offsets, other=n_indices).to(tl.int64)
+def _bag_span(bag, real, offsets_ptr, n_indices, n_offsets, CHECK: tl.constexpr):
+    """(start, end) of each bag's entries (a scalar bag or a vector of them), clamped into the input; an empty
+    span where `real` is false (past the last bag); asserts valid offsets of the real bags when CHECK."""
+    start = tl.load(offsets_ptr + bag, mask=real, other=0).to(tl.int64)
+    end = tl.load(offsets_ptr + bag + 1, mask=real & (bag + 1 < n_offsets), other=n_indices).to(tl.int64)
     if CHECK:
-        tl.device_assert((start >= 0) & (end >= start) & (end <= n_indices) & ((bag != 0) | (start == 0)),
+        tl.device_assert(~real | ((start >= 0) & (end >= start) & (end <= n_indices) & ((bag != 0) | (start == 0))),
                          CHECK_MESSAGE)
-    return tl.maximum(start, 0), tl.minimum(end, n_indices)
+    start = tl.maximum(start, 0)
+    return start, tl.where(real, tl.minimum(end, n_indices), start)
 
 
 @triton.jit
-def _bag(bag, input_ptr, offsets_ptr, weight_ptr, psw_ptr, out_ptr, n_indices, n_offsets, n_rows, dim,
-         stride_w, padding_idx, MODE: tl.constexpr, HAS_PSW: tl.constexpr, CHECK: tl.constexpr,
-         ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
-    """out[bag, :dim] = the bag's sum / mean / max of weight rows (fp32 accumulation), 0 for an empty bag."""
-    start, end = _bag_span(bag, offsets_ptr, n_indices, n_offsets, CHECK)
+def _bags(group, input_ptr, offsets_ptr, weight_ptr, psw_ptr, out_ptr, n_bags, n_indices, n_offsets, n_rows, dim,
+          stride_w, padding_idx, MODE: tl.constexpr, HAS_PSW: tl.constexpr, CHECK: tl.constexpr,
+          ROWS: tl.constexpr, BAGS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """out[b, :dim] = bag b's sum / mean / max of weight rows (fp32 accumulation), 0 for an empty bag, for the
+    BAGS bags b of `group` (b < n_bags): one [BAGS, ROWS, BLOCK_D] tile per step, ROWS rows of every bag."""
+    bag = group.to(tl.int64) * BAGS + tl.arange(0, BAGS)
+    real = bag < n_bags
+    start, end = _bag_span(bag, real, offsets_ptr, n_indices, n_offsets, CHECK)
     cols = tl.arange(0, BLOCK_D)
     col_ok = cols < dim
     if MODE == MODE_MAX:
-        acc = tl.full([BLOCK_D], float("-inf"), tl.float32)
+        acc = tl.full([BAGS, BLOCK_D], float("-inf"), tl.float32)
     else:
-        acc = tl.zeros([BLOCK_D], tl.float32)
-    count = tl.zeros([ROWS], tl.int32)
-    for first in range(start, end, ROWS):
-        pos = first + tl.arange(0, ROWS)
-        in_bag = pos < end
+        acc = tl.zeros([BAGS, BLOCK_D], tl.float32)
+    count = tl.zeros([BAGS, ROWS], tl.int32)
+    for step in range(0, tl.max(end - start, axis=0), ROWS):
+        pos = start[:, None] + step + tl.arange(0, ROWS)[None, :]
+        in_bag = pos < end[:, None]
         idx = tl.load(input_ptr + pos, mask=in_bag, other=0).to(tl.int64)
         in_table = (idx >= 0) & (idx < n_rows)
         take = in_bag & in_table & (idx != padding_idx)
-        mask = take[:, None] & col_ok[None, :]
+        mask = take[:, :, None] & col_ok[None, None, :]
+        row_ptrs = weight_ptr + idx[:, :, None] * stride_w + cols[None, None, :]
         if MODE == MODE_MAX:
-            rows = tl.load(weight_ptr + idx[:, None] * stride_w + cols[None, :], mask=mask, other=float("-inf"))
-            acc = tl.maximum(acc, tl.max(rows.to(tl.float32), axis=0))
+            rows = tl.load(row_ptrs, mask=mask, other=float("-inf"))
+            acc = tl.maximum(acc, tl.max(rows.to(tl.float32), axis=1))
         else:
-            rows = tl.load(weight_ptr + idx[:, None] * stride_w + cols[None, :], mask=mask, other=0.0)
-            rows = rows.to(tl.float32)
+            rows = tl.load(row_ptrs, mask=mask, other=0.0).to(tl.float32)
             if HAS_PSW:
-                rows = rows * tl.load(psw_ptr + pos, mask=take, other=0.0).to(tl.float32)[:, None]
-            acc += tl.sum(rows, axis=0)
+                rows = rows * tl.load(psw_ptr + pos, mask=take, other=0.0).to(tl.float32)[:, :, None]
+            acc += tl.sum(rows, axis=1)
         count += take.to(tl.int32)
         if CHECK:
             tl.device_assert(in_table | ~in_bag, CHECK_MESSAGE)
-    n_taken = tl.sum(count, axis=0)
+    n_taken = tl.sum(count, axis=1)
     if MODE == MODE_MEAN:
-        acc = acc / tl.maximum(n_taken, 1).to(tl.float32)
+        acc = acc / tl.maximum(n_taken, 1).to(tl.float32)[:, None]
     if MODE == MODE_MAX:
-        acc = tl.where(n_taken > 0, acc, 0.0)
-    tl.store(out_ptr + bag.to(tl.int64) * dim + cols, acc.to(out_ptr.dtype.element_ty), mask=col_ok)
+        acc = tl.where(n_taken[:, None] > 0, acc, 0.0)
+    tl.store(out_ptr + bag[:, None] * dim + cols[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=real[:, None] & col_ok[None, :])
 
 
 @triton.jit
-def embedding_bag_kernel(input_ptr, offsets_ptr, weight_ptr, psw_ptr, out_ptr, n_indices, n_offsets, n_rows, dim,
-                         stride_w, padding_idx, plan_ptr, state_ptr, MODE: tl.constexpr, HAS_PSW: tl.constexpr,
-                         CHECK: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, PLACE: tl.constexpr):
+def embedding_bag_kernel(input_ptr, offsets_ptr, weight_ptr, psw_ptr, out_ptr, n_bags, n_indices, n_offsets, n_rows,
+                         dim, stride_w, padding_idx, plan_ptr, state_ptr, MODE: tl.constexpr, HAS_PSW: tl.constexpr,
+                         CHECK: tl.constexpr, ROWS: tl.constexpr, BAGS: tl.constexpr, BLOCK_D: tl.constexpr,
+                         PLACE: tl.constexpr):
     sm, t0 = plan_start(plan_ptr, state_ptr, PLACE)
-    bag, phase = plan_next(plan_ptr, state_ptr, sm, 0, PLACE)
+    group, phase = plan_next(plan_ptr, state_ptr, sm, 0, PLACE)
     n_done = 0
-    while bag >= 0:
-        _bag(bag, input_ptr, offsets_ptr, weight_ptr, psw_ptr, out_ptr, n_indices, n_offsets, n_rows, dim, stride_w,
-             padding_idx, MODE, HAS_PSW, CHECK, ROWS, BLOCK_D)
+    while group >= 0:
+        _bags(group, input_ptr, offsets_ptr, weight_ptr, psw_ptr, out_ptr, n_bags, n_indices, n_offsets, n_rows, dim,
+              stride_w, padding_idx, MODE, HAS_PSW, CHECK, ROWS, BAGS, BLOCK_D)
         n_done += 1
-        bag, phase = plan_next(plan_ptr, state_ptr, sm, phase, PLACE)
+        group, phase = plan_next(plan_ptr, state_ptr, sm, phase, PLACE)
     plan_finish(plan_ptr, state_ptr, sm, t0, n_done, PLACE)
 
 
@@ -113,7 +127,7 @@ def embedding_bag_backward_kernel(input_ptr, offsets_ptr, grad_ptr, weight_ptr, 
                                   MEAN: tl.constexpr, HAS_PSW: tl.constexpr, NEED_WEIGHT: tl.constexpr,
                                   NEED_PSW: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
     bag = tl.program_id(0)
-    start, end = _bag_span(bag, offsets_ptr, n_indices, n_offsets, False)
+    start, end = _bag_span(bag, True, offsets_ptr, n_indices, n_offsets, False)
     cols = tl.arange(0, BLOCK_D)
     col_ok = cols < dim
     grad = tl.load(grad_ptr + bag.to(tl.int64) * dim + cols, mask=col_ok, other=0.0).to(tl.float32)

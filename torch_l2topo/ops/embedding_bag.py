@@ -31,9 +31,9 @@ Dispatch: an eager call that needs no autograd graph calls the implementation di
 the dispatcher costs tens of microseconds per call); everything else goes through the op.
 
 Small eager calls run torch's own op (policy "auto" only; `torch_op_is_faster`). A call launched from Python
-spends 60-80 us on the host of the H200 machines before its kernel runs (the whole call, arguments checked,
+spends 43-80 us on the host of the H200 machines before its kernel runs (the whole call, arguments checked,
 output allocated, Triton's launcher: benchmarks/results/diagnosis/eager_host_h200.json, where torch's own call
-took 19-21 us), so a call that torch's op finishes on the GPU in less than TORCH_OP_BELOW_US is faster through
+took 13-33 us), so a call that torch's op finishes on the GPU in less than TORCH_OP_BELOW_US is faster through
 torch when nothing else is queued, as in an eager loop of small steps. Such a call (1-D input with offsets, no
 per_sample_weights or padding_idx, no autograd, indices checked (torch's op asserts on a bad index where the
 unchecked kernel skips it), outside compilation and CUDA graph capture) goes straight to
@@ -41,12 +41,12 @@ torch.embedding_bag, the function torch.nn.functional.embedding_bag ends in, wit
 raises is torch's own error. The GPU time of torch's op is estimated by TORCH_US_PER_MB, _PER_BAG and _PER_ROW,
 a non-negative least-squares fit to its CUDA-graph times on an H200 (11 shapes, 6 us to 0.51 ms:
 benchmarks/results/history/ops_h200_f8be5465b3a1_before_torch_op_rule.json); benchmarks/results/ops_h200.json,
-a later run with four shapes outside the fit, tests the rule (tests/test_ops_bench.py). In a CUDA graph,
-or when the GPU is busy and host time is hidden, the kernel is the faster one (4.4 us against torch's 6-8 us at
-1-1,024 bags of 32 rows), which is why graphs and compiled code keep it.
+a later run with four shapes outside the fit, tests the rule (tests/test_ops_embedding_bag.py). In a CUDA
+graph, or when the GPU is busy and host time is hidden, the kernel is the faster one (2.8-4.1 us against
+torch's 6-8 us at 1-1,024 bags of 32 rows), which is why graphs and compiled code keep it.
 
 Placement: `policy=` takes the placement policies and "auto"; the kernel's item loop runs on the placement
-helpers (policy.py says how a call is launched). Items are bags.
+helpers (policy.py says how a call is launched). Items are groups of BAGS consecutive bags (bags_per_program).
 """
 from __future__ import annotations
 
@@ -74,8 +74,11 @@ NO_PADDING = -1
 TILE_BYTES = 8192
 BYTES_PER_WARP = 8192
 MAX_WARPS = 8
+# Short bags come several to a program (bags_per_program), as long as the launch keeps this many programs: ~8
+# single-warp programs per H200 SM, each with a tile of up to 8 KB of rows in flight (8 MB at once over the GPU).
+MIN_PROGRAMS = 1024
 # Small eager calls: torch's op where its estimated GPU time is below our call's host time (module doc)
-TORCH_OP_BELOW_US = 60.0     # the low end of our eager call's host time on the H200 machines (60-80 us)
+TORCH_OP_BELOW_US = 60.0     # within our eager call's host time on the H200 machines (43-80 us), not tuned
 TORCH_US_PER_MB = 0.39       # torch's op, per MB of rows read
 TORCH_US_PER_BAG = 0.69e-3   # per bag
 TORCH_US_PER_ROW = 0.025e-3  # per row read
@@ -178,6 +181,8 @@ def _promoted_indices(input, offsets):
         raise RuntimeError("Expected tensor for argument #1 'indices' to have one of the following scalar types: "
                            f"Long, Int; but got {_legacy_type(common, input.device)} instead (while checking "
                            "arguments for embedding_bag)")
+    if input.dtype == offsets.dtype:  # the usual call: no .to (a dispatcher call each, 1-3 us of host time)
+        return input, offsets
     return input.to(common), offsets.to(common)
 
 
@@ -246,22 +251,35 @@ def tile_config(n_indices: int, n_bags: int, dim: int, itemsize: int = 4) -> tup
     return rows, block_d, min(MAX_WARPS, max(1, rows * block_d * itemsize // BYTES_PER_WARP))
 
 
+def bags_per_program(n_bags: int, rows: int, block_d: int, itemsize: int) -> int:
+    """BAGS of the forward kernel: the largest power of two whose bags' first ROWS rows fit in TILE_BYTES while
+    the launch keeps at least MIN_PROGRAMS programs (1 for a bag that fills a tile alone)."""
+    bags = 1
+    while 2 * bags * rows * block_d * itemsize <= TILE_BYTES and n_bags // (2 * bags) >= MIN_PROGRAMS:
+        bags *= 2
+    return bags
+
+
 def launch_kernel(input, offsets, weight, per_sample_weights, out, check: bool, mode: int, padding_idx: int,
-                  policy: str, config: Optional[tuple] = None) -> None:
-    """The forward kernel over every bag of `out`, placed as `policy` says (policy.launch_placed); check: the
-    kernel asserts its data checks (compiled with debug=True for the assert alone: the kernel module's doc).
-    config: (ROWS, BLOCK_D, num_warps), default tile_config's."""
+                  policy: str, config: Optional[tuple] = None, bags: Optional[int] = None) -> None:
+    """The forward kernel over every bag of `out`, placed as `policy` says (policy.launch_placed; its items are
+    groups of BAGS bags); check: the kernel asserts its data checks (compiled with debug=True for the assert
+    alone: the kernel module's doc). config: (ROWS, BLOCK_D, num_warps), default tile_config's; bags: BAGS,
+    default bags_per_program's."""
     n_bags, dim = out.shape
-    rows, block_d, num_warps = config or tile_config(input.numel(), n_bags, dim, weight.element_size())
+    itemsize = weight.element_size()
+    rows, block_d, num_warps = config or tile_config(input.numel(), n_bags, dim, itemsize)
+    bags = bags or bags_per_program(n_bags, rows, block_d, itemsize)
     psw = per_sample_weights if per_sample_weights is not None else out  # never read when HAS_PSW is off
 
     def launch(grid, plan, state, place):
         triton_launcher(embedding_bag_kernel, out)[(grid,)](
-            input, offsets, weight, psw, out, input.numel(), offsets.numel(), weight.size(0), dim, weight.stride(0),
-            padding_idx, plan, state, MODE=mode, HAS_PSW=per_sample_weights is not None, CHECK=check, ROWS=rows,
-            BLOCK_D=block_d, PLACE=place, num_warps=num_warps, debug=check, sanitize_overflow=False)
+            input, offsets, weight, psw, out, n_bags, input.numel(), offsets.numel(), weight.size(0), dim,
+            weight.stride(0), padding_idx, plan, state, MODE=mode, HAS_PSW=per_sample_weights is not None,
+            CHECK=check, ROWS=rows, BAGS=bags, BLOCK_D=block_d, PLACE=place, num_warps=num_warps, debug=check,
+            sanitize_overflow=False)
 
-    launch_placed("embedding_bag", policy, launch, n_bags, out)
+    launch_placed("embedding_bag", policy, launch, -(-n_bags // bags), out)
 
 
 def entry_bags(input, offsets, n_bags: int, include_last_offset: bool, padding_idx: int):
