@@ -14,6 +14,8 @@ eager fast path are set from).
   time), 500-tree random forests at batch 1, 132 (one sample per SM) and 1,024: what placing the data near every
   SM saves (the ops issue asks >= 8% at one sample per SM), and the same copies with every SM on the far one
   (near against far: the whole effect of where the nodes are homed).
+- forest_sum: forest_predict's in-kernel chunk sum at several widths (SUM_VALUES), the same forests and batches,
+  in CUDA graphs: what forest_predict.SUM_VALUES is set from.
 
     python benchmarks/bench_ops_kernels.py --out benchmarks/results/ops_kernels_h200.json
 """
@@ -156,7 +158,49 @@ def forest_copies(reps: int) -> list:
     return rows
 
 
-SECTIONS = {"host": host, "tiles": tiles, "forest_copies": forest_copies}
+def forest_sum(reps: int) -> list:
+    """forest_predict's in-kernel chunk sum at several widths (forest_predict.SUM_VALUES: partial sums the last
+    chunk of a block loads at once), in CUDA graphs of GRAPH_CALLS calls (GPU time), interleaved rounds: the
+    random forests of forest_copies at batches 1, 132 and 1,024. Predictions checked against the widest sum's."""
+    import importlib
+
+    import numpy as np
+    import torch
+    from bench_ops import N_FEATURES, _fit
+
+    from torch_l2topo.ops import Forest, forest_predict
+
+    module = importlib.import_module("torch_l2topo.ops.forest_predict")
+    default = module.SUM_VALUES
+    widths = sorted({1024, 4096, 16384, default})
+    rows = []
+    rng = np.random.default_rng(2)
+    try:
+        for trees, depth in ((500, 8), (500, 12)):
+            forest = Forest.from_sklearn(_fit("random_forest", trees, depth), layout="dfs").to("cuda")
+            for batch in (1, 132, 1024):
+                x = torch.from_numpy(rng.normal(size=(batch, N_FEATURES)).astype(np.float32)).cuda()
+                graphs, outputs = {}, {}
+                for width in widths:  # each graph captures the kernel compiled for its width
+                    module.SUM_VALUES = width
+                    module._shape.cache_clear()
+                    outputs[width] = forest_predict(forest, x)
+                    graphs[f"sum_values_{width}"] = graphed(lambda: forest_predict(forest, x), GRAPH_CALLS)
+                for width, out in outputs.items():
+                    torch.testing.assert_close(out, outputs[widths[-1]], rtol=1e-5, atol=1e-6)
+                times = gpu_rounds(graphs, reps)
+                row = {"trees": trees, "depth": depth, "batch": batch, "impl": times,
+                       "ms_per_call": {k: v["p50"] / GRAPH_CALLS for k, v in times.items()}}
+                rows.append(row)
+                print(f"forest {trees} x d{depth}, batch {batch}: " + ", ".join(
+                    f"{k} {v * 1e3:.2f} us" for k, v in row["ms_per_call"].items()), flush=True)
+    finally:
+        module.SUM_VALUES = default
+        module._shape.cache_clear()
+    return rows
+
+
+SECTIONS = {"host": host, "tiles": tiles, "forest_copies": forest_copies, "forest_sum": forest_sum}
 
 
 def main(argv=None) -> dict:

@@ -44,7 +44,10 @@ LANES = 128            # (sample, tree) walks per program: one per thread at 4 w
 MAX_BLOCK_S = 32       # samples per program; the rest of the lanes walk different trees of the same samples
 ITEMS_PER_SM = 8       # chunk the trees until the launch has this many items per SM (when samples are few)
 MAX_GPU_OUTPUTS = 64   # outputs (classes) the kernel accumulates in registers
-SUM_VALUES = 1024      # partial sums the last chunk of a block loads at once (chunks x samples x outputs)
+# Partial sums the last chunk of a block loads at once (chunks x samples x outputs). Wider was slower on the H200
+# (4,096: 16.3 against 11.6 us per call at 132 samples; benchmarks/results/diagnosis/ops_forest_sum_h200.json):
+# the sum's registers are the whole kernel's, and the walks lose occupancy to them.
+SUM_VALUES = 1024
 CPU_WALKS = 1 << 22    # (sample, tree) walks the CPU path holds at once (its index tensors: 32 MB each)
 LINKS = {name: code for code, name in enumerate(TRANSFORMS)}  # Forest.transform -> the kernel's LINK code
 
