@@ -437,13 +437,10 @@ def _uniform_chase(dev, topo, reps) -> list:
     return rows
 
 
-def _uniform_exit(dev, topo, reps, m: int = 32) -> dict:
-    """The chase at m items per SM through chase_exit_kernel at each EXIT step, against the plain kernel and the
-    real uniform policy (all in graphs; the exit kernels' graphs zero the state before each launch, and so does
-    one extra entry before the plain kernel, to time that memset alike)."""
-    import torch
-    from placement_workloads import chase_exit_kernel
-
+def uniform_at_equal_concurrency(dev, topo, m: int) -> tuple:
+    """The chase at m items per SM under persistent `uniform` at m CTAs per SM without a tail: (items, loads per
+    item, workload, ends, a launch of it, and its plan and state tensors, built by one launch), for the
+    diagnoses that run their own kernels on that plan."""
     from torch_l2topo.placement.sm_aware import sm_aware
 
     n, loads, w, ends = _chase_items(dev, topo, m)
@@ -453,7 +450,28 @@ def _uniform_exit(dev, topo, reps, m: int = 32) -> dict:
         kernel(w.starts, ends, loads, n_items=n, item_class=w.classes, loads_per_item=loads)
 
     uniform()
-    plan, state = kernel.plan_tensors(n, w.classes, loads)
+    return (n, loads, w, ends, uniform, *kernel.plan_tensors(n, w.classes, loads))
+
+
+def check_each_once(runs: dict, ends, expected, label: str) -> None:
+    """Run each entry once and check that every item ended where the reference says (ends zeroed after)."""
+    import torch
+
+    for name, run in runs.items():
+        run()
+        torch.cuda.synchronize()
+        if np.any(ends.cpu().numpy() != expected):
+            raise AssertionError(f"{label}, {name}: items ended elsewhere")
+        ends.zero_()
+
+
+def _uniform_exit(dev, topo, reps, m: int = 32) -> dict:
+    """The chase at m items per SM through chase_exit_kernel at each EXIT step, against the plain kernel and the
+    real uniform policy (all in graphs; the exit kernels' graphs zero the state before each launch, and so does
+    one extra entry before the plain kernel, to time that memset alike)."""
+    from placement_workloads import chase_exit_kernel
+
+    n, loads, w, ends, uniform, plan, state = uniform_at_equal_concurrency(dev, topo, m)
 
     def exit_run(step):
         def run():
@@ -465,12 +483,7 @@ def _uniform_exit(dev, topo, reps, m: int = 32) -> dict:
             "memset + plain_kernel": lambda: (state.zero_(), chase_plain_kernel[(n,)](w.starts, ends, loads,
                                                                                        num_warps=1)),
             "uniform": uniform, **{f"exit {step}": exit_run(step) for step in range(6)}}
-    for name, run in runs.items():
-        run()
-        torch.cuda.synchronize()
-        if np.any(ends.cpu().numpy() != w.expected):
-            raise AssertionError(f"uniform exit diagnosis, {name}: items ended elsewhere")
-        ends.zero_()
+    check_each_once(runs, ends, w.expected, "uniform exit diagnosis")
     state.zero_()  # the real uniform plan's cursors start from zero again
     times = interleaved({k: graph_of(f, GRAPH_LAUNCHES).replay for k, f in runs.items()}, reps, per_run=GRAPH_LAUNCHES)
     ratios = _vs_plain_kernel(times)

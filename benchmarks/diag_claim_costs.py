@@ -18,12 +18,18 @@ The real persistent `uniform` runs alongside (its graph zeroes the state too, ha
 """
 from __future__ import annotations
 
-import numpy as np
 import triton
 import triton.language as tl
-from bench_placement import GRAPH_LAUNCHES, _chase_items, _vs_plain_kernel, graph_of, interleaved
+from bench_placement import (
+    GRAPH_LAUNCHES,
+    _vs_plain_kernel,
+    check_each_once,
+    graph_of,
+    interleaved,
+    uniform_at_equal_concurrency,
+)
 from common import calibrated_device, gpu_parser, write_result
-from placement_workloads import _chase_item, chase_kernel
+from placement_workloads import _chase_item
 
 from torch_l2topo.triton_kernels.placement import (
     PLAN_N_SLOTS,
@@ -110,21 +116,12 @@ def claim_cost_kernel(starts_ptr, ends_ptr, n_loads, plan_ptr, state_ptr, shard_
 def main(argv=None) -> dict:
     import torch
 
-    from torch_l2topo.placement.sm_aware import sm_aware
-
     p = gpu_parser(__doc__, reps=10)
     p.add_argument("--items-per-sm", type=int, default=32)
     args = p.parse_args(argv)
     dev, topo, calibration = calibrated_device(args.device, "claim costs")
     m = args.items_per_sm
-    n, loads, w, ends = _chase_items(dev, topo, m)
-    kernel = sm_aware(chase_kernel, num_warps=1, topology=topo, policy="uniform", ctas_per_sm=m, tail_fraction=0.0)
-
-    def uniform():
-        kernel(w.starts, ends, loads, n_items=n, item_class=w.classes, loads_per_item=loads)
-
-    uniform()
-    plan, state = kernel.plan_tensors(n, w.classes, loads)
+    n, loads, w, ends, uniform, plan, state = uniform_at_equal_concurrency(dev, topo, m)
     shards = torch.zeros(SHARDS.value, dtype=torch.int64, device=dev)
 
     def entry(start, fail, tail, fin, stats):
@@ -141,12 +138,7 @@ def main(argv=None) -> dict:
         uniform()
 
     runs = {"uniform": uniform_zeroed, **{name: entry(*flags) for name, flags in ENTRIES.items()}}
-    for name, run in runs.items():
-        run()
-        torch.cuda.synchronize()
-        if np.any(ends.cpu().numpy() != w.expected):
-            raise AssertionError(f"claim costs, {name}: items ended elsewhere")
-        ends.zero_()
+    check_each_once(runs, ends, w.expected, "claim costs")
     state.zero_()
     graphs = {name: graph_of(run, GRAPH_LAUNCHES).replay for name, run in runs.items()}
     times = interleaved(graphs, args.reps, per_run=GRAPH_LAUNCHES)
