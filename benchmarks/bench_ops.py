@@ -16,14 +16,19 @@ auto_chose (what policy "auto" resolves to: plain, ops/policy.py says why; "torc
 embedding bags that it sends to torch's own op, ops/embedding_bag.py says why). In each round every implementation
 runs `inner` calls back to back between two CUDA events (interleaved, in a new random order each round, so
 drift and round order touch all alike); results are checked against torch / scikit-learn once per row before
-timing. --grid full runs the issue's whole grid (tables 1 MB-4 GB, bags 1-256, batch 1-65,536; forests
-10-2,000 trees, depth 4-12, batch 1-1M: ~15 min); the default grid (~3 min on an H200) keeps the target shape
-and one point per axis.
+timing. An entry whose one call takes over SLOW_CALL_MS is timed by that call alone ("one_call", n = 1), and
+scikit-learn's CPU predict is skipped where one call would take over CPU_SECONDS (the reason is recorded).
+--grid full is the issue's whole grid (tables 1 MB-4 GB, bags 1-256, batch 1-65,536; forests 10-2,000 trees,
+depth 4-12, batch 1-1M), not yet run on a GPU: its forests alone take minutes each to fit and convert, so it
+runs in slices (--part K/N, one file each) within a device call's 10 minutes; the default grid (~3 min on an
+H200) keeps the target shape and one point per axis.
 
     python benchmarks/bench_ops.py --out benchmarks/results/ops_h200.json [--grid full] [--only forest]
+    python benchmarks/bench_ops.py --grid full --only forest --part 2/6 --out FILE   # one slice of a long grid
 """
 from __future__ import annotations
 
+import argparse
 import time
 
 import numpy as np
@@ -56,6 +61,8 @@ N_FEATURES = 16
 HUMMINGBIRD_STRATEGIES = ("gemm", "tree_trav", "perf_tree_trav")
 GEMM_LIMIT_BYTES = 16 << 30  # Hummingbird's gemm holds (trees x leaves x internal nodes) floats: skip beyond this
 CPU_SECONDS = 5.0            # scikit-learn's predict on the CPU: at most this long per row (fewer rounds)
+CPU_PROBE_SAMPLES = 4096     # a call expected to take longer than CPU_SECONDS (timed on this many) is skipped
+SLOW_CALL_MS = 2000.0        # an entry whose one warm call takes longer is timed by that one call (n = 1)
 # Each timed block of `inner` calls lasts about this long (at most 200 calls). The first calls after the idle
 # GPU of a block's start take longer on the host (a batch-1 forest_predict: 111 us per call in blocks of 4 calls,
 # 99 us in blocks of 64, H200 host, 2026-12-01); blocks of 2 ms gave a 0.12 ms call 4-16 calls, and the entry
@@ -65,24 +72,38 @@ PROBE_CALLS = 3
 DEVICE = "cuda"              # tests/test_ops_bench.py runs the row functions on the CPU with a host timer
 
 
+def _event_ms(fn, calls: int = 1) -> float:
+    """CUDA-event milliseconds of `calls` calls of fn, from an idle GPU."""
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
 def gpu_rounds(launches: dict, reps: int) -> dict:
     """{name: quantiles of ms per call}: `inner` calls of each entry between two events, from an idle GPU,
     entries interleaved within each of `reps` rounds (after one warm-up round) in a new seeded random order each
-    round; `inner` sized from PROBE_CALLS calls, once every entry is warm."""
+    round; `inner` sized from PROBE_CALLS calls, once every entry is warm. An entry whose one warm call takes
+    over SLOW_CALL_MS (Hummingbird on a million samples) is timed by that call alone ("one_call": n = 1), so
+    that the full grid's rows stay within minutes."""
     import torch
 
     for launch in launches.values():  # every entry warm before any is probed: the first probe came right after
         launch()                      # the row's first calls, read slow, and gave its entry a third of the calls
-    inner = {}
+    inner, slow = {}, {}
     for name, launch in launches.items():
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
-        for _ in range(PROBE_CALLS):
-            launch()
-        end.record()
-        end.synchronize()
-        inner[name] = int(np.clip(TIMED_MS * PROBE_CALLS / max(start.elapsed_time(end), 1e-3), 1, 200))
+        one = _event_ms(launch)
+        if one > SLOW_CALL_MS:
+            slow[name] = {**quantiles([one]), "inner": 1, "one_call": True}
+            continue
+        inner[name] = int(np.clip(TIMED_MS * PROBE_CALLS / max(_event_ms(launch, PROBE_CALLS), 1e-3), 1, 200))
+    launches = {name: launch for name, launch in launches.items() if name not in slow}
     events = {name: [] for name in launches}
     order = np.random.default_rng(0)
     for r in range(reps + 1):
@@ -103,8 +124,8 @@ def gpu_rounds(launches: dict, reps: int) -> dict:
             if r:
                 events[name].append((start, end))
     torch.cuda.synchronize()
-    return {name: {**quantiles([s.elapsed_time(e) / inner[name] for s, e in ev]), "inner": inner[name]}
-            for name, ev in events.items()}
+    return {**{name: {**quantiles([s.elapsed_time(e) / inner[name] for s, e in ev]), "inner": inner[name]}
+               for name, ev in events.items()}, **slow}
 
 
 def graphed(fn, calls: int = 1):
@@ -142,8 +163,16 @@ def _print(row: dict, label: str) -> None:
           flush=True)
 
 
-def bench_embedding_bag(grid: str, reps: int) -> list:
-    configs = BAG_GRIDS[grid]
+def part_of(items: list, part: tuple) -> list:
+    """The k-th of n contiguous slices of items (part = (k, n), k from 1): a grid too long for one device call
+    runs as n commands (--part k/n), each writing its own file."""
+    k, n = part
+    size = -(-len(items) // n)
+    return items[(k - 1) * size:k * size]
+
+
+def bench_embedding_bag(grid: str, reps: int, part: tuple = (1, 1)) -> list:
+    configs = part_of(BAG_GRIDS[grid], part)
     print(f"embedding_bag: {len(configs)} shapes, eager and CUDA graph", flush=True)
     rows = []
     for i, config in enumerate(configs):
@@ -153,7 +182,8 @@ def bench_embedding_bag(grid: str, reps: int) -> list:
         _print(eager, label + " eager")
         _print(in_graph, label + " graph")
         rows += [eager, in_graph]
-    rows.append(bench_backward(reps))
+    if part[0] == 1:
+        rows.append(bench_backward(reps))
     return rows
 
 
@@ -265,6 +295,19 @@ def _hummingbird(model, trees: int, depth: int) -> dict:
     return out
 
 
+def sklearn_cpu_timing(model, x_cpu: np.ndarray, reps: int) -> dict:
+    """Quantiles of scikit-learn's predict_proba on the CPU, or why not: a call that CPU_PROBE_SAMPLES samples
+    say would take over CPU_SECONDS is skipped (2,000 trees on a million samples), not timed."""
+    probe = x_cpu[:CPU_PROBE_SAMPLES]
+    start = time.perf_counter()
+    model.predict_proba(probe)
+    estimate = (time.perf_counter() - start) * len(x_cpu) / len(probe)
+    if estimate > CPU_SECONDS:
+        return {"skipped": f"one call would take about {estimate:.0f} s ({len(probe)} samples timed), over the "
+                           f"{CPU_SECONDS:.0f} s a row may spend"}
+    return _cpu_quantiles(lambda: model.predict_proba(x_cpu), reps)
+
+
 def _cpu_quantiles(fn, reps: int) -> dict:
     fn()
     times = []
@@ -277,10 +320,11 @@ def _cpu_quantiles(fn, reps: int) -> dict:
     return quantiles(times)
 
 
-def bench_forest(grid: str, reps: int) -> list:
+def bench_forest(grid: str, reps: int, part: tuple = (1, 1)) -> list:
     import torch
 
     models, batches = FOREST_GRIDS[grid]
+    models = part_of(models, part)
     print(f"forest_predict: {len(models)} forests x {len(batches)} batches", flush=True)
     rng = np.random.default_rng(1)
     x_all = torch.from_numpy(rng.normal(size=(max(batches), N_FEATURES)).astype(np.float32)).to(DEVICE)
@@ -328,32 +372,46 @@ def forest_rows(kind: str, trees: int, depth: int, x_all, batches, reps: int, la
                 raise AssertionError(f"forest {kind} {trees}x{depth} batch {batch}: max error {error}")
             timings = gpu_rounds(calls, reps)
         timings.update(failed)
-        timings["sklearn_cpu"] = _cpu_quantiles(lambda: model.predict_proba(x_cpu), reps)
+        timings["sklearn_cpu"] = sklearn_cpu_timing(model, x_cpu, reps)
         timings["ours"] = timings["ours_bfs"]
         fastest = min(LAYOUTS, key=lambda layout: timings[f"ours_{layout}"]["p50"])
         row = summary({"model": kind, "trees": trees, "depth": depth, "nodes_mb": nodes_mb, "batch": batch,
                        "max_abs_err": error, "fastest_layout": fastest, "impl": timings}, "ours",
                       tuple(f"hummingbird_{s}" for s in HUMMINGBIRD_STRATEGIES), "plain")
-        row["vs_sklearn_cpu"] = row["time_ms"] / timings["sklearn_cpu"]["p50"]
+        cpu = timings["sklearn_cpu"]
+        row["vs_sklearn_cpu"] = row["time_ms"] / cpu["p50"] if "p50" in cpu else None
         _print(row, f"batch {batch}")
         rows.append(row)
     return rows
+
+
+def parse_part(text: str) -> tuple:
+    """"K/N" -> (K, N), 1 <= K <= N."""
+    try:
+        k, n = (int(v) for v in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--part takes K/N, such as 2/3; got {text!r}") from None
+    if not 1 <= k <= n:
+        raise argparse.ArgumentTypeError(f"--part K/N needs 1 <= K <= N; got {text!r}")
+    return k, n
 
 
 def main(argv=None) -> dict:
     p = gpu_parser(__doc__, reps=7)
     p.add_argument("--grid", choices=("default", "full"), default="default")
     p.add_argument("--only", choices=("embedding_bag", "forest"), action="append")
+    p.add_argument("--part", type=parse_part, default=(1, 1), metavar="K/N",
+                   help="run the K-th of N slices of each grid (default 1/1: all of it)")
     args = p.parse_args(argv)
     import torch
 
     torch.cuda.set_device(args.device)
-    figures = {"grid": args.grid, "reps": args.reps}
-    for part, fn in (("embedding_bag", bench_embedding_bag), ("forest", bench_forest)):
-        if args.only is None or part in args.only:
+    figures = {"grid": args.grid, "reps": args.reps, "part": "{}/{}".format(*args.part)}
+    for op, fn in (("embedding_bag", bench_embedding_bag), ("forest", bench_forest)):
+        if args.only is None or op in args.only:
             start = time.perf_counter()
-            figures[part] = fn(args.grid, args.reps)
-            print(f"{part}: {time.perf_counter() - start:.0f} s", flush=True)
+            figures[op] = fn(args.grid, args.reps, args.part)
+            print(f"{op}: {time.perf_counter() - start:.0f} s", flush=True)
             write_result(args.out, figures, args.device)  # keep what is done if a later part fails
     return figures
 

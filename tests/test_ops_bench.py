@@ -116,3 +116,51 @@ def test_report_renders_tables_and_figures(on_cpu, monkeypatch, tmp_path):
     assert text.count("| 16 MB | 64 x float32 | 32 x ") == 4  # two batches, eager and graph
     assert "| random_forest 3 x d2 |" in text and "n/a" in text  # no Hummingbird here: no reference ratio
     assert sorted(p.name for p in (tmp_path / "figures").iterdir()) == ["ops_embedding_bag.png", "ops_forest.png"]
+
+
+def test_parts_cover_a_grid_once_in_order():
+    items = list(range(11))
+    for n in (1, 2, 3, 6, 11, 12):
+        parts = [bench_ops.part_of(items, (k, n)) for k in range(1, n + 1)]
+        assert sum(parts, []) == items and all(len(p) <= -(-len(items) // n) for p in parts)
+    assert bench_ops.parse_part("2/6") == (2, 6)
+    for bad in ("0/3", "4/3", "2", "a/b", "1/0"):
+        with pytest.raises(bench_ops.argparse.ArgumentTypeError):
+            bench_ops.parse_part(bad)
+
+
+def test_sklearn_cpu_timing_skips_a_call_that_would_take_too_long(monkeypatch):
+    pytest.importorskip("sklearn")
+    model = _small_fit("random_forest", 5, 3)
+    x = np.random.default_rng(2).normal(size=(256, bench_ops.N_FEATURES)).astype(np.float32)
+    timed = bench_ops.sklearn_cpu_timing(model, x, reps=2)
+    assert timed["p50"] > 0 and timed["n"] >= 1
+    monkeypatch.setattr(bench_ops, "CPU_SECONDS", 0.0)  # any call is now too long: skipped, with the reason
+    monkeypatch.setattr(bench_ops, "CPU_PROBE_SAMPLES", 16)
+    skipped = bench_ops.sklearn_cpu_timing(model, x, reps=2)
+    assert set(skipped) == {"skipped"} and "16 samples timed" in skipped["skipped"]
+
+
+def test_forest_rows_without_a_cpu_timing(on_cpu, monkeypatch):
+    pytest.importorskip("sklearn")
+    monkeypatch.setattr(bench_ops, "_hummingbird", lambda model, trees, depth: {
+        s: "skipped: not on this machine" for s in bench_ops.HUMMINGBIRD_STRATEGIES})
+    monkeypatch.setattr(bench_ops, "_fit", _small_fit)
+    monkeypatch.setattr(bench_ops, "CPU_SECONDS", 0.0)
+    import torch
+
+    x = torch.from_numpy(np.random.default_rng(3).normal(size=(8, bench_ops.N_FEATURES)).astype(np.float32))
+    (row,) = bench_ops.forest_rows("random_forest", 3, 3, x, (8,), reps=2, label="test")
+    assert "skipped" in row["impl"]["sklearn_cpu"] and row["vs_sklearn_cpu"] is None
+
+
+def test_an_entry_slower_than_the_slow_call_limit_is_timed_by_one_call(monkeypatch):
+    import torch
+
+    calls = {"a": 0, "b": 0}
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(bench_ops, "_event_ms", lambda fn, n=1: fn() or 2500.0 * n)  # every call "takes" 2.5 s
+    launches = {name: (lambda name=name: calls.__setitem__(name, calls[name] + 1)) for name in calls}
+    out = bench_ops.gpu_rounds(launches, reps=5)
+    assert calls == {"a": 2, "b": 2}  # the warm-up call and the one timed call, no probe, no rounds
+    assert all(t["one_call"] and t["n"] == 1 and t["p50"] == 2500.0 and t["inner"] == 1 for t in out.values())
