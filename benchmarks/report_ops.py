@@ -1,6 +1,7 @@
 """The ops' measured ratios as a Markdown table and one figure per op, from a bench_ops.py result (no GPU needed).
 
     python benchmarks/report_ops.py --from benchmarks/results/ops_h200.json --figures docs/figures
+    python benchmarks/report_ops.py --from part1.json part2.json ...   # the slices of one grid (--part K/N)
 
 Prints the tables docs/ops.md shows (one row per shape and timing: ours in ms, the best reference and ours over
 it, ours over the plain launch, what "auto" chose) and writes ops_embedding_bag.png (time against batch at the
@@ -80,17 +81,29 @@ def figures(doc: dict, out_dir: Path) -> list:
     return [path for path, _ in drawn]
 
 
+def merged(docs: list) -> dict:
+    """The rows of several result files (the slices of one grid, --part K/N) as one result."""
+    return {"figures": {op: [row for doc in docs for row in doc["figures"].get(op, [])]
+                        for op in ("embedding_bag", "forest")}}
+
+
+def _measured_on(doc: dict) -> str:
+    env = doc.get("env", {})
+    return (f"{env.get('gpu', '?')} (torch {env.get('torch', '?')}, Triton {env.get('triton', '?')}, "
+            f"{env.get('date', '?')}): `{doc.get('command', '?')}`")
+
+
 def main(argv=None) -> str:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--from", dest="source", required=True, help="a result file of bench_ops.py")
+    p.add_argument("--from", dest="sources", required=True, nargs="+",
+                   help="result files of bench_ops.py (the slices of one grid: their rows in order)")
     p.add_argument("--figures", default=None, help="directory for the two figures (default: none)")
     args = p.parse_args(argv)
-    doc = json.loads(Path(args.source).read_text())
-    env = doc.get("env", {})
-    text = (f"Measured on {env.get('gpu', '?')} (torch {env.get('torch', '?')}, Triton {env.get('triton', '?')}, "
-            f"{env.get('date', '?')}): `{doc.get('command', '?')}`\n\n### embedding_bag\n\n"
-            f"{bag_table(doc['figures'].get('embedding_bag', []))}\n\n### forest_predict\n\n"
-            f"{forest_table(doc['figures'].get('forest', []))}\n")
+    docs = [json.loads(Path(source).read_text()) for source in args.sources]
+    doc = merged(docs)
+    text = ("Measured on " + "; ".join(_measured_on(d) for d in docs) + "\n\n### embedding_bag\n\n"
+            f"{bag_table(doc['figures']['embedding_bag'])}\n\n### forest_predict\n\n"
+            f"{forest_table(doc['figures']['forest'])}\n")
     print(text)
     if args.figures:
         for path in figures(doc, Path(args.figures)):

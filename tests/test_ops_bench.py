@@ -116,6 +116,14 @@ def test_report_renders_tables_and_figures(on_cpu, monkeypatch, tmp_path):
     assert text.count("| 16 MB | 64 x float32 | 32 x ") == 4  # two batches, eager and graph
     assert "| random_forest 3 x d2 |" in text and "n/a" in text  # no Hummingbird here: no reference ratio
     assert sorted(p.name for p in (tmp_path / "figures").iterdir()) == ["ops_embedding_bag.png", "ops_forest.png"]
+    # the same rows from the slices of a grid (--part K/N): the same tables, every file named
+    parts = []
+    for k, rows in enumerate(([*bag_rows[:2]], [*bag_rows[2:]], forest_rows), 1):
+        parts.append(tmp_path / f"part{k}.json")
+        parts[-1].write_text(json.dumps({"command": f"bench_ops.py --part {k}/3", "env": {"gpu": "test"}, "figures": {
+            "embedding_bag": rows if k < 3 else [], "forest": rows if k == 3 else []}}))
+    sliced = report_ops.main(["--from", *map(str, parts)])
+    assert sliced.split("\n", 1)[1] == text.split("\n", 1)[1] and sliced.count("--part") == 3
 
 
 def test_parts_cover_a_grid_once_in_order():
