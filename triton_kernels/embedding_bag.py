@@ -3,7 +3,7 @@ one [BAGS, ROWS, BLOCK_D] tile; the backward adds each bag's output gradient int
 entries.
 
 Bandwidth is the whole game (65,536 bags x 32 rows x 256 B read 512 MB for 16 MB written): every row of a
-ROWS-row chunk is loaded by one tile load, so ROWS independent row loads are in flight per program, each
+step's tile is loaded by one tile load, so BAGS x ROWS independent row loads are in flight per program, each
 a run of 16-byte vector loads (the row stride is specialised as a multiple of 16 elements when it is, and
 then Triton proves the alignment). Sums and means accumulate in fp32 whatever the row dtype; max needs no
 wider type. Bag b spans input[offsets[b] : offsets[b + 1]] (the last bag without a following offset ends
