@@ -5,7 +5,8 @@ eager fast path are set from).
   issue's target shape (65,536 bags x 32 rows of 64 fp32, a 16 MB table) and at the bf16 row that measured
   slower than torch (128 bf16 rows, a 1 GB table), for (ROWS, num_warps) around tile_config's choice.
 - host: eager calls back to back at one bag of 32 rows (the kernel takes microseconds, so the time per call is
-  the host's): torch's F.embedding_bag, ours (checked, the default), ours unchecked, ours through the
+  the host's): torch's F.embedding_bag, ours (the default: so small a call runs torch's own op since the
+  rule of ops/embedding_bag.py), ours unchecked (the kernel), ours through the
   torch.library dispatcher (what a call needing autograd pays), and forest_predict on one sample; and the
   layers under ours: the kernel's launch alone (Triton's kernel[grid], and the ops' lean launch, which skips
   Triton's per-launch check of the kernel's globals: ops/lean_launch.py), launch_kernel (the launch with its
@@ -95,9 +96,9 @@ def host(reps: int) -> dict:
     plan, state = torch.empty(1, dtype=torch.int32, device="cuda"), torch.empty(1, dtype=torch.int64, device="cuda")
 
     def launch_alone(launcher):  # the floor of any Triton op: the kernel's launch, nothing else
-        return lambda: launcher[(1,)](input, offsets, weight, out, out, input.numel(), 1, weight.size(0),
+        return lambda: launcher[(1,)](input, offsets, weight, out, out, 1, input.numel(), 1, weight.size(0),
                                       weight.size(1), weight.stride(0), -1, plan, state, MODE=0, HAS_PSW=False,
-                                      CHECK=False, ROWS=32, BLOCK_D=64, PLACE=PLACE_DIRECT, num_warps=1)
+                                      CHECK=False, ROWS=32, BAGS=1, BLOCK_D=64, PLACE=PLACE_DIRECT, num_warps=1)
 
     calls = {
         "F.embedding_bag": lambda: F.embedding_bag(input, weight, offsets, mode="sum"),
@@ -115,11 +116,32 @@ def host(reps: int) -> dict:
     return times
 
 
+def _forest_cases(seed: int):
+    """(trees, depth, the fitted random forest on the GPU (dfs layout), [(batch, x)]) for 500 trees at depth 8
+    and 12 (3 and 14 MB of nodes, L2-resident) and batches of 1 sample, one per SM (132) and 1,024."""
+    import numpy as np
+    import torch
+    from bench_ops import N_FEATURES, _fit
+
+    from torch_l2topo.ops import Forest
+
+    rng = np.random.default_rng(seed)
+    for trees, depth in ((500, 8), (500, 12)):
+        forest = Forest.from_sklearn(_fit("random_forest", trees, depth), layout="dfs").to("cuda")
+        yield trees, depth, forest, [
+            (batch, torch.from_numpy(rng.normal(size=(batch, N_FEATURES)).astype(np.float32)).cuda())
+            for batch in (1, 132, 1024)]
+
+
+def _graph_row(trees: int, depth: int, batch: int, times: dict) -> dict:
+    return {"trees": trees, "depth": depth, "batch": batch, "impl": times,
+            "ms_per_call": {k: v["p50"] / GRAPH_CALLS for k, v in times.items()}}
+
+
 def forest_copies(reps: int) -> list:
     """forest_predict on one copy of the nodes against per-partition copies (Forest.per_partition: every SM walks
-    the copy homed in its own L2 partition), in CUDA graphs of GRAPH_CALLS calls (GPU time), interleaved rounds;
-    random forests of 500 trees at depth 8 and 12 (3 and 14 MB of nodes, L2-resident), batches of 1 sample, one
-    per SM (132) and 1,024. Predictions compared bit for bit first.
+    the copy homed in its own L2 partition), in CUDA graphs of GRAPH_CALLS calls (GPU time), interleaved rounds,
+    on _forest_cases. Predictions compared bit for bit first.
 
     The bound beside it: the same copies with every SM sent to the copy homed in the other partition
     (far_copies). Near against far is the whole effect of where the nodes are homed; one copy, homed half and
@@ -127,28 +149,22 @@ def forest_copies(reps: int) -> list:
     needs to be within reach)."""
     import dataclasses
 
-    import numpy as np
     import torch
-    from bench_ops import N_FEATURES, _fit
 
-    from torch_l2topo.ops import Forest, forest_predict
+    from torch_l2topo.ops import forest_predict
 
     rows = []
-    rng = np.random.default_rng(1)
-    for trees, depth in ((500, 8), (500, 12)):
-        forest = Forest.from_sklearn(_fit("random_forest", trees, depth), layout="dfs").to("cuda")
+    for trees, depth, forest, batches in _forest_cases(1):
         copies = forest.per_partition()
         far = dataclasses.replace(copies, sm_partition=1 - copies.sm_partition)  # every SM on the other copy
-        for batch in (1, 132, 1024):
-            x = torch.from_numpy(rng.normal(size=(batch, N_FEATURES)).astype(np.float32)).cuda()
+        for batch, x in batches:
             expected = forest_predict(forest, x)
             if not (torch.equal(expected, forest_predict(copies, x)) and torch.equal(expected, forest_predict(far, x))):
                 raise AssertionError(f"per-partition copies predict differently ({trees} x d{depth}, batch {batch})")
             times = gpu_rounds({"one_copy": graphed(lambda: forest_predict(forest, x), GRAPH_CALLS),
                                 "per_partition": graphed(lambda: forest_predict(copies, x), GRAPH_CALLS),
                                 "far_copies": graphed(lambda: forest_predict(far, x), GRAPH_CALLS)}, reps)
-            row = {"trees": trees, "depth": depth, "batch": batch, "impl": times,
-                   "ms_per_call": {k: v["p50"] / GRAPH_CALLS for k, v in times.items()},
+            row = {**_graph_row(trees, depth, batch, times),
                    "per_partition_vs_one_copy": times["per_partition"]["p50"] / times["one_copy"]["p50"],
                    "far_vs_near_copies": times["far_copies"]["p50"] / times["per_partition"]["p50"]}
             rows.append(row)
@@ -160,26 +176,21 @@ def forest_copies(reps: int) -> list:
 
 def forest_sum(reps: int) -> list:
     """forest_predict's in-kernel chunk sum at several widths (forest_predict.SUM_VALUES: partial sums the last
-    chunk of a block loads at once), in CUDA graphs of GRAPH_CALLS calls (GPU time), interleaved rounds: the
-    random forests of forest_copies at batches 1, 132 and 1,024. Predictions checked against the widest sum's."""
+    chunk of a block loads at once), in CUDA graphs of GRAPH_CALLS calls (GPU time), interleaved rounds, on
+    _forest_cases. Predictions checked against the widest sum's."""
     import importlib
 
-    import numpy as np
     import torch
-    from bench_ops import N_FEATURES, _fit
 
-    from torch_l2topo.ops import Forest, forest_predict
+    from torch_l2topo.ops import forest_predict
 
     module = importlib.import_module("torch_l2topo.ops.forest_predict")
     default = module.SUM_VALUES
     widths = sorted({1024, 4096, 16384, default})
     rows = []
-    rng = np.random.default_rng(2)
     try:
-        for trees, depth in ((500, 8), (500, 12)):
-            forest = Forest.from_sklearn(_fit("random_forest", trees, depth), layout="dfs").to("cuda")
-            for batch in (1, 132, 1024):
-                x = torch.from_numpy(rng.normal(size=(batch, N_FEATURES)).astype(np.float32)).cuda()
+        for trees, depth, forest, batches in _forest_cases(2):
+            for batch, x in batches:
                 graphs, outputs = {}, {}
                 for width in widths:  # each graph captures the kernel compiled for its width
                     module.SUM_VALUES = width
@@ -188,9 +199,7 @@ def forest_sum(reps: int) -> list:
                     graphs[f"sum_values_{width}"] = graphed(lambda: forest_predict(forest, x), GRAPH_CALLS)
                 for width, out in outputs.items():
                     torch.testing.assert_close(out, outputs[widths[-1]], rtol=1e-5, atol=1e-6)
-                times = gpu_rounds(graphs, reps)
-                row = {"trees": trees, "depth": depth, "batch": batch, "impl": times,
-                       "ms_per_call": {k: v["p50"] / GRAPH_CALLS for k, v in times.items()}}
+                row = _graph_row(trees, depth, batch, gpu_rounds(graphs, reps))
                 rows.append(row)
                 print(f"forest {trees} x d{depth}, batch {batch}: " + ", ".join(
                     f"{k} {v * 1e3:.2f} us" for k, v in row["ms_per_call"].items()), flush=True)
