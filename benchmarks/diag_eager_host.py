@@ -1,12 +1,14 @@
 """Where an eager embedding_bag call's host time goes, on calls so small that the host sets its pace (one bag and
 1,024 bags of 32 rows of 64 fp32, 65,536 bags of 4): torch's op, ours, and each piece of ours on its own, in
-microseconds of host time per call (2,000 calls back to back, after a warm-up), plus a cProfile of ours.
+microseconds of host time per call (2,000 calls back to back, after a warm-up), plus cProfiles of ours and of
+the kernel's eager path; and forest_predict on one sample, the same way.
 
     python benchmarks/diag_eager_host.py --out benchmarks/results/diagnosis/eager_host_h200.json
 """
 from __future__ import annotations
 
 import cProfile
+import importlib
 import io
 import pstats
 import time
@@ -14,6 +16,7 @@ import time
 from common import gpu_parser, write_result
 
 CALLS = 2000
+PROFILED = ("ours", "ours._forward")  # cProfiled: torch's op behind our rule, and the kernel's eager path
 
 
 def host_us(fn, calls: int = CALLS) -> float:
@@ -34,8 +37,6 @@ def host_us(fn, calls: int = CALLS) -> float:
 
 
 def pieces(batch: int, bag: int) -> dict:
-    import importlib
-
     import torch
     import torch.nn.functional as F
     from triton.runtime.driver import driver
@@ -91,15 +92,43 @@ def pieces(batch: int, bag: int) -> dict:
         "is_compiling": torch.compiler.is_compiling,
     }
     times = {name: host_us(fn) for name, fn in ops.items()}
+    return {"host_us": times, "cprofile_tottime": {name: profiled(ops[name]) for name in PROFILED}}
+
+
+def profiled(fn) -> str:
+    """cProfile of CALLS calls of fn, by each function's own time (its first 30 lines)."""
+    import torch
+
     profile = cProfile.Profile()
     profile.enable()
     for _ in range(CALLS):
-        ops["ours"]()
+        fn()
     profile.disable()
     torch.cuda.synchronize()
     text = io.StringIO()
     pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(30)
-    return {"host_us": times, "cprofile_ours_tottime": text.getvalue()}
+    return text.getvalue()
+
+
+def forest_pieces() -> dict:
+    """The same for forest_predict on one sample (100 boosted trees of depth 6, as bench_ops fits them): the
+    whole call, the op's body, and its two allocations."""
+    import torch
+    from bench_ops import N_FEATURES, _fit
+
+    from torch_l2topo.ops import Forest, forest_predict
+
+    fp_module = importlib.import_module("torch_l2topo.ops.forest_predict")  # the package exports the function
+    forest = Forest.from_sklearn(_fit("boosting", 100, 6)).to("cuda")
+    x = torch.randn(1, N_FEATURES, device="cuda")
+    args = (forest.nodes, forest.values, forest.roots, forest.groups, forest.base, x, forest.depth,
+            forest.divisor, "plain", forest.sm_partition, forest.transform)
+    ops = {"forest_predict": lambda: forest_predict(forest, x),
+           "forest _forest_predict": lambda: fp_module._forest_predict(*args),
+           "forest new_empty x2": lambda: (torch.empty((1, 2), device="cuda"), torch.empty((8, 1, 1),
+                                                                                          device="cuda"))}
+    times = {name: host_us(fn) for name, fn in ops.items()}
+    return {"host_us": times, "cprofile_tottime": {"forest_predict": profiled(ops["forest_predict"])}}
 
 
 def main(argv=None) -> dict:
@@ -110,7 +139,12 @@ def main(argv=None) -> dict:
         figures[f"{batch} bags of {bag}"] = result = pieces(batch, bag)
         for k, v in result["host_us"].items():
             print(f"  {batch:5d} bags of {bag:2d}  {k:32s} {v:7.2f} us", flush=True)
-        print(result["cprofile_ours_tottime"][:4000], flush=True)
+    figures["forest, 1 sample"] = result = forest_pieces()
+    for k, v in result["host_us"].items():
+        print(f"  forest, 1 sample  {k:32s} {v:7.2f} us", flush=True)
+    for name, result in figures.items():
+        for op, text in (result.get("cprofile_tottime", {}) if isinstance(result, dict) else {}).items():
+            print(f"--- {name}: {op}\n{text[:3500]}", flush=True)
     write_result(args.out, figures, args.device)
     return figures
 
