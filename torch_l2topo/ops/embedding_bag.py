@@ -31,25 +31,29 @@ Dispatch: an eager call that needs no autograd graph calls the implementation di
 the dispatcher costs tens of microseconds per call); everything else goes through the op.
 
 Small eager calls run torch's own op (policy "auto" only; `torch_op_is_faster`). A call launched from Python
-spends 43-80 us on the host of the H200 machines before its kernel runs (the whole call, arguments checked,
-output allocated, Triton's launcher: benchmarks/results/diagnosis/eager_host_h200.json, where torch's own call
-took 13-33 us), so a call that torch's op finishes on the GPU in less than TORCH_OP_BELOW_US is faster through
-torch when nothing else is queued, as in an eager loop of small steps. Such a call (1-D input with offsets, no
-per_sample_weights or padding_idx, no autograd, indices checked (torch's op asserts on a bad index where the
-unchecked kernel skips it), outside compilation and CUDA graph capture) goes straight to
-torch.embedding_bag, the function torch.nn.functional.embedding_bag ends in, with the same arguments; whatever it
-raises is torch's own error. The GPU time of torch's op is estimated by TORCH_US_PER_MB, _PER_BAG and _PER_ROW,
-a non-negative least-squares fit to its CUDA-graph times on an H200 (11 shapes, 6 us to 0.51 ms:
-benchmarks/results/history/ops_h200_f8be5465b3a1_before_torch_op_rule.json); benchmarks/results/ops_h200.json,
-a later run with four shapes outside the fit, tests the rule (tests/test_ops_embedding_bag.py). In a CUDA
-graph, or when the GPU is busy and host time is hidden, the kernel is the faster one (2.8-4.1 us against
-torch's 6-8 us at 1-1,024 bags of 32 rows), which is why graphs and compiled code keep it.
+spends 37-80 us on the host of the H200 machines before its kernel runs (the whole call, arguments checked,
+output allocated, Triton's launcher: benchmarks/results/diagnosis/eager_host_h200.json and the run before it in
+results/history, where torch's own call took 11-33 us), so a call that torch's op finishes on the GPU in less
+than TORCH_OP_BELOW_US is faster through torch when nothing else is queued, as in an eager loop of small steps.
+Such a call (1-D input with offsets, no per_sample_weights or padding_idx, no autograd, indices checked (torch's
+op asserts on a bad index where the unchecked kernel skips it), outside compilation and CUDA graph capture) goes
+straight to torch.embedding_bag, the function torch.nn.functional.embedding_bag ends in, with the same
+arguments; whatever it raises is torch's own error. The GPU time of torch's op is estimated by `torch_op_us`: a
+non-negative least-squares fit (benchmarks/fit_torch_op_rule.py) to its CUDA-graph times on an H200 in the
+fp32 rows of the issue's full grid (68 shapes, tables of 1 MB to 4 GB: benchmarks/results/ops_full/), with a
+term per row of the mean bag (torch walks a bag's rows in turn: one bag of 256 rows takes ~29 us) and a dearer
+MB for tables larger than the L2 (1,024 bags of 256 fp32 rows took 76-80 us from 256 MB and 4 GB tables, 42-43 us
+from 1 and 16 MB). The rule is tested (tests/test_ops_embedding_bag.py) against the bf16 rows of that run and
+against two default-grid runs on other H200s, none of them fitted. In a CUDA graph, or when the GPU is busy
+and host time is hidden, the kernel is the faster one (2.8-4.1 us against torch's 6-8 us at 1-1,024 bags of 32
+rows), which is why graphs and compiled code keep it.
 
 Placement: `policy=` takes the placement policies and "auto"; the kernel's item loop runs on the placement
 helpers (policy.py says how a call is launched). Items are groups of BAGS consecutive bags (bags_per_program).
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -77,11 +81,17 @@ MAX_WARPS = 8
 # Short bags come several to a program (bags_per_program), as long as the launch keeps this many programs: ~8
 # single-warp programs per H200 SM, each with a tile of up to 8 KB of rows in flight (8 MB at once over the GPU).
 MIN_PROGRAMS = 1024
-# Small eager calls: torch's op where its estimated GPU time is below our call's host time (module doc)
-TORCH_OP_BELOW_US = 60.0     # within our eager call's host time on the H200 machines (43-80 us), not tuned
-TORCH_US_PER_MB = 0.39       # torch's op, per MB of rows read
-TORCH_US_PER_BAG = 0.69e-3   # per bag
-TORCH_US_PER_ROW = 0.025e-3  # per row read
+# Small eager calls: torch's op where its estimated GPU time is below our call's host time (module doc).
+# The threshold is the geometric mean of our eager call's whole host time on two H200 hosts (37.6 and 72.1 us:
+# diagnosis/eager_host_h200.json and history/eager_host_h200_87d6e450cf88.json), so that a wrong choice costs
+# the same ratio at most on either host; not tuned on the timings the rule is tested against.
+TORCH_OP_BELOW_US = 52.0
+# torch's op on the H200 (benchmarks/fit_torch_op_rule.py, fp32 rows of benchmarks/results/ops_full/):
+TORCH_US_PER_BAG_ROW = 0.147   # per row of the mean bag: torch's op reads a bag's rows one after another
+TORCH_US_PER_MB = 0.291        # per MB of rows read from a table that fits in the L2
+TORCH_US_PER_DRAM_MB = 0.464   # per MB of rows read from a larger table
+TORCH_US_PER_BAG = 0.657e-3    # per bag
+TORCH_US_PER_ROW = 8.68e-6     # per row read
 
 
 def embedding_bag(input: torch.Tensor, weight: torch.Tensor, offsets: Optional[torch.Tensor] = None,
@@ -161,16 +171,26 @@ def torch_op_is_faster(input, weight, offsets, mode, per_sample_weights=None, pa
     if type(weight) is not torch.Tensor or not weight.is_cuda or weight.dtype not in KERNEL_DTYPES \
             or weight.dim() != 2 or input.dim() != 1 or offsets.dim() != 1:
         return False
-    if torch_op_us(input.numel(), offsets.numel(), weight.size(1) * weight.element_size()) >= TORCH_OP_BELOW_US \
+    row_bytes = weight.shape[1] * weight.element_size()
+    if torch_op_us(input.numel(), offsets.numel(), row_bytes, weight.shape[0] * row_bytes,
+                   l2_bytes(weight.get_device())) >= TORCH_OP_BELOW_US \
             or (torch.is_grad_enabled() and weight.requires_grad):
         return False
     return not torch._C._cuda_isCurrentStreamCapturing()
 
 
-def torch_op_us(rows: int, bags: int, row_bytes: int) -> float:
+def torch_op_us(rows: int, bags: int, row_bytes: int, table_bytes: int, l2: int) -> float:
     """torch's embedding_bag on the H200, estimated GPU microseconds for `rows` rows of `row_bytes` in `bags` bags
-    (module doc)."""
-    return rows * row_bytes * 1e-6 * TORCH_US_PER_MB + bags * TORCH_US_PER_BAG + rows * TORCH_US_PER_ROW
+    of a table of `table_bytes`, on a GPU whose L2 holds `l2` bytes (module doc)."""
+    per_mb = TORCH_US_PER_MB if table_bytes <= l2 else TORCH_US_PER_DRAM_MB
+    return (rows / max(bags, 1) * TORCH_US_PER_BAG_ROW + rows * row_bytes * 1e-6 * per_mb + bags * TORCH_US_PER_BAG
+            + rows * TORCH_US_PER_ROW)
+
+
+@functools.lru_cache(maxsize=None)
+def l2_bytes(index: int) -> int:
+    """L2 bytes of CUDA device `index` (cached: reading the properties costs microseconds per call)."""
+    return torch.cuda.get_device_properties(index).L2_cache_size
 
 
 def _promoted_indices(input, offsets):
