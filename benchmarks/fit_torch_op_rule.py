@@ -38,6 +38,11 @@ def shape_rows(paths) -> list:
     return out
 
 
+def fitted_rows(paths=FIT_RUNS) -> list:
+    """The shapes the constants are fitted to: the fp32 "sum" rows."""
+    return [r for r in shape_rows(paths) if r[0]["dtype"] == "float32" and r[0]["mode"] == "sum"]
+
+
 def features(row: dict, l2_bytes: int) -> list:
     """The fit's terms for one shape (the same arithmetic as torch_op_us)."""
     itemsize = {"float32": 4, "bfloat16": 2, "float16": 2}[row["dtype"]]
@@ -62,7 +67,7 @@ def main(argv=None) -> np.ndarray:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--from", dest="paths", nargs="+", default=FIT_RUNS)
     args = p.parse_args(argv)
-    rows = [r for r in shape_rows(args.paths) if r[0]["dtype"] == "float32" and r[0]["mode"] == "sum"]
+    rows = fitted_rows(args.paths)
     coef = fit(rows)
     print(f"# fitted to {len(rows)} fp32 'sum' shapes of {len(args.paths)} files")
     for name, value in zip(NAMES, coef):

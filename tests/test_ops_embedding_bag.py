@@ -307,8 +307,8 @@ def test_compiles_with_fullgraph(table):
 
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
-# H200 runs the rule's estimate was not fitted to (its fit: the fp32 rows of results/ops_full, fit_torch_op_rule)
 HISTORY = RESULTS / "history"
+# H200 runs the rule's estimate was not fitted to (its fit: the fp32 rows of results/ops_full, fit_torch_op_rule)
 HELD_OUT = {"full grid, bf16 rows": (fit_rule.FIT_RUNS, "bfloat16"),
             "default grid, H200 87d6e450cf88": ([RESULTS / "ops_h200.json"], None),
             "default grid, H200 f8be5465b3a1": ([HISTORY / "ops_h200_f8be5465b3a1_before_torch_op_rule.json"], None)}
@@ -322,7 +322,7 @@ def _estimate(eager: dict, l2: int) -> float:
 
 def test_torch_op_rule_is_the_documented_fit():
     # the constants are what benchmarks/fit_torch_op_rule.py fits, and torch_op_us is the fit's own sum of terms
-    rows = [r for r in fit_rule.shape_rows(fit_rule.FIT_RUNS) if r[0]["dtype"] == "float32" and r[0]["mode"] == "sum"]
+    rows = fit_rule.fitted_rows()
     assert len(rows) >= 60
     constants = [getattr(bags, name) for name in fit_rule.NAMES]
     assert fit_rule.fit(rows) == pytest.approx(constants, rel=5e-3)
