@@ -3,7 +3,10 @@
 # Writes everything under $OUT/r and packs it as $OUT/r.tgz. Steps are independent: one failing does not
 # stop the others (each logs to $OUT/r/<step>.log).
 #   bash benchmarks/run_h200_suite.sh [steps...]     steps: tests noise trust placement partition green replication
-#                                                    fingerprints sanitizer ops profiler
+#                                                    fingerprints sanitizer ops ops-full profiler
+# ops-full: the ops' full grid (docs/ops_full_grid.md) in slices, $OPS_FULL of them (default all ten:
+# "embedding_bag:1/4 ... forest:6/6"), packing $OUT/r.tgz after each, so a call that runs out of time still
+# returns the slices it finished (the device tool returns a few files per call: one archive).
 set -u
 python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -1
 export PYTHONUNBUFFERED=1 MAX_JOBS=16
@@ -12,6 +15,8 @@ mkdir -p "$R/calibrations" "$R/trust"
 NGPU=$(python3 -c 'import torch; print(torch.cuda.device_count())')
 steps=${*:-tests noise trust placement partition}
 run() { echo "== $1 $(date +%T)"; }
+pack() { (cd "$OUT" && tar czf r.tgz r); }
+OPS_FULL=${OPS_FULL:-"embedding_bag:1/4 embedding_bag:2/4 embedding_bag:3/4 embedding_bag:4/4 forest:1/6 forest:2/6 forest:3/6 forest:4/6 forest:5/6 forest:6/6"}
 for step in $steps; do
   run "$step"
   case $step in
@@ -31,6 +36,13 @@ for step in $steps; do
     ops) (cd benchmarks && python3 bench_ops_kernels.py --only host --only tiles --out "$R/ops_kernels_h200.json" 2>&1 | tee "$R/ops_kernels.log" | tail -4
           python3 bench_ops_kernels.py --only forest_copies --reps 7 --out "$R/ops_forest_copies_h200.json" 2>&1 | tee "$R/copies.log" | tail -7
           python3 bench_ops.py --reps 9 --out "$R/ops_h200.json" 2>&1 | tee "$R/ops.log" | tail -40) ;;
+    ops-full) mkdir -p "$R/ops_full"
+              for slice in $OPS_FULL; do
+                op=${slice%%:*} part=${slice#*:}; short=${op/embedding_bag/eb}; name="ops_full_h200_${short}_${part%%/*}"
+                (cd benchmarks && python3 bench_ops.py --grid full --only "$op" --part "$part" --reps 5 \
+                   --out "$R/ops_full/$name.json" > "$R/ops_full/$name.log" 2>&1; tail -2 "$R/ops_full/$name.log")
+                pack
+              done ;;
     profiler) (cd benchmarks && python3 bench_profiler.py --device 0 --reps 4 --cycles 8 --out "$R/profiler_h200.json" 2>&1 | tee "$R/profiler.log" | tail -8) ;;
   esac
 done
