@@ -192,8 +192,9 @@ def torch_op_us(rows: int, bags: int, row_bytes: int, table_bytes: int, l2: int)
 
 @functools.lru_cache(maxsize=None)
 def l2_bytes(index: int) -> int:
-    """L2 bytes of CUDA device `index` (cached: reading the properties costs microseconds per call)."""
-    return torch.cuda.get_device_properties(index).L2_cache_size
+    """L2 bytes of CUDA device `index` (cached: reading the properties costs microseconds per call); 0 where torch
+    does not report it (every table then counts as beyond the L2, as device.device_info reads it)."""
+    return int(getattr(torch.cuda.get_device_properties(index), "L2_cache_size", 0))
 
 
 def _promoted_indices(input, offsets):
