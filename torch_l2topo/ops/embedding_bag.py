@@ -53,12 +53,11 @@ helpers (policy.py says how a call is launched). Items are groups of BAGS consec
 """
 from __future__ import annotations
 
-import functools
 from typing import Optional
 
 import torch
 
-from .policy import AUTO, check_policy, direct_call, launch_placed, triton_launcher
+from .policy import AUTO, check_policy, device_properties, direct_call, launch_placed, pow2, triton_launcher
 
 try:
     from ..triton_kernels.embedding_bag import embedding_bag_backward_kernel, embedding_bag_kernel
@@ -190,11 +189,10 @@ def torch_op_us(rows: int, bags: int, row_bytes: int, table_bytes: int, l2: int)
         + bags * TORCH_US_PER_BAG
 
 
-@functools.lru_cache(maxsize=None)
 def l2_bytes(index: int) -> int:
-    """L2 bytes of CUDA device `index` (cached: reading the properties costs microseconds per call); 0 where torch
-    does not report it (every table then counts as beyond the L2, as device.device_info reads it)."""
-    return int(getattr(torch.cuda.get_device_properties(index), "L2_cache_size", 0))
+    """L2 bytes of CUDA device `index`; 0 where torch does not report it (every table then counts as beyond the
+    L2, as device.device_info reads it)."""
+    return getattr(device_properties(index), "L2_cache_size", 0)
 
 
 def _promoted_indices(input, offsets):
@@ -262,16 +260,12 @@ def _runs_on_triton(weight) -> bool:
     return weight.is_cuda and weight.dtype in KERNEL_DTYPES and embedding_bag_kernel is not None
 
 
-def _pow2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
-
-
 def tile_config(n_indices: int, n_bags: int, dim: int, itemsize: int = 4) -> tuple:
     """(ROWS, BLOCK_D, num_warps) of the kernels: a chunk of ROWS rows covers a typical bag in one step, up to
     TILE_BYTES per tile, with one warp per BYTES_PER_WARP (at most MAX_WARPS)."""
-    block_d = _pow2(dim)
+    block_d = pow2(dim)
     mean_rows = max(1, -(-n_indices // max(n_bags, 1)))
-    rows = min(_pow2(mean_rows), max(1, TILE_BYTES // (block_d * itemsize)))
+    rows = min(pow2(mean_rows), max(1, TILE_BYTES // (block_d * itemsize)))
     return rows, block_d, min(MAX_WARPS, max(1, rows * block_d * itemsize // BYTES_PER_WARP))
 
 

@@ -33,7 +33,7 @@ from typing import Optional
 import torch
 
 from .forest import TRANSFORMS, Forest
-from .policy import check_policy, direct_call, launch_placed, traced, triton_launcher
+from .policy import check_policy, device_properties, direct_call, launch_placed, pow2, traced, triton_launcher
 
 try:
     from ..triton_kernels.forest import forest_kernel
@@ -101,14 +101,10 @@ def _runs_on_triton(x) -> bool:
     return x.is_cuda and forest_kernel is not None
 
 
-def _pow2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
-
-
 def work_split(n_samples: int, n_trees: int, n_sm: int) -> tuple:
     """(BLOCK_S, BLOCK_T, sample blocks, tree chunks, trees per chunk): LANES walks per program; the trees cut
     into chunks (whole BLOCK_T tiles) until there are ITEMS_PER_SM items per SM, or one tile per chunk."""
-    block_s = min(MAX_BLOCK_S, _pow2(max(n_samples, 1)))
+    block_s = min(MAX_BLOCK_S, pow2(max(n_samples, 1)))
     block_t = LANES // block_s
     n_blocks = -(-n_samples // block_s)
     wanted = -(-ITEMS_PER_SM * n_sm // n_blocks)
@@ -122,14 +118,13 @@ def _shape(n_samples: int, n_trees: int, n_sm: int, n_outputs: int) -> tuple:
     """work_split, OUT_PAD and SUM_CHUNKS (a power of two) of a launch, cached: host time is most of a small
     call."""
     split = work_split(n_samples, n_trees, n_sm)
-    out_pad = _pow2(n_outputs)
+    out_pad = pow2(n_outputs)
     return (*split, out_pad, 1 << (max(1, SUM_VALUES // (split[0] * out_pad)).bit_length() - 1))
 
 
-@functools.lru_cache(maxsize=None)
 def sm_count(index: int) -> int:
-    """SMs of CUDA device `index` (cached: reading the properties costs microseconds per call)."""
-    return torch.cuda.get_device_properties(index).multi_processor_count
+    """SMs of CUDA device `index`."""
+    return device_properties(index).multi_processor_count
 
 
 def launch_kernel(nodes, values, roots, groups, base, x, depth: int, divisor: float, n_sm: int,

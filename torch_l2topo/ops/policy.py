@@ -27,6 +27,8 @@ autograd wrapper, the redispatch), more than a small launch's whole kernel.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..errors import check_choice
@@ -40,6 +42,18 @@ POLICY_CHOICES = (*POLICIES, AUTO)
 
 _placements: dict = {}    # (op, policy) -> Placement
 _unread: dict = {}        # device -> (plan, state) of plain launches
+
+
+def pow2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1): the ops' tile and block sizes."""
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+@functools.lru_cache(maxsize=None)
+def device_properties(index: int):
+    """torch.cuda.get_device_properties(index), read once: a read costs microseconds, and the ops' launch shapes
+    read the SM count and the L2's size on every call."""
+    return torch.cuda.get_device_properties(index)
 
 
 def check_policy(policy: str) -> str:
