@@ -12,14 +12,15 @@ whose tensors would not fit is recorded as skipped), and against scikit-learn's 
 
 Every row: time_ms (median of --reps rounds, p20/p80 kept per implementation), vs_reference (ours over the best
 reference: torch's op / Hummingbird's best strategy), vs_plain (ours over the same kernel as a plain launch),
-auto_chose (what policy "auto" resolves to: plain, ops/policy.py says why; "torch" for the small eager
-embedding bags that it sends to torch's own op, ops/embedding_bag.py says why). In each round every implementation
+auto_chose (what policy "auto" resolves to: plain, ops/policy.py says why; "eager C++" for the small eager
+embedding bags that it sends to the C++ eager kernel, ops/eager_bags.py says why, or "torch" where that kernel
+is not built and they run torch's own op). In each round every implementation
 runs `inner` calls back to back between two CUDA events (interleaved, in a new random order each round, so
 drift and round order touch all alike); results are checked against torch / scikit-learn once per row before
 timing. An entry whose one call takes over SLOW_CALL_MS is timed by that call alone ("one_call", n = 1), and
 scikit-learn's CPU predict is skipped where one call would take over CPU_SECONDS (the reason is recorded).
 --grid full is the issue's whole grid (tables 1 MB-4 GB, bags 1-256, batch 1-65,536; forests 10-2,000 trees,
-depth 4-12, batch 1-1M), not yet run on a GPU: its forests alone take minutes each to fit and convert, so it
+depth 4-12, batch 1-1M; docs/ops_full_grid.md): its forests alone take minutes each to fit and convert, so it
 runs in slices (--part K/N, one file each) within a device call's 10 minutes; the default grid (~3 min on an
 H200) keeps the target shape and one point per axis.
 
@@ -172,8 +173,15 @@ def part_of(items: list, part: tuple) -> list:
 
 
 def bench_embedding_bag(grid: str, reps: int, part: tuple = (1, 1)) -> list:
+    import torch
+
+    from torch_l2topo.ops.eager_bags import wait_for_build
+
     configs = part_of(BAG_GRIDS[grid], part)
-    print(f"embedding_bag: {len(configs)} shapes, eager and CUDA graph", flush=True)
+    # the small eager calls' C++ kernel is built in the background on first use: time what a warm program runs
+    built = wait_for_build(torch.cuda.current_device(), timeout=900)
+    print(f"embedding_bag: {len(configs)} shapes, eager and CUDA graph; small eager calls on "
+          f"{'the C++ eager kernel' if built else 'torch op (the C++ eager kernel did not build)'}", flush=True)
     rows = []
     for i, config in enumerate(configs):
         eager, in_graph = bag_rows(*config, reps=reps)
@@ -193,7 +201,8 @@ def bag_rows(table_mb: int, dim: int, dtype_name: str, bag: int, batch: int, mod
     import torch.nn.functional as F
 
     from torch_l2topo.ops import embedding_bag
-    from torch_l2topo.ops.embedding_bag import torch_op_is_faster
+    from torch_l2topo.ops.eager_bags import torch_bags
+    from torch_l2topo.ops.embedding_bag import eager_launch
 
     dtype = getattr(torch, dtype_name)
     n_rows = max(bag, (table_mb << 20) // (dim * dtype.itemsize))
@@ -218,8 +227,9 @@ def bag_rows(table_mb: int, dim: int, dtype_name: str, bag: int, batch: int, mod
     references = ("F.embedding_bag", "nn.EmbeddingBag")
     timings = gpu_rounds(calls, reps)
     eager = summary({**shape, "timing": "eager", "impl": timings}, "ours", references, "plain")
-    if torch_op_is_faster(input, weight, offsets, mode):
-        eager["auto_chose"] = "torch"
+    launch = eager_launch(input, weight, offsets, mode)
+    if launch is not None:
+        eager["auto_chose"] = "torch" if launch is torch_bags else "eager C++"
     times = eager["impl"]
     eager["unchecked_vs_reference"] = times["ours_unchecked"]["p50"] / times[eager["reference"]]["p50"]
     # the check needs no host sync, so a graph captures the default call

@@ -1,5 +1,6 @@
 """Where an eager embedding_bag call's host time goes, on calls so small that the host sets its pace (one bag and
-1,024 bags of 32 rows of 64 fp32, 65,536 bags of 4): torch's op, ours, and each piece of ours on its own, in
+1,024 bags of 32 rows of 64 fp32, 65,536 bags of 4): torch's op, ours (the C++ eager kernel, and the same rule in
+front of torch's op as before that kernel), and each piece of ours on its own, in
 microseconds of host time per call (2,000 calls back to back, after a warm-up), plus cProfiles of ours and of
 the kernel's eager path; and forest_predict on one sample, the same way.
 
@@ -16,7 +17,7 @@ import time
 from common import gpu_parser, write_result
 
 CALLS = 2000
-PROFILED = ("ours", "ours._forward")  # cProfiled: torch's op behind our rule, and the kernel's eager path
+PROFILED = ("ours", "ours._forward")  # cProfiled: the small eager call, and the Triton kernel's eager path
 
 
 def host_us(fn, calls: int = CALLS) -> float:
@@ -43,6 +44,7 @@ def pieces(batch: int, bag: int) -> dict:
     from triton.runtime.jit import compute_cache_key
 
     from torch_l2topo.ops import embedding_bag
+    from torch_l2topo.ops.eager_bags import eager_device, torch_bags
     from torch_l2topo.ops.lean_launch import _options, lean
     from torch_l2topo.ops.policy import _unread_plan, direct_call
     from torch_l2topo.triton_kernels.embedding_bag import embedding_bag_kernel
@@ -69,6 +71,16 @@ def pieces(batch: int, bag: int) -> dict:
     stream = driver.active.get_current_stream(device)
     values = tuple(bound.values())
 
+    device_state = eager_device(torch.cuda.current_device())
+    eager_bags = device_state.launch  # the C++ module's function (main waited for its build)
+
+    def ours_torch_behind():  # the rule in front of torch's op, as before the C++ eager kernel
+        device_state.launch = torch_bags
+        try:
+            return embedding_bag(input, weight, offsets, mode="sum")
+        finally:
+            device_state.launch = eager_bags
+
     def run_only():
         compiled.run(grid[0], 1, 1, stream, compiled.function, compiled.packed_metadata, None, None, None, *values)
 
@@ -76,6 +88,8 @@ def pieces(batch: int, bag: int) -> dict:
         "F.embedding_bag": lambda: F.embedding_bag(input, weight, offsets, mode="sum"),
         "torch.embedding_bag (aten)": lambda: torch.embedding_bag(weight, input, offsets, False, 0),
         "ours": lambda: embedding_bag(input, weight, offsets, mode="sum"),
+        "ours, torch's op behind the rule": ours_torch_behind,
+        "eager C++ bags": lambda: eager_bags(weight, input, offsets, 0, False),
         "ours, plain unchecked": lambda: embedding_bag(input, weight, offsets, mode="sum", policy="plain",
                                                        check_indices=False),
         "ours._forward": lambda: eb_module._forward(input, offsets, weight, None, 0, -1, False, False, "plain"),
@@ -134,6 +148,13 @@ def forest_pieces() -> dict:
 def main(argv=None) -> dict:
     p = gpu_parser(__doc__, reps=1)
     args = p.parse_args(argv)
+    import torch
+
+    from torch_l2topo.ops.eager_bags import wait_for_build
+
+    torch.cuda.set_device(args.device)
+    if not wait_for_build(args.device, timeout=900):
+        raise SystemExit("the C++ eager kernel did not build (see the log above): nothing to compare")
     figures = {"calls": CALLS}
     for batch, bag in ((1, 32), (1024, 32), (65536, 4)):
         figures[f"{batch} bags of {bag}"] = result = pieces(batch, bag)

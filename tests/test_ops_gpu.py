@@ -27,6 +27,15 @@ TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2 ** -7, torch.float16: 2 ** -
 N_ROWS = 1000
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _eager_kernel_built():
+    """Small eager calls under "auto" run the C++ eager kernel once its background build is done: wait for it,
+    so that every test here sees what a warm program runs (test_small_eager_calls_... checks it did build)."""
+    from torch_l2topo.ops.eager_bags import wait_for_build
+
+    wait_for_build(torch.cuda.current_device(), timeout=900)
+
+
 def _bag_case(seed: int, n_bags: int, max_rows: int, int32=False):
     """Indices and offsets of n_bags bags of 0 to max_rows rows (some empty), on the GPU."""
     g = torch.Generator().manual_seed(seed)
@@ -94,21 +103,25 @@ embedding_bag(torch.tensor([1, 99, 2], device="cuda"), weight, torch.tensor([0, 
 torch.cuda.synchronize()
 print("a good call passed", flush=True)
 input, offsets = {"index": ([1, 100, 2], [0, 2]), "offsets": ([1, 99, 2], [0, 3, 2])}[sys.argv[1]]
-embedding_bag(torch.tensor(input, device="cuda"), weight, torch.tensor(offsets, device="cuda"), policy="plain")
+if sys.argv[2] == "auto":  # a small eager call: the C++ eager kernel, once built
+    from torch_l2topo.ops.eager_bags import wait_for_build
+    assert wait_for_build(0, timeout=900)
+embedding_bag(torch.tensor(input, device="cuda"), weight, torch.tensor(offsets, device="cuda"), policy=sys.argv[2])
 print("launched without a host sync", flush=True)
 torch.cuda.synchronize()
 """
 
 
+@pytest.mark.parametrize("policy", ["plain", "auto"])  # the Triton kernel; the C++ eager kernel (a small call)
 @pytest.mark.parametrize("bad", ["index", "offsets"])
-def test_embedding_bag_out_of_range_indices(bad):
-    # checked (the default; policy "plain": so small a call under "auto" is torch's, with torch's assert): no host
-    # sync; the kernel's device assert stops the program at the next sync (its
+def test_embedding_bag_out_of_range_indices(bad, policy):
+    # checked (the default): no host sync; the kernel's device assert stops the program at the next sync (its
     # own process: a device-side assert leaves the CUDA context unusable), and the device prints the op's message
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-c", _BAD_CALL, bad], capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", _BAD_CALL, bad, policy], capture_output=True, text=True,
+                         timeout=900)
     printed = out.stdout + out.stderr
     assert out.returncode != 0 and "a good call passed" in out.stdout and "launched without a host sync" in out.stdout
     assert "device-side assert" in out.stderr and "embedding_bag: an index is outside" in printed, printed
@@ -124,13 +137,53 @@ def test_embedding_bag_unchecked_skips_out_of_range_indices():
     torch.cuda.synchronize()
 
 
-def test_small_eager_calls_run_torchs_own_op_and_everything_else_the_kernel():
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=str)
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+def test_eager_kernel_matches_torchs_op(mode, dtype):
+    # the C++ eager kernel walks a bag's rows in order in float, as torch's CUDA kernel does: equal to its output,
+    # for every row width (a feature chunk is 128 elements: 6, 64, 200 and 512 cover a partial chunk, a partial
+    # lane set and several chunks), both index dtypes, empty bags, and include_last_offset
+    from torch_l2topo.ops.eager_bags import eager_device
+
+    bags = eager_device(torch.cuda.current_device()).launch
+    code = {"sum": 0, "mean": 1, "max": 2}[mode]
+    for dim in (6, 64, 200, 512):
+        weight = torch.randn(N_ROWS, dim, device="cuda").to(dtype)
+        for int32 in (False, True):
+            input, offsets = _bag_case(dim, 50, 40, int32=int32)
+            last = torch.cat([offsets, offsets.new_tensor([input.numel()])])
+            for offs, include_last in ((offsets, False), (last, True), (offsets[:0], False)):
+                expected = torch.embedding_bag(weight, input, offs, False, code, False, None, include_last)[0]
+                assert torch.equal(bags(weight, input, offs, code, include_last), expected), (dim, int32, include_last)
+
+
+def test_eager_kernel_leaves_other_calls_to_torchs_op():
+    # what the kernel does not take goes to torch's op inside the module: the same results and torch's errors
+    from torch_l2topo.ops.eager_bags import eager_device
+
+    bags = eager_device(torch.cuda.current_device()).launch
+    weight = torch.randn(N_ROWS, 64, device="cuda")
+    input, offsets = _bag_case(5, 30, 20)
+    for args in [(weight[:, ::2], input, offsets), (weight, input.repeat_interleave(2)[::2], offsets),
+                 (weight, input.int(), offsets), (weight.double(), input, offsets)]:
+        assert torch.equal(bags(*args, 0, False), torch.embedding_bag(*args, False, 0)[0])
+    with pytest.raises(RuntimeError) as ours:
+        bags(weight, input, offsets.cpu(), 0, False)
+    with pytest.raises(RuntimeError) as torchs:
+        torch.embedding_bag(weight, input, offsets.cpu(), False, 0)
+    assert str(ours.value).split("\n")[0] == str(torchs.value).split("\n")[0]
+
+
+def test_small_eager_calls_run_the_eager_kernel_and_everything_else_the_triton_kernel():
     from torch_l2topo.ops import lean_launch
-    from torch_l2topo.ops.embedding_bag import TORCH_OP_BELOW_US, l2_bytes, torch_op_us
+    from torch_l2topo.ops.eager_bags import eager_device, torch_bags
+    from torch_l2topo.ops.embedding_bag import TORCH_OP_BELOW_US, torch_op_us
 
     weight = torch.randn(N_ROWS, 64, device="cuda")
     input, offsets = _bag_case(3, 64, 20)
     embedding_bag(input, weight, offsets, mode="sum", policy="plain")  # compiled: later launches are lean
+    device = eager_device(weight.get_device())
+    assert device.launch is not torch_bags, "the C++ eager kernel did not build on this machine"
 
     def launches(**kwargs):
         lean_launch._launches.update(lean=0, triton=0)
@@ -138,9 +191,14 @@ def test_small_eager_calls_run_torchs_own_op_and_everything_else_the_kernel():
                             **{"mode": "sum", **kwargs})
         return got, lean_launch._launches["lean"] + lean_launch._launches["triton"]
 
-    got, n = launches()
-    assert n == 0 and torch.equal(got, F.embedding_bag(input, weight, offsets, mode="sum"))  # torch's op itself
     assert launches(mode="max")[1] == 0
+    built, calls = device.launch, []
+    device.launch = lambda *args: calls.append(args) or built(*args)  # the call goes through the device's launch
+    try:
+        got, n = launches()
+    finally:
+        device.launch = built
+    assert n == 0 and len(calls) == 1 and torch.equal(got, F.embedding_bag(input, weight, offsets, mode="sum"))
     psw = torch.rand(input.numel(), device="cuda")
     for kept in [dict(policy="plain"), dict(check_indices=False), dict(padding_idx=3), dict(per_sample_weights=psw),
                  dict(weight=weight.clone().requires_grad_())]:
@@ -151,7 +209,7 @@ def test_small_eager_calls_run_torchs_own_op_and_everything_else_the_kernel():
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     big_bags = 65536
     # torch's op: longer than our host time
-    assert torch_op_us(4 * big_bags, big_bags, 256, weight.nbytes, l2_bytes(weight.get_device())) >= TORCH_OP_BELOW_US
+    assert torch_op_us(4 * big_bags, big_bags, 256, weight.nbytes, device.l2_bytes) >= TORCH_OP_BELOW_US
     big_input = torch.randint(0, N_ROWS, (4 * big_bags,), device="cuda")
     big_offsets = torch.arange(0, 4 * big_bags, 4, device="cuda")
     got, n = launches(input=big_input, offsets=big_offsets)

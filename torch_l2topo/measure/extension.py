@@ -1,4 +1,5 @@
-"""Builds and loads the CUDA extension (the sources in cuda_ext/) with torch.utils.cpp_extension.
+"""Builds and loads the CUDA extensions (the sources in cuda_ext/) with torch.utils.cpp_extension: the probes'
+(torch.ops.l2topo, `load`) and the eager embedding-bag module (a pybind11 module, `load_eager_bags`).
 
 The build is cached per torch version and GPU architecture (both are in the extension name, so a torch
 upgrade or another GPU never loads a stale binary). torch's own build lock is a plain file that a killed
@@ -10,6 +11,7 @@ line and keeps the compiler's output in the build directory.
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 from ..errors import BackendUnavailable
@@ -20,13 +22,15 @@ ERROR_LOG = "l2topo-build-error.log"
 
 _loaded: dict[str, object] = {}
 _failed: dict[str, str] = {}  # a failed build is not retried in the same process: torch would load a stale .so
+# one build at a time in this process: a build sets TORCH_CUDA_ARCH_LIST, and ops/eager_bags.py builds in a thread
+_building = threading.Lock()
 
 
-def extension_name(cc: tuple[int, int]) -> str:
+def extension_name(cc: tuple[int, int], stem: str = "l2topo_ext") -> str:
     import torch
 
     torch_version = "".join(ch if ch.isalnum() else "_" for ch in torch.__version__)
-    return f"l2topo_ext_torch{torch_version}_sm{cc[0]}{cc[1]}"
+    return f"{stem}_torch{torch_version}_sm{cc[0]}{cc[1]}"
 
 
 def build_root() -> Path:
@@ -36,10 +40,26 @@ def build_root() -> Path:
 
 
 def load(cc: tuple[int, int]):
-    """Build (once) and load the extension for compute capability `cc`; returns the torch.ops namespace."""
+    """Build (once) and load the probes' extension for compute capability `cc`; returns the torch.ops namespace."""
     import torch
 
-    name = extension_name(cc)
+    from torch_l2topo import cuda_ext
+
+    _build(extension_name(cc), cuda_ext.SOURCES, cc, python_module=False)
+    return torch.ops.l2topo
+
+
+def load_eager_bags(cc: tuple[int, int]):
+    """Build (once) and load the eager embedding-bag module (cuda_ext/eager_bindings.cpp) for `cc`."""
+    from torch_l2topo import cuda_ext
+
+    return _build(extension_name(cc, "l2topo_eager_bags"), cuda_ext.EAGER_BAGS_SOURCES, cc, python_module=True)
+
+
+def _build(name: str, sources: tuple, cc: tuple[int, int], python_module: bool):
+    """cpp_extension.load of `sources` as extension `name`, once per process, under the locks (module doc)."""
+    import torch
+
     if name in _loaded:
         return _loaded[name]
     if name in _failed:
@@ -53,16 +73,19 @@ def load(cc: tuple[int, int]):
 
     build_dir = build_root() / name
     build_dir.mkdir(parents=True, exist_ok=True)
-    with exclusive(build_dir / "l2topo.flock", BUILD_LOCK_TIMEOUT_S, "CUDA extension build"):
+    with _building, exclusive(build_dir / "l2topo.flock", BUILD_LOCK_TIMEOUT_S, "CUDA extension build"):
+        if name in _loaded:  # built by another thread while this one waited
+            return _loaded[name]
         stale = build_dir / "lock"
         if stale.exists():
             stale.unlink()
         previous = os.environ.get("TORCH_CUDA_ARCH_LIST")
         os.environ["TORCH_CUDA_ARCH_LIST"] = f"{cc[0]}.{cc[1]}"  # this GPU only: faster, no PTX JIT at start
         try:
-            cpp_extension.load(name=name, sources=[str(cuda_ext.SOURCE_DIR / s) for s in cuda_ext.SOURCES],
-                               extra_cflags=["-O2"], extra_cuda_cflags=["-O3"], build_directory=str(build_dir),
-                               is_python_module=False, verbose=False)
+            module = cpp_extension.load(name=name, sources=[str(cuda_ext.SOURCE_DIR / s) for s in sources],
+                                        extra_cflags=["-O2"], extra_cuda_cflags=["-O3"],
+                                        build_directory=str(build_dir), is_python_module=python_module,
+                                        verbose=False)
         except Exception as exc:  # the compiler's output is long: keep it in a file, say one line
             log = build_dir / ERROR_LOG
             log.write_text(str(exc))
@@ -74,5 +97,5 @@ def load(cc: tuple[int, int]):
                 os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
             else:
                 os.environ["TORCH_CUDA_ARCH_LIST"] = previous
-    _loaded[name] = torch.ops.l2topo
-    return torch.ops.l2topo
+        _loaded[name] = module
+    return module

@@ -57,7 +57,8 @@ from typing import Optional
 
 import torch
 
-from .policy import AUTO, check_policy, device_properties, direct_call, launch_placed, pow2, triton_launcher
+from .eager_bags import eager_device
+from .policy import AUTO, check_policy, direct_call, launch_placed, pow2, triton_launcher
 
 try:
     from ..triton_kernels.embedding_bag import embedding_bag_backward_kernel, embedding_bag_kernel
@@ -91,6 +92,8 @@ TORCH_US_PER_MB = 0.291        # per MB of rows read from a table that fits in t
 TORCH_US_PER_DRAM_MB = 0.464   # per MB of rows read from a larger table
 TORCH_US_PER_BAG = 0.657e-3    # per bag
 TORCH_US_PER_ROW = 8.68e-6     # per row read
+_is_compiling = torch.compiler.is_compiling  # read once: the eager rule's reads are its cost (eager_launch)
+_is_capturing = torch._C._cuda_isCurrentStreamCapturing
 
 
 def embedding_bag(input: torch.Tensor, weight: torch.Tensor, offsets: Optional[torch.Tensor] = None,
@@ -102,10 +105,10 @@ def embedding_bag(input: torch.Tensor, weight: torch.Tensor, offsets: Optional[t
     dtype. policy: "auto", or a placement policy (torch_l2topo.ops.policy). check_indices: check the index
     and offset values (on a GPU inside the kernel, without a host sync: see the module doc). Small eager calls
     under "auto" with checked indices run torch's own op (torch_op_is_faster), which checks them too."""
-    if policy == AUTO and check_indices and torch_op_is_faster(input, weight, offsets, mode, per_sample_weights,
-                                                                padding_idx):
-        return torch.embedding_bag(weight, input, offsets, False, MODES[mode], False, None, include_last_offset,
-                                   None)[0]
+    if policy == AUTO and check_indices:
+        launch = eager_launch(input, weight, offsets, mode, per_sample_weights, padding_idx)
+        if launch is not None:
+            return launch(weight, input, offsets, MODES[mode], include_last_offset)
     check_policy(policy)
     if per_sample_weights is not None and input.size() != per_sample_weights.size():
         raise ValueError(f"embedding_bag: If per_sample_weights ({per_sample_weights.shape}) is not None, then it "
@@ -158,27 +161,29 @@ def embedding_bag(input: torch.Tensor, weight: torch.Tensor, offsets: Optional[t
     return torch.ops.torch_l2topo.embedding_bag(*args)
 
 
-def torch_op_is_faster(input, weight, offsets, mode, per_sample_weights=None, padding_idx=None) -> bool:
-    """True where policy "auto" runs torch's own op: an eager call on plain CUDA tensors (1-D input with 1-D
-    offsets, a 2-D fp32/bf16/fp16 table, no per_sample_weights or padding_idx, a known mode, no autograd),
-    outside compilation and CUDA graph capture, whose work torch's op does on the GPU in less than
-    TORCH_OP_BELOW_US (module doc). Ordered so that a large call is turned away after a few attribute reads."""
-    # compilation first: under torch.compile the size test below would put guards on the sizes. Every read here
-    # is host time on the calls this rule sends to torch's op (0.1-0.2 us each), so each is read once.
-    if torch.compiler.is_compiling() or per_sample_weights is not None or padding_idx is not None \
-            or offsets is None or mode not in MODES:
-        return False
+def eager_launch(input, weight, offsets, mode, per_sample_weights=None, padding_idx=None):
+    """The launch that runs a small eager call under "auto" (eager_bags.py: the C++ eager kernel, or torch's op
+    until it is built), or None for the Triton kernel: an eager call on plain CUDA tensors (1-D input with 1-D
+    offsets, a 2-D fp32/bf16/fp16 table, no per_sample_weights or padding_idx, a known mode, no autograd), outside
+    compilation and CUDA graph capture, whose work torch's op does on the GPU in less than TORCH_OP_BELOW_US
+    (module doc). Every read here is host time on the calls it picks (0.05-0.3 us each), so each is read once."""
+    # compilation first: under torch.compile the size test below would put guards on the sizes
+    if _is_compiling() or per_sample_weights is not None or padding_idx is not None or offsets is None \
+            or mode not in MODES:
+        return None
     if type(weight) is not torch.Tensor or not weight.is_cuda or weight.dtype not in KERNEL_DTYPES \
             or input.ndim != 1 or offsets.ndim != 1 or (weight.requires_grad and torch.is_grad_enabled()):
-        return False
+        return None
     shape = weight.shape
     if len(shape) != 2:
-        return False
+        return None
     n_rows, dim = shape
     row_bytes = dim * weight.itemsize
-    return torch_op_us(input.numel(), offsets.numel(), row_bytes, n_rows * row_bytes,
-                       l2_bytes(weight.get_device())) < TORCH_OP_BELOW_US \
-        and not torch._C._cuda_isCurrentStreamCapturing()
+    device = eager_device(weight.get_device())
+    if torch_op_us(input.numel(), offsets.numel(), row_bytes, n_rows * row_bytes, device.l2_bytes) \
+            >= TORCH_OP_BELOW_US or _is_capturing():
+        return None
+    return device.launch
 
 
 def torch_op_us(rows: int, bags: int, row_bytes: int, table_bytes: int, l2: int) -> float:
@@ -187,12 +192,6 @@ def torch_op_us(rows: int, bags: int, row_bytes: int, table_bytes: int, l2: int)
     per_mb = TORCH_US_PER_MB if table_bytes <= l2 else TORCH_US_PER_DRAM_MB
     return rows * (TORCH_US_PER_BAG_ROW / (bags or 1) + row_bytes * 1e-6 * per_mb + TORCH_US_PER_ROW) \
         + bags * TORCH_US_PER_BAG
-
-
-def l2_bytes(index: int) -> int:
-    """L2 bytes of CUDA device `index`; 0 where torch does not report it (every table then counts as beyond the
-    L2, as device.device_info reads it)."""
-    return getattr(device_properties(index), "L2_cache_size", 0)
 
 
 def _promoted_indices(input, offsets):

@@ -1,0 +1,128 @@
+// The eager embedding-bag kernel: torch.nn.functional.embedding_bag's sum, mean and max over 1-D input with
+// offsets (no per_sample_weights, no padding_idx), for small calls launched from eager Python, where the whole
+// cost is the host's (torch_l2topo/ops/eager_bags.py says why it exists). One warp per bag, four bags per CTA;
+// each lane keeps VEC features of a 32 * VEC feature chunk in float registers, and walks the bag's rows in order,
+// as torch's own CUDA kernel does (so fp32 sums round alike).
+#include <cassert>
+#include <cstdio>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "eager_bags.h"
+
+namespace l2topo {
+namespace {
+
+constexpr int WARPS = 4;  // bags per CTA
+constexpr int VEC = 4;    // features per lane per chunk: four independent loads in flight per row
+
+// triton_kernels/embedding_bag.py's CHECK_MESSAGE, then a device-side assert (cudaErrorAssert), as the Triton
+// kernel and torch's own index kernels stop
+#define EAGER_BAGS_CHECK(cond)                                                                                    \
+  do {                                                                                                            \
+    if (!(cond)) {                                                                                                \
+      printf("embedding_bag: an index is outside [0, num_embeddings), or offsets are not valid (offsets[0] must " \
+             "be 0, non-decreasing, and not past the input's length)\n");                                         \
+      __assert_fail(#cond, __FILE__, __LINE__, __func__);                                                         \
+    }                                                                                                             \
+  } while (0)
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+template <typename T> __device__ __forceinline__ T from_float(float v);
+template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+
+template <typename T, typename I, int MODE>
+__global__ void __launch_bounds__(32 * WARPS)
+    eager_bags_kernel(const I* __restrict__ input, const I* __restrict__ offsets, const T* __restrict__ weight,
+                      T* __restrict__ out, int64_t n_indices, int64_t n_offsets, int64_t n_bags, int64_t n_rows,
+                      int64_t dim) {
+  const int64_t bag = static_cast<int64_t>(blockIdx.x) * WARPS + threadIdx.y;
+  if (bag >= n_bags) return;
+  const int64_t start = offsets[bag];
+  const int64_t end = bag + 1 < n_offsets ? static_cast<int64_t>(offsets[bag + 1]) : n_indices;
+  EAGER_BAGS_CHECK(start >= 0 && start <= end && end <= n_indices && (bag != 0 || start == 0));
+  T* out_row = out + bag * dim;
+  for (int64_t f0 = threadIdx.x; f0 < dim; f0 += 32 * VEC) {
+    float acc[VEC];
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) acc[j] = 0.0f;
+    for (int64_t r = start; r < end; ++r) {
+      const int64_t index = input[r];
+      EAGER_BAGS_CHECK(index >= 0 && index < n_rows);
+      const T* row = weight + index * dim;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const int64_t f = f0 + 32 * j;
+        if (f < dim) {
+          const float v = to_float(row[f]);
+          // max keeps the first row's value, then any strictly greater one, as torch's CUDA kernel does
+          acc[j] = MODE == 2 ? (r == start || v > acc[j] ? v : acc[j]) : acc[j] + v;
+        }
+      }
+    }
+    const float count = static_cast<float>(end - start);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const int64_t f = f0 + 32 * j;
+      if (f < dim) out_row[f] = from_float<T>(MODE == 1 && end > start ? acc[j] / count : acc[j]);
+    }
+  }
+}
+
+template <typename T, typename I>
+cudaError_t launch_typed(const void* input, const void* offsets, const void* weight, void* out, int mode,
+                         int64_t n_indices, int64_t n_offsets, int64_t n_bags, int64_t n_rows, int64_t dim,
+                         cudaStream_t stream) {
+  const dim3 block(32, WARPS);
+  const unsigned grid = static_cast<unsigned>((n_bags + WARPS - 1) / WARPS);
+  const auto* in = static_cast<const I*>(input);
+  const auto* off = static_cast<const I*>(offsets);
+  const auto* w = static_cast<const T*>(weight);
+  auto* o = static_cast<T*>(out);
+  if (mode == 0) {
+    eager_bags_kernel<T, I, 0><<<grid, block, 0, stream>>>(in, off, w, o, n_indices, n_offsets, n_bags, n_rows, dim);
+  } else if (mode == 1) {
+    eager_bags_kernel<T, I, 1><<<grid, block, 0, stream>>>(in, off, w, o, n_indices, n_offsets, n_bags, n_rows, dim);
+  } else {
+    eager_bags_kernel<T, I, 2><<<grid, block, 0, stream>>>(in, off, w, o, n_indices, n_offsets, n_bags, n_rows, dim);
+  }
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launch_rows(const void* input, const void* offsets, bool index64, const void* weight, void* out,
+                        int mode, int64_t n_indices, int64_t n_offsets, int64_t n_bags, int64_t n_rows, int64_t dim,
+                        cudaStream_t stream) {
+  return index64 ? launch_typed<T, int64_t>(input, offsets, weight, out, mode, n_indices, n_offsets, n_bags, n_rows,
+                                            dim, stream)
+                 : launch_typed<T, int32_t>(input, offsets, weight, out, mode, n_indices, n_offsets, n_bags, n_rows,
+                                            dim, stream);
+}
+
+}  // namespace
+
+cudaError_t launch_eager_bags(const void* input, const void* offsets, bool index64, const void* weight, void* out,
+                              int row_type, int mode, int64_t n_indices, int64_t n_offsets, int64_t n_bags,
+                              int64_t n_rows, int64_t dim, cudaStream_t stream) {
+  if (n_bags <= 0 || dim <= 0) return cudaSuccess;
+  if (mode < 0 || mode > 2) return cudaErrorInvalidValue;
+  switch (row_type) {
+    case ROWS_FP32:
+      return launch_rows<float>(input, offsets, index64, weight, out, mode, n_indices, n_offsets, n_bags, n_rows,
+                                dim, stream);
+    case ROWS_BF16:
+      return launch_rows<__nv_bfloat16>(input, offsets, index64, weight, out, mode, n_indices, n_offsets, n_bags,
+                                        n_rows, dim, stream);
+    case ROWS_FP16:
+      return launch_rows<__half>(input, offsets, index64, weight, out, mode, n_indices, n_offsets, n_bags, n_rows,
+                                 dim, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace l2topo
