@@ -1,8 +1,8 @@
 // The eager embedding-bag kernel: torch.nn.functional.embedding_bag's sum, mean and max over 1-D input with
 // offsets (no per_sample_weights, no padding_idx), for small calls launched from eager Python, where the whole
 // cost is the host's (torch_l2topo/ops/eager_bags.py says why it exists). One warp per bag, four bags per CTA;
-// each lane keeps VEC features of a 32 * VEC feature chunk in float registers, and walks the bag's rows in order,
-// as torch's own CUDA kernel does (so fp32 sums round alike).
+// each lane keeps VEC features of a 32 * VEC feature chunk in float registers and adds the bag's rows in order,
+// as torch's own CUDA kernel does (so sums round alike), with the loads of UNROLL rows in flight at once.
 #include <cassert>
 #include <cstdio>
 #include <cuda_bf16.h>
@@ -14,18 +14,17 @@ namespace l2topo {
 namespace {
 
 constexpr int WARPS = 4;  // bags per CTA
-constexpr int VEC = 4;    // features per lane per chunk: four independent loads in flight per row
+constexpr int VEC = 4;     // features per lane per chunk
+constexpr int UNROLL = 4;  // rows whose loads are in flight at once (VEC * UNROLL loads per lane)
 
-// triton_kernels/embedding_bag.py's CHECK_MESSAGE, then a device-side assert (cudaErrorAssert), as the Triton
-// kernel and torch's own index kernels stop
-#define EAGER_BAGS_CHECK(cond)                                                                                    \
-  do {                                                                                                            \
-    if (!(cond)) {                                                                                                \
-      printf("embedding_bag: an index is outside [0, num_embeddings), or offsets are not valid (offsets[0] must " \
-             "be 0, non-decreasing, and not past the input's length)\n");                                         \
-      __assert_fail(#cond, __FILE__, __LINE__, __func__);                                                         \
-    }                                                                                                             \
-  } while (0)
+// A bad index or offset: triton_kernels/embedding_bag.py's CHECK_MESSAGE, then a device-side assert
+// (cudaErrorAssert), as the Triton kernel and torch's own index kernels stop. Called once, after the bag's walk
+// (bad entries read row 0 meanwhile): a call inside the loops would make the compiler spill around it.
+__device__ __noinline__ void report_bad_entry() {
+  printf("embedding_bag: an index is outside [0, num_embeddings), or offsets are not valid (offsets[0] must be 0, "
+         "non-decreasing, and not past the input's length)\n");
+  __assert_fail("valid embedding_bag indices and offsets", __FILE__, __LINE__, __func__);
+}
 
 __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
@@ -35,6 +34,26 @@ template <> __device__ __forceinline__ float from_float<float>(float v) { return
 template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
 
+// sum and mean add the row's value; max keeps the first row's value, then any strictly greater one, as torch's
+// CUDA kernel does
+template <int MODE>
+__device__ __forceinline__ float combine(float acc, float v, bool first) {
+  return MODE == 2 ? (first || v > acc ? v : acc) : acc + v;
+}
+
+// the row index, or row 0 with `bad` set when it is outside the table
+__device__ __forceinline__ int64_t checked(int64_t index, int64_t n_rows, bool& bad) {
+  const bool ok = index >= 0 && index < n_rows;
+  bad |= !ok;
+  return ok ? index : 0;
+}
+
+template <typename T>
+__device__ __forceinline__ void load_row(const T* __restrict__ row, int64_t f0, int64_t dim, float (&v)[VEC]) {
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) v[j] = f0 + 32 * j < dim ? to_float(row[f0 + 32 * j]) : 0.0f;
+}
+
 template <typename T, typename I, int MODE>
 __global__ void __launch_bounds__(32 * WARPS)
     eager_bags_kernel(const I* __restrict__ input, const I* __restrict__ offsets, const T* __restrict__ weight,
@@ -42,27 +61,38 @@ __global__ void __launch_bounds__(32 * WARPS)
                       int64_t dim) {
   const int64_t bag = static_cast<int64_t>(blockIdx.x) * WARPS + threadIdx.y;
   if (bag >= n_bags) return;
-  const int64_t start = offsets[bag];
-  const int64_t end = bag + 1 < n_offsets ? static_cast<int64_t>(offsets[bag + 1]) : n_indices;
-  EAGER_BAGS_CHECK(start >= 0 && start <= end && end <= n_indices && (bag != 0 || start == 0));
+  int64_t start = offsets[bag];
+  int64_t end = bag + 1 < n_offsets ? static_cast<int64_t>(offsets[bag + 1]) : n_indices;
+  bool bad = !(start >= 0 && start <= end && end <= n_indices && (bag != 0 || start == 0));
+  if (bad) start = end = 0;  // walk nothing
   T* out_row = out + bag * dim;
   for (int64_t f0 = threadIdx.x; f0 < dim; f0 += 32 * VEC) {
     float acc[VEC];
 #pragma unroll
     for (int j = 0; j < VEC; ++j) acc[j] = 0.0f;
-    for (int64_t r = start; r < end; ++r) {
-      const int64_t index = input[r];
-      EAGER_BAGS_CHECK(index >= 0 && index < n_rows);
-      const T* row = weight + index * dim;
+    int64_t r = start;
+    // UNROLL rows at a time: their indices, then all their loads in flight, then the adds in row order
+    for (; r + UNROLL <= end; r += UNROLL) {
+      int64_t index[UNROLL];
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const int64_t f = f0 + 32 * j;
-        if (f < dim) {
-          const float v = to_float(row[f]);
-          // max keeps the first row's value, then any strictly greater one, as torch's CUDA kernel does
-          acc[j] = MODE == 2 ? (r == start || v > acc[j] ? v : acc[j]) : acc[j] + v;
-        }
+      for (int u = 0; u < UNROLL; ++u) {
+        index[u] = checked(input[r + u], n_rows, bad);
       }
+      float v[UNROLL][VEC];
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u) load_row(weight + index[u] * dim, f0, dim, v[u]);
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) acc[j] = combine<MODE>(acc[j], v[u][j], r + u == start);
+      }
+    }
+    for (; r < end; ++r) {
+      const int64_t index = checked(input[r], n_rows, bad);
+      float v[VEC];
+      load_row(weight + index * dim, f0, dim, v);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) acc[j] = combine<MODE>(acc[j], v[j], r == start);
     }
     const float count = static_cast<float>(end - start);
 #pragma unroll
@@ -71,6 +101,7 @@ __global__ void __launch_bounds__(32 * WARPS)
       if (f < dim) out_row[f] = from_float<T>(MODE == 1 && end > start ? acc[j] / count : acc[j]);
     }
   }
+  if (bad) report_bad_entry();
 }
 
 template <typename T, typename I>

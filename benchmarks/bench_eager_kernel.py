@@ -1,0 +1,86 @@
+"""The C++ eager embedding-bag kernel (ops/eager_bags.py) against torch's op and the Triton kernel, on every
+embedding-bag shape of bench_ops.py's grids (the full grid, then the default grid's shapes it lacks).
+
+Per shape, checked equal to torch's op first: in CUDA graphs (GPU time: "eager C++", "F.embedding_bag", the
+Triton kernel as a plain launch "plain") and eager, back to back ("eager C++" against "F.embedding_bag"), with
+bench_ops.py's interleaved rounds. Rows have bench_ops.py's format, so `fit_torch_op_rule.py --impl "eager C++"`
+fits embedding_bag's estimate of this kernel's GPU time to them, as it fits torch's.
+
+    python benchmarks/bench_eager_kernel.py --out benchmarks/results/eager_kernel_h200.json [--part K/N]
+"""
+from __future__ import annotations
+
+import time
+
+from bench_ops import BAG_GRIDS, _print, gpu_rounds, graphed, parse_part, part_of, summary
+from common import gpu_parser, write_result
+
+SHAPES = BAG_GRIDS["full"] + [s for s in BAG_GRIDS["default"] if s not in BAG_GRIDS["full"]]
+OURS = "eager C++"
+
+
+def shape_rows(bags, weight, bag: int, batch: int, mode: str, shape: dict, reps: int) -> tuple:
+    """(eager row, graph row) of one shape on `weight`."""
+    import torch
+    import torch.nn.functional as F
+
+    from torch_l2topo.ops import embedding_bag
+    from torch_l2topo.ops.embedding_bag import MODES
+
+    input = torch.randint(0, weight.size(0), (bag * batch,), device=weight.device)
+    offsets = torch.arange(0, bag * batch, bag, device=weight.device)
+    code = MODES[mode]
+    calls = {OURS: lambda: bags(weight, input, offsets, code, False),
+             "F.embedding_bag": lambda: F.embedding_bag(input, weight, offsets, mode=mode),
+             "plain": lambda: embedding_bag(input, weight, offsets, mode=mode, policy="plain", check_indices=False)}
+    if not torch.equal(calls[OURS](), calls["F.embedding_bag"]()):
+        raise AssertionError(f"the eager kernel differs from torch's op at {shape}")
+    shape = {**shape, "bag": bag, "batch": batch, "mode": mode,
+             "bytes_read": bag * batch * weight.size(1) * weight.element_size()}
+    eager = {k: calls[k] for k in (OURS, "F.embedding_bag")}
+    eager_row = summary({**shape, "timing": "eager", "impl": gpu_rounds(eager, reps)}, OURS, ("F.embedding_bag",),
+                        OURS)
+    graphs = {k: graphed(fn) for k, fn in calls.items()}
+    graph_row = summary({**shape, "timing": "graph", "impl": gpu_rounds(graphs, reps)}, OURS, ("F.embedding_bag",),
+                        "plain")
+    for row in (eager_row, graph_row):
+        del row["auto_chose"]  # these rows time the kernels themselves, not the op's choice
+    return eager_row, graph_row
+
+
+def main(argv=None) -> dict:
+    p = gpu_parser(__doc__, reps=5)
+    p.add_argument("--part", type=parse_part, default=(1, 1), metavar="K/N")
+    args = p.parse_args(argv)
+    import torch
+
+    from torch_l2topo.ops.eager_bags import eager_device, wait_for_build
+
+    torch.cuda.set_device(args.device)
+    if not wait_for_build(args.device, timeout=900):
+        raise SystemExit("the C++ eager kernel did not build (see the log above)")
+    bags = eager_device(args.device).launch
+    shapes = part_of(SHAPES, args.part)
+    rows, start, tables = [], time.perf_counter(), {}
+    for i, (table_mb, dim, dtype_name, bag, batch, mode) in enumerate(shapes):
+        key = (table_mb, dim, dtype_name)
+        if key not in tables:  # one table per size and row type: allocating 4 GB per shape would dominate
+            tables.clear()
+            dtype = getattr(torch, dtype_name)
+            n_rows = max(256, (table_mb << 20) // (dim * dtype.itemsize))
+            tables[key] = torch.randn(n_rows, dim, device="cuda", dtype=dtype)
+        weight = tables[key]
+        shape = dict(table_mb=table_mb, rows=weight.size(0), dim=dim, dtype=dtype_name)
+        eager, in_graph = shape_rows(bags, weight, bag, batch, mode, shape, args.reps)
+        label = f"[{i + 1}/{len(shapes)}] {table_mb} MB x {dim} {dtype_name}, {batch} bags of {bag}, {mode}"
+        _print(eager, label + " eager")
+        _print(in_graph, label + " graph")
+        rows += [eager, in_graph]
+    print(f"{len(shapes)} shapes: {time.perf_counter() - start:.0f} s", flush=True)
+    figures = {"reps": args.reps, "part": "{}/{}".format(*args.part), "embedding_bag": rows}
+    write_result(args.out, figures, args.device)
+    return figures
+
+
+if __name__ == "__main__":
+    main()
