@@ -15,7 +15,7 @@ namespace {
 
 constexpr int WARPS = 4;  // bags per CTA
 constexpr int VEC = 4;     // features per lane per chunk
-constexpr int UNROLL = 8;  // rows whose loads are in flight at once (VEC * UNROLL loads per lane)
+constexpr int UNROLL = 4;  // rows whose loads are in flight at once (VEC * UNROLL loads per lane)
 
 // A bad index or offset: triton_kernels/embedding_bag.py's CHECK_MESSAGE, then a device-side assert
 // (cudaErrorAssert), as the Triton kernel and torch's own index kernels stop. Called once, after the bag's walk
@@ -48,19 +48,18 @@ __device__ __forceinline__ int64_t checked(int64_t index, int64_t n_rows, bool& 
   return ok ? index : 0;
 }
 
-// indices of rows r .. r + UNROLL - 1 (0 past `end`), checked
-template <typename I>
-__device__ __forceinline__ void load_indices(const I* __restrict__ input, int64_t r, int64_t end, int64_t n_rows,
-                                             bool& bad, int64_t (&index)[UNROLL]) {
-#pragma unroll
-  for (int u = 0; u < UNROLL; ++u) index[u] = r + u < end ? checked(input[r + u], n_rows, bad) : 0;
-}
-
-// VEC features of a row (f0, f0 + 32, ...), 0 for those at or past `dim` (a row past the bag's end: dim 0)
+// VEC features of a row (f0, f0 + 32, ...), 0 for those at or past `dim`. Every load is made (from feature f0
+// where the feature is past the row's end), so that the compiler can keep them all in flight: a load under a
+// branch, with its conversion to float inside the branch, waited for its data before the next one (one bag of
+// 256 bf16 rows took 38 us, against 29 us for torch's op).
 template <typename T>
 __device__ __forceinline__ void load_row(const T* __restrict__ row, int64_t f0, int64_t dim, float (&v)[VEC]) {
 #pragma unroll
-  for (int j = 0; j < VEC; ++j) v[j] = f0 + 32 * j < dim ? to_float(row[f0 + 32 * j]) : 0.0f;
+  for (int j = 0; j < VEC; ++j) {
+    const int64_t f = f0 + 32 * j;
+    const float x = to_float(row[f < dim ? f : f0]);
+    v[j] = f < dim ? x : 0.0f;
+  }
 }
 
 template <typename T, typename I, int MODE>
@@ -79,25 +78,26 @@ __global__ void __launch_bounds__(32 * WARPS)
     float acc[VEC];
 #pragma unroll
     for (int j = 0; j < VEC; ++j) acc[j] = 0.0f;
-    // UNROLL rows at a time, their loads all in flight, added in row order; the next group's indices load
-    // while this group's rows do, so a group costs one memory latency, not two
-    int64_t next[UNROLL];
-    load_indices(input, start, end, n_rows, bad, next);
-    for (int64_t r = start; r < end; r += UNROLL) {
+    int64_t r = start;
+    // UNROLL rows at a time: their indices, then all their loads in flight, then the adds in row order
+    for (; r + UNROLL <= end; r += UNROLL) {
       int64_t index[UNROLL];
 #pragma unroll
-      for (int u = 0; u < UNROLL; ++u) index[u] = next[u];
-      load_indices(input, r + UNROLL, end, n_rows, bad, next);
+      for (int u = 0; u < UNROLL; ++u) index[u] = checked(input[r + u], n_rows, bad);
       float v[UNROLL][VEC];
 #pragma unroll
-      for (int u = 0; u < UNROLL; ++u) load_row(weight + index[u] * dim, f0, r + u < end ? dim : 0, v[u]);
+      for (int u = 0; u < UNROLL; ++u) load_row(weight + index[u] * dim, f0, dim, v[u]);
 #pragma unroll
       for (int u = 0; u < UNROLL; ++u) {
-        if (r + u < end) {
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) acc[j] = combine<MODE>(acc[j], v[u][j], r + u == start);
-        }
+        for (int j = 0; j < VEC; ++j) acc[j] = combine<MODE>(acc[j], v[u][j], r + u == start);
       }
+    }
+    for (; r < end; ++r) {
+      float v[VEC];
+      load_row(weight + checked(input[r], n_rows, bad) * dim, f0, dim, v);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) acc[j] = combine<MODE>(acc[j], v[j], r == start);
     }
     const float count = static_cast<float>(end - start);
 #pragma unroll

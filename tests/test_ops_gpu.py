@@ -165,7 +165,8 @@ def test_eager_kernel_leaves_other_calls_to_torchs_op():
     weight = torch.randn(N_ROWS, 64, device="cuda")
     input, offsets = _bag_case(5, 30, 20)
     for args in [(weight[:, ::2], input, offsets), (weight, input.repeat_interleave(2)[::2], offsets),
-                 (weight, input.int(), offsets), (weight.double(), input, offsets)]:
+                 (weight, input.int(), offsets), (weight.double(), input, offsets),
+                 (weight[:0], input[:0], torch.zeros_like(offsets))]:  # an empty table
         assert torch.equal(bags(*args, 0, False), torch.embedding_bag(*args, False, 0)[0])
     with pytest.raises(RuntimeError) as ours:
         bags(weight, input, offsets.cpu(), 0, False)
