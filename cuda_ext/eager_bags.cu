@@ -2,7 +2,7 @@
 // offsets (no per_sample_weights, no padding_idx), for small calls launched from eager Python, where the whole
 // cost is the host's (torch_l2topo/ops/eager_bags.py says why it exists). One warp per bag, four bags per CTA;
 // each lane keeps VEC features of a 32 * VEC feature chunk in float registers and adds the bag's rows in order,
-// as torch's own CUDA kernel does (so sums round alike), with the loads of UNROLL rows in flight at once.
+// as torch's own CUDA kernel does (so sums round alike), with the loads of several rows in flight at once.
 #include <cassert>
 #include <cstdio>
 #include <cuda_bf16.h>
@@ -15,7 +15,9 @@ namespace {
 
 constexpr int WARPS = 4;  // bags per CTA
 constexpr int VEC = 4;     // features per lane per chunk
-constexpr int UNROLL = 4;  // rows whose loads are in flight at once (VEC * UNROLL loads per lane)
+constexpr int SHORT_ROWS = 4;  // rows whose loads are in flight at once (VEC * rows loads per lane) ...
+constexpr int LONG_ROWS = 16;  // ... and in bags of LONG_BAG rows or more on average
+constexpr int LONG_BAG = 32;
 
 // A bad index or offset: triton_kernels/embedding_bag.py's CHECK_MESSAGE, then a device-side assert
 // (cudaErrorAssert), as the Triton kernel and torch's own index kernels stop. Called once, after the bag's walk
@@ -62,7 +64,29 @@ __device__ __forceinline__ void load_row(const T* __restrict__ row, int64_t f0, 
   }
 }
 
-template <typename T, typename I, int MODE>
+// Adds rows r .. r + N - 1 of the bag to acc: their indices, then all their loads in flight, then the adds in
+// row order. Two memory latencies per call, whatever N.
+template <int N, int MODE, typename T, typename I>
+__device__ __forceinline__ void add_rows(const I* __restrict__ input, const T* __restrict__ weight, int64_t r,
+                                         int64_t start, int64_t n_rows, int64_t f0, int64_t dim, bool& bad,
+                                         float (&acc)[VEC]) {
+  int64_t index[N];
+#pragma unroll
+  for (int u = 0; u < N; ++u) index[u] = checked(input[r + u], n_rows, bad);
+  float v[N][VEC];
+#pragma unroll
+  for (int u = 0; u < N; ++u) load_row(weight + index[u] * dim, f0, dim, v[u]);
+#pragma unroll
+  for (int u = 0; u < N; ++u) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) acc[j] = combine<MODE>(acc[j], v[u][j], r + u == start);
+  }
+}
+
+// ROWS: rows per add_rows call in the bag's walk (then a call of 4 if that many are left, then single rows). The
+// launch picks SHORT_ROWS or LONG_ROWS by the mean bag: long rows hold more registers (fewer warps per SM, which
+// many short bags need), and short ones leave a long bag's walk at two latencies per four rows.
+template <typename T, typename I, int MODE, int ROWS>
 __global__ void __launch_bounds__(32 * WARPS)
     eager_bags_kernel(const I* __restrict__ input, const I* __restrict__ offsets, const T* __restrict__ weight,
                       T* __restrict__ out, int64_t n_indices, int64_t n_offsets, int64_t n_bags, int64_t n_rows,
@@ -79,26 +103,12 @@ __global__ void __launch_bounds__(32 * WARPS)
 #pragma unroll
     for (int j = 0; j < VEC; ++j) acc[j] = 0.0f;
     int64_t r = start;
-    // UNROLL rows at a time: their indices, then all their loads in flight, then the adds in row order
-    for (; r + UNROLL <= end; r += UNROLL) {
-      int64_t index[UNROLL];
-#pragma unroll
-      for (int u = 0; u < UNROLL; ++u) index[u] = checked(input[r + u], n_rows, bad);
-      float v[UNROLL][VEC];
-#pragma unroll
-      for (int u = 0; u < UNROLL; ++u) load_row(weight + index[u] * dim, f0, dim, v[u]);
-#pragma unroll
-      for (int u = 0; u < UNROLL; ++u) {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) acc[j] = combine<MODE>(acc[j], v[u][j], r + u == start);
-      }
+    for (; r + ROWS <= end; r += ROWS) add_rows<ROWS, MODE>(input, weight, r, start, n_rows, f0, dim, bad, acc);
+    if (ROWS > SHORT_ROWS && r + SHORT_ROWS <= end) {
+      add_rows<SHORT_ROWS, MODE>(input, weight, r, start, n_rows, f0, dim, bad, acc);
+      r += SHORT_ROWS;
     }
-    for (; r < end; ++r) {
-      float v[VEC];
-      load_row(weight + checked(input[r], n_rows, bad) * dim, f0, dim, v);
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) acc[j] = combine<MODE>(acc[j], v[j], r == start);
-    }
+    for (; r < end; ++r) add_rows<1, MODE>(input, weight, r, start, n_rows, f0, dim, bad, acc);
     const float count = static_cast<float>(end - start);
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
@@ -109,22 +119,35 @@ __global__ void __launch_bounds__(32 * WARPS)
   if (bad) report_bad_entry();
 }
 
+template <typename T, typename I, int ROWS>
+void launch_rows_of(const I* in, const I* off, const T* w, T* o, int mode, int64_t n_indices, int64_t n_offsets,
+                    int64_t n_bags, int64_t n_rows, int64_t dim, cudaStream_t stream) {
+  const dim3 block(32, WARPS);
+  const unsigned grid = static_cast<unsigned>((n_bags + WARPS - 1) / WARPS);
+  if (mode == 0) {
+    eager_bags_kernel<T, I, 0, ROWS><<<grid, block, 0, stream>>>(in, off, w, o, n_indices, n_offsets, n_bags, n_rows,
+                                                                 dim);
+  } else if (mode == 1) {
+    eager_bags_kernel<T, I, 1, ROWS><<<grid, block, 0, stream>>>(in, off, w, o, n_indices, n_offsets, n_bags, n_rows,
+                                                                 dim);
+  } else {
+    eager_bags_kernel<T, I, 2, ROWS><<<grid, block, 0, stream>>>(in, off, w, o, n_indices, n_offsets, n_bags, n_rows,
+                                                                 dim);
+  }
+}
+
 template <typename T, typename I>
 cudaError_t launch_typed(const void* input, const void* offsets, const void* weight, void* out, int mode,
                          int64_t n_indices, int64_t n_offsets, int64_t n_bags, int64_t n_rows, int64_t dim,
                          cudaStream_t stream) {
-  const dim3 block(32, WARPS);
-  const unsigned grid = static_cast<unsigned>((n_bags + WARPS - 1) / WARPS);
   const auto* in = static_cast<const I*>(input);
   const auto* off = static_cast<const I*>(offsets);
   const auto* w = static_cast<const T*>(weight);
   auto* o = static_cast<T*>(out);
-  if (mode == 0) {
-    eager_bags_kernel<T, I, 0><<<grid, block, 0, stream>>>(in, off, w, o, n_indices, n_offsets, n_bags, n_rows, dim);
-  } else if (mode == 1) {
-    eager_bags_kernel<T, I, 1><<<grid, block, 0, stream>>>(in, off, w, o, n_indices, n_offsets, n_bags, n_rows, dim);
+  if (n_indices >= LONG_BAG * n_bags) {
+    launch_rows_of<T, I, LONG_ROWS>(in, off, w, o, mode, n_indices, n_offsets, n_bags, n_rows, dim, stream);
   } else {
-    eager_bags_kernel<T, I, 2><<<grid, block, 0, stream>>>(in, off, w, o, n_indices, n_offsets, n_bags, n_rows, dim);
+    launch_rows_of<T, I, SHORT_ROWS>(in, off, w, o, mode, n_indices, n_offsets, n_bags, n_rows, dim, stream);
   }
   return cudaGetLastError();
 }
