@@ -35,7 +35,9 @@ for step in $steps; do
     sanitizer) bash benchmarks/run_sanitizer.sh "$R/sanitizer" ;;
     ops) (cd benchmarks && python3 bench_ops_kernels.py --only host --only tiles --out "$R/ops_kernels_h200.json" 2>&1 | tee "$R/ops_kernels.log" | tail -4
           python3 bench_ops_kernels.py --only forest_copies --reps 7 --out "$R/ops_forest_copies_h200.json" 2>&1 | tee "$R/copies.log" | tail -7
-          python3 bench_ops.py --reps 9 --out "$R/ops_h200.json" 2>&1 | tee "$R/ops.log" | tail -40) ;;
+          python3 bench_ops.py --reps 9 --out "$R/ops_h200.json" 2>&1 | tee "$R/ops.log" | tail -40
+          python3 bench_eager_kernel.py --out "$R/eager_kernel_h200.json" > "$R/eager_kernel.log" 2>&1; tail -1 "$R/eager_kernel.log"
+          python3 diag_eager_host.py --out "$R/eager_host_h200.json" > "$R/eager_host.log" 2>&1; tail -1 "$R/eager_host.log") ;;
     ops-full) mkdir -p "$R/ops_full"
               for slice in $OPS_FULL; do
                 op=${slice%%:*} part=${slice#*:}; short=${op/embedding_bag/eb}; name="ops_full_h200_${short}_${part%%/*}"

@@ -1,11 +1,15 @@
 """Small eager embedding bags on a CUDA C++ kernel bound with pybind11 (cuda_ext/eager_bags.cu).
 
-A small eager call costs what the host spends on it: on the H200 machines torch's own call took 11-12 us
-(benchmarks/results/diagnosis/eager_host_h200.json), and our Triton kernel's lean launch alone 16 us of a 37 us
-call (binding its arguments, Triton's launcher, the output allocation and our Python around them). No Python in
+A small eager call costs what the host spends on it: on the H200 machines torch's own call took 11-19 us, and
+our Triton kernel's lean launch alone 16 us of a 37-72 us call (binding its arguments, Triton's launcher, the
+output allocation and our Python around them: benchmarks/results/history/eager_host_h200_*.json). No Python in
 front of torch's call can be cheaper than none: the op's argument checks and its choice cost ~2 us, 10-17% of
-torch's call. A pybind11 function that allocates the output and launches a plain CUDA kernel spends less host
-time than torch's whole call, so embedding_bag's small eager calls (embedding_bag.eager_launch) run here.
+torch's call. A pybind11 function that allocates the output and launches a plain CUDA kernel takes 6-10 us, and
+our whole call through it 8-13 us (benchmarks/results/diagnosis/eager_host_h200.json), so embedding_bag's small
+eager calls (embedding_bag.eager_launch) run here. On the full grid's shapes it takes, the module's call took
+0.43-0.69x torch's eager call, and the kernel's GPU time 0.45-1.04x torch's (benchmarks/results/
+eager_kernel_h200.json); the op's whole call took 0.74-0.78x torch's at the default grid's small shapes
+(benchmarks/results/ops_eb_eager_kernel_h200.json).
 
 Availability: the module is built with torch.utils.cpp_extension (nvcc and a C++ compiler; measure/extension.py,
 cached per torch version and GPU architecture) in a background thread that the first such call on a device

@@ -30,23 +30,27 @@ regions it is off too (the kernel skips bad entries there as well).
 Dispatch: an eager call that needs no autograd graph calls the implementation directly (policy.direct_call:
 the dispatcher costs tens of microseconds per call); everything else goes through the op.
 
-Small eager calls run torch's own op (policy "auto" only; `torch_op_is_faster`). A call launched from Python
-spends 37-80 us on the host of the H200 machines before its kernel runs (the whole call, arguments checked,
-output allocated, Triton's launcher: benchmarks/results/diagnosis/eager_host_h200.json and the run before it in
-results/history, where torch's own call took 11-33 us), so a call that torch's op finishes on the GPU in less
-than TORCH_OP_BELOW_US is faster through torch when nothing else is queued, as in an eager loop of small steps.
-Such a call (1-D input with offsets, no per_sample_weights or padding_idx, no autograd, indices checked (torch's
-op asserts on a bad index where the unchecked kernel skips it), outside compilation and CUDA graph capture) goes
-straight to torch.embedding_bag, the function torch.nn.functional.embedding_bag ends in, with the same
-arguments; whatever it raises is torch's own error. The GPU time of torch's op is estimated by `torch_op_us`: a
-non-negative least-squares fit (benchmarks/fit_torch_op_rule.py) to its CUDA-graph times on an H200 in the
-fp32 rows of the issue's full grid (68 shapes, tables of 1 MB to 4 GB: benchmarks/results/ops_full/), with a
-term per row of the mean bag (torch walks a bag's rows in turn: one bag of 256 rows takes ~29 us) and a dearer
-MB for tables larger than the L2 (1,024 bags of 256 fp32 rows took 76-80 us from 256 MB and 4 GB tables, 42-43 us
-from 1 and 16 MB). The rule is tested (tests/test_ops_embedding_bag.py) against the bf16 rows of that run and
-against two default-grid runs on other H200s, none of them fitted. In a CUDA graph, or when the GPU is busy
-and host time is hidden, the kernel is the faster one (2.8-4.1 us against torch's 6-8 us at 1-1,024 bags of 32
-rows), which is why graphs and compiled code keep it.
+Small eager calls run the C++ eager kernel (policy "auto" only; `eager_launch`; ops/eager_bags.py). A call through
+the Triton kernel spends 37-80 us on the host of the H200 machines before its kernel runs (the whole call,
+arguments checked, output allocated, Triton's launcher: benchmarks/results/history/eager_host_h200_*.json), torch's
+own call 11-19 us, and our whole call to the C++ eager kernel 8-13 us
+(benchmarks/results/diagnosis/eager_host_h200.json and
+history/eager_host_h200_cc3a6777064c_first_eager_kernel.json), so a call whose work takes less GPU time than
+TORCH_OP_BELOW_US is faster there when nothing else is queued, as in an eager loop of small steps. Such a call (1-D
+input with offsets, no per_sample_weights or padding_idx, no autograd, indices checked (the C++ kernel asserts on a
+bad index, as torch's op does, where the unchecked Triton kernel skips it), outside compilation and CUDA graph
+capture) goes to the device's eager launch: the C++ kernel once its background build is loaded, torch.embedding_bag
+(the function torch.nn.functional.embedding_bag ends in) until then or where it cannot be built. The GPU time is
+estimated by `torch_op_us`, the time of torch's op: a non-negative least-squares fit
+(benchmarks/fit_torch_op_rule.py) to its CUDA-graph times on an H200 in the fp32 rows of the issue's full grid (68
+shapes, tables of 1 MB to 4 GB: benchmarks/results/ops_full/), with a term per row of the mean bag (torch walks a
+bag's rows in turn: one bag of 256 rows takes ~29 us) and a dearer MB for tables larger than the L2 (1,024 bags of
+256 fp32 rows took 76-80 us from 256 MB and 4 GB tables, 42-43 us from 1 and 16 MB). The C++ kernel took 0.45-1.04x
+torch's GPU time on every full-grid shape this sends it, and its call 0.43-0.69x torch's eager call
+(benchmarks/results/eager_kernel_h200.json). The rule is tested (tests/test_ops_embedding_bag.py) against the bf16
+rows of that run and against two default-grid runs on other H200s, none of them fitted. In a CUDA graph, or when
+the GPU is busy and host time is hidden, the Triton kernel is the faster one (2.8-4.1 us against torch's 6-8 us at
+1-1,024 bags of 32 rows), which is why graphs and compiled code keep it.
 
 Placement: `policy=` takes the placement policies and "auto"; the kernel's item loop runs on the placement
 helpers (policy.py says how a call is launched). Items are groups of BAGS consecutive bags (bags_per_program).
@@ -81,10 +85,11 @@ MAX_WARPS = 8
 # Short bags come several to a program (bags_per_program), as long as the launch keeps this many programs: ~8
 # single-warp programs per H200 SM, each with a tile of up to 8 KB of rows in flight (8 MB at once over the GPU).
 MIN_PROGRAMS = 1024
-# Small eager calls: torch's op where its estimated GPU time is below our call's host time (module doc).
-# The threshold is the geometric mean of our eager call's whole host time on two H200 hosts (37.6 and 72.1 us:
-# diagnosis/eager_host_h200.json and history/eager_host_h200_87d6e450cf88.json), so that a wrong choice costs
-# the same ratio at most on either host; not tuned on the timings the rule is tested against.
+# Small eager calls: the eager launch where torch's estimated GPU time is below the Triton call's host time (module
+# doc). The threshold is the geometric mean of the Triton kernel's whole eager call's host time on two H200 hosts
+# (37.6 and 72.1 us: history/eager_host_h200_b185a230aa5e.json and history/eager_host_h200_87d6e450cf88.json), so
+# that a wrong choice costs the same ratio at most on either host; not tuned on the timings the rule is tested
+# against.
 TORCH_OP_BELOW_US = 52.0
 # torch's op on the H200 (benchmarks/fit_torch_op_rule.py, fp32 rows of benchmarks/results/ops_full/):
 TORCH_US_PER_BAG_ROW = 0.147   # per row of the mean bag: torch's op reads a bag's rows one after another
@@ -104,7 +109,7 @@ def embedding_bag(input: torch.Tensor, weight: torch.Tensor, offsets: Optional[t
     padding_idx=..., include_last_offset=...) on the Triton gather kernel: (n_bags, embedding_dim), weight's
     dtype. policy: "auto", or a placement policy (torch_l2topo.ops.policy). check_indices: check the index
     and offset values (on a GPU inside the kernel, without a host sync: see the module doc). Small eager calls
-    under "auto" with checked indices run torch's own op (torch_op_is_faster), which checks them too."""
+    under "auto" with checked indices run the C++ eager kernel (eager_launch), which checks them too."""
     if policy == AUTO and check_indices:
         launch = eager_launch(input, weight, offsets, mode, per_sample_weights, padding_idx)
         if launch is not None:

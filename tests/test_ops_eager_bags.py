@@ -1,0 +1,93 @@
+"""ops/eager_bags.py on the CPU: small eager calls run torch's op until the C++ eager module is built, then the
+module's function, on every device of its compute capability; one build per capability, in the background; a
+failed build or TORCH_L2TOPO_EAGER_BAGS=0 keeps torch's op. The kernel itself is tested on a GPU
+(tests/test_ops_gpu.py: test_eager_kernel_*)."""
+import logging
+import threading
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from torch_l2topo.errors import BackendUnavailable
+from torch_l2topo.measure import extension
+from torch_l2topo.ops import eager_bags
+from torch_l2topo.ops.embedding_bag import MODES, eager_launch
+
+
+@pytest.fixture
+def fresh(monkeypatch):
+    """No device seen, nothing built; devices 0-2 report sm_90, sm_90 and sm_80 (fake properties)."""
+    caps = {0: (9, 0), 1: (9, 0), 2: (8, 0)}
+    monkeypatch.setattr(eager_bags, "_devices", {})
+    monkeypatch.setattr(eager_bags, "_loaded", {})
+    monkeypatch.setattr(eager_bags, "_builds", {})
+    monkeypatch.setattr(eager_bags, "device_properties",
+                        lambda i: types.SimpleNamespace(major=caps[i][0], minor=caps[i][1], L2_cache_size=50 << 20))
+    monkeypatch.delenv(eager_bags.ENV_SWITCH, raising=False)
+    return caps
+
+
+def _fake_module_build(monkeypatch, release: threading.Event, built: list, fail=False):
+    def load_eager_bags(cc):
+        built.append(cc)
+        release.wait(10)
+        if fail:
+            raise BackendUnavailable("building the CUDA extension l2topo_eager_bags failed (nvcc: not found)")
+        return types.SimpleNamespace(bags=f"bags for sm{cc[0]}{cc[1]}")
+
+    monkeypatch.setattr(extension, "load_eager_bags", load_eager_bags)
+
+
+def test_small_calls_run_torchs_op_until_the_module_is_built_then_the_module(fresh, monkeypatch):
+    release, built = threading.Event(), []
+    _fake_module_build(monkeypatch, release, built)
+    first = eager_bags.eager_device(0)
+    assert first.launch is eager_bags.torch_bags and first.l2_bytes == 50 << 20  # the build is still running
+    assert eager_bags.eager_device(0) is first and eager_bags.eager_device(1).launch is eager_bags.torch_bags
+    release.set()
+    assert eager_bags.wait_for_build(0, timeout=10) and eager_bags.wait_for_build(1, timeout=10)
+    assert first.launch == "bags for sm90" and eager_bags.eager_device(1).launch == "bags for sm90"
+    assert built == [(9, 0)]  # one build for both sm_90 devices
+    assert eager_bags.eager_device(2).launch is eager_bags.torch_bags  # another capability: its own build
+    assert eager_bags.wait_for_build(2, timeout=10) and built == [(9, 0), (8, 0)]
+
+
+def test_a_failed_build_keeps_torchs_op_and_says_so_once(fresh, monkeypatch, caplog):
+    release, built = threading.Event(), []
+    release.set()
+    _fake_module_build(monkeypatch, release, built, fail=True)
+    with caplog.at_level(logging.WARNING, logger="torch_l2topo"):
+        assert not eager_bags.wait_for_build(0, timeout=10)
+        assert not eager_bags.wait_for_build(1, timeout=10)
+    assert eager_bags.eager_device(0).launch is eager_bags.torch_bags and built == [(9, 0)]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "keep torch's op" in warnings[0] and "nvcc: not found" in warnings[0]
+
+
+def test_the_environment_switch_never_builds(fresh, monkeypatch):
+    built = []
+    _fake_module_build(monkeypatch, threading.Event(), built)
+    monkeypatch.setenv(eager_bags.ENV_SWITCH, "0")
+    assert not eager_bags.wait_for_build(0, timeout=1)
+    assert built == [] and eager_bags._builds == {}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("include_last_offset", [False, True])
+def test_torch_bags_is_torchs_own_op(mode, include_last_offset):
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randn(50, 8, generator=g)
+    input = torch.randint(0, 50, (20,), generator=g)
+    offsets = torch.tensor([0, 3, 3, 11, 20] if include_last_offset else [0, 3, 3, 11])
+    got = eager_bags.torch_bags(weight, input, offsets, MODES[mode], include_last_offset)
+    expected = F.embedding_bag(input, weight, offsets, mode=mode, include_last_offset=include_last_offset)
+    assert torch.equal(got, expected)
+
+
+def test_cpu_calls_never_take_the_eager_launch(fresh):
+    weight = torch.randn(50, 8)
+    input, offsets = torch.tensor([1, 2, 3]), torch.tensor([0, 1])
+    assert eager_launch(input, weight, offsets, "sum") is None
+    assert eager_bags._devices == {}  # nothing built for a CPU call
