@@ -358,3 +358,21 @@ def test_torch_op_rule_keeps_the_kernel_where_torch_reads_a_table_beyond_the_l2(
         assert bags.torch_op_us(256 * 1024, 1024, 256, table_mb << 20, 60 << 20) >= bags.TORCH_OP_BELOW_US
         # the same call on a GPU whose L2 holds the table: the cheaper MB
         assert bags.torch_op_us(256 * 1024, 1024, 256, table_mb << 20, 8 << 30) < 65
+
+
+def test_a_frozen_parameter_is_called_directly_like_a_plain_tensor():
+    # nn.Parameter disables __torch_function__: calling the op's body does what the dispatcher would do, so a
+    # module's frozen table (or any table under no_grad) skips the dispatcher; one that needs a graph does not
+    from torch_l2topo.ops.policy import direct_call
+
+    table = torch.randn(10, 4)
+    frozen = torch.nn.Parameter(table, requires_grad=False)
+    trained = torch.nn.Parameter(table.clone())
+    assert direct_call(table, None) and direct_call(frozen, None) and not direct_call(trained, None)
+    with torch.no_grad():
+        assert direct_call(trained, None)
+
+    class Subclass(torch.Tensor):
+        pass
+
+    assert not direct_call(table.as_subclass(Subclass), None)  # a subclass may override what ops do

@@ -195,6 +195,7 @@ def test_small_eager_calls_run_the_eager_kernel_and_everything_else_the_triton_k
         return got, lean_launch._launches["lean"] + lean_launch._launches["triton"]
 
     assert launches(mode="max")[1] == 0
+    assert launches(weight=torch.nn.Parameter(weight, requires_grad=False))[1] == 0  # a module's frozen table
     built, calls = device.launch, []
     device.launch = lambda *args: calls.append(args) or built(*args)  # the call goes through the device's launch
     try:

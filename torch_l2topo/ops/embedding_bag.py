@@ -62,7 +62,7 @@ from typing import Optional
 import torch
 
 from .eager_bags import eager_device
-from .policy import AUTO, check_policy, direct_call, launch_placed, pow2, triton_launcher
+from .policy import AUTO, PLAIN_TENSORS, check_policy, direct_call, launch_placed, pow2, triton_launcher
 
 try:
     from ..triton_kernels.embedding_bag import embedding_bag_backward_kernel, embedding_bag_kernel
@@ -168,7 +168,8 @@ def embedding_bag(input: torch.Tensor, weight: torch.Tensor, offsets: Optional[t
 
 def eager_launch(input, weight, offsets, mode, per_sample_weights=None, padding_idx=None):
     """The launch that runs a small eager call under "auto" (eager_bags.py: the C++ eager kernel, or torch's op
-    until it is built), or None for the Triton kernel: an eager call on plain CUDA tensors (1-D input with 1-D
+    until it is built), or None for the Triton kernel: an eager call on CUDA tensors (a plain tensor or an
+    nn.Parameter table; 1-D input with 1-D
     offsets, a 2-D fp32/bf16/fp16 table, no per_sample_weights or padding_idx, a known mode, no autograd), outside
     compilation and CUDA graph capture, whose work torch's op does on the GPU in less than TORCH_OP_BELOW_US
     (module doc). Every read here is host time on the calls it picks (0.05-0.3 us each), so each is read once."""
@@ -176,7 +177,7 @@ def eager_launch(input, weight, offsets, mode, per_sample_weights=None, padding_
     if _is_compiling() or per_sample_weights is not None or padding_idx is not None or offsets is None \
             or mode not in MODES:
         return None
-    if type(weight) is not torch.Tensor or not weight.is_cuda or weight.dtype not in KERNEL_DTYPES \
+    if type(weight) not in PLAIN_TENSORS or not weight.is_cuda or weight.dtype not in KERNEL_DTYPES \
             or input.ndim != 1 or offsets.ndim != 1 or (weight.requires_grad and torch.is_grad_enabled()):
         return None
     shape = weight.shape

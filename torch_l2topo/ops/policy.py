@@ -61,13 +61,17 @@ def check_policy(policy: str) -> str:
     return policy
 
 
+# Tensors whose ops run as a plain tensor's: nn.Parameter disables __torch_function__ (a module's frozen table)
+PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+
+
 def direct_call(*tensors) -> bool:
     """True when calling an op's implementation directly does what the dispatcher would do (module doc)."""
     if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack()
             or torch._C._is_torch_function_mode_enabled() or torch._C._are_functorch_transforms_active()):
         return False
     grad = torch.is_grad_enabled()
-    return all(t is None or (type(t) is torch.Tensor and not (grad and t.requires_grad)) for t in tensors)
+    return all(t is None or (type(t) in PLAIN_TENSORS and not (grad and t.requires_grad)) for t in tensors)
 
 
 def traced(tensor) -> bool:
