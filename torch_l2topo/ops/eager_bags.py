@@ -40,10 +40,10 @@ class EagerDevice:
     """What a small eager call on one CUDA device needs: the L2's size (embedding_bag's estimate of torch's time)
     and the launch that runs it (the C++ module's `bags` once loaded, torch_bags until then)."""
 
-    __slots__ = ("l2_bytes", "launch", "cc")
+    __slots__ = ("l2_bytes", "cc", "launch")
 
-    def __init__(self, l2_bytes: int, cc: tuple[int, int]):
-        self.l2_bytes, self.cc, self.launch = l2_bytes, cc, torch_bags
+    def __init__(self, l2_bytes: int, cc: tuple[int, int], launch):
+        self.l2_bytes, self.cc, self.launch = l2_bytes, cc, launch
 
 
 _devices: dict[int, EagerDevice] = {}
@@ -62,12 +62,13 @@ def _new_device(index: int) -> EagerDevice:
     props = device_properties(index)
     with _lock:
         if index not in _devices:
-            device = _devices[index] = EagerDevice(int(getattr(props, "L2_cache_size", 0)), (props.major, props.minor))
-            device.launch = _loaded.get(device.cc, torch_bags)
-            if os.environ.get(ENV_SWITCH, "1") != "0" and device.cc not in _builds:
-                _builds[device.cc] = threading.Thread(target=_build, args=(device.cc,), daemon=True,
-                                                      name=f"l2topo-eager-bags-sm{device.cc[0]}{device.cc[1]}")
-                _builds[device.cc].start()
+            cc = (props.major, props.minor)
+            _devices[index] = EagerDevice(int(getattr(props, "L2_cache_size", 0)), cc,
+                                          _loaded.get(cc, torch_bags))
+            if os.environ.get(ENV_SWITCH, "1") != "0" and cc not in _builds:
+                _builds[cc] = threading.Thread(target=_build, args=(cc,), daemon=True,
+                                               name=f"l2topo-eager-bags-sm{cc[0]}{cc[1]}")
+                _builds[cc].start()
         return _devices[index]
 
 
