@@ -134,6 +134,7 @@ def test_a_calibration_of_another_gpu_is_left_out(base, topo):
 
 @pytest.mark.parametrize("damage, message", [
     (lambda b: b[:len(b) // 2], "truncated"),
+    (lambda b: b[:b.index(b"}", len(b) // 2) + 1], "truncated"),  # cut right after an event's closing brace
     (lambda b: b"\x00\x01binary", "not valid JSON|not a JSON"),
     (lambda b: json.dumps([{"ph": "X"}]).encode(), "not a Chrome trace object"),
     (lambda b: json.dumps({"displayTimeUnit": "ns", "traceEvents": []}).encode(), "not a PyTorch profiler"),

@@ -58,9 +58,11 @@ def parse(text: str, source: str) -> tuple:
             trace = json.loads(text[:at.end() - 1] + "[]" + text[end:])
             trace["traceEvents"] = events
     except json.JSONDecodeError as exc:
-        # a whole JSON object ends with its closing brace: a file that does not was cut short
-        where = "the file ends early: truncated" if not text.rstrip().endswith("}") else \
-            f"line {exc.lineno} column {exc.colno}"
+        # a file cut short fails where its text ends (even right after an event's closing brace), or does not
+        # end with the closing brace of a whole JSON object
+        body = text.rstrip()
+        cut = exc.pos >= len(body) or not body.endswith("}")
+        where = "the file ends early: truncated" if cut else f"line {exc.lineno} column {exc.colno}"
         raise TraceFormatError(f"{source} is not valid JSON ({exc.msg}; {where})") from None
     check_kineto(trace, source)
     return trace, end
