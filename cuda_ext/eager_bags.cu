@@ -13,10 +13,10 @@
 namespace l2topo {
 namespace {
 
-constexpr int WARPS = 4;  // bags per CTA
-constexpr int VEC = 4;     // features per lane per chunk
-constexpr int SHORT_ROWS = 4;  // rows whose loads are in flight at once (VEC * rows loads per lane) ...
-constexpr int LONG_ROWS = 16;  // ... and in bags of LONG_BAG rows or more on average
+constexpr int WARPS = 4;        // bags per CTA
+constexpr int VEC = 4;          // features per lane per chunk
+constexpr int SHORT_ROWS = 4;   // rows whose loads are in flight at once (VEC * rows loads per lane) ...
+constexpr int LONG_ROWS = 16;   // ... and in bags of LONG_BAG rows or more on average
 constexpr int LONG_BAG = 32;
 
 // A bad index or offset: triton_kernels/embedding_bag.py's CHECK_MESSAGE, then a device-side assert
@@ -33,7 +33,9 @@ __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162f
 __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
 template <typename T> __device__ __forceinline__ T from_float(float v);
 template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
 template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
 
 // sum and mean add the row's value; max keeps the first row's value, then any strictly greater one, as torch's
@@ -119,9 +121,11 @@ __global__ void __launch_bounds__(32 * WARPS)
   if (bad) report_bad_entry();
 }
 
+// The launch dispatches, in turn: row type (launch_eager_bags), index type (launch_index), walk (launch_walk: short
+// or long bags), mode (launch_mode), each a template argument of the kernel.
 template <typename T, typename I, int ROWS>
-void launch_rows_of(const I* in, const I* off, const T* w, T* o, int mode, int64_t n_indices, int64_t n_offsets,
-                    int64_t n_bags, int64_t n_rows, int64_t dim, cudaStream_t stream) {
+void launch_mode(const I* in, const I* off, const T* w, T* o, int mode, int64_t n_indices, int64_t n_offsets,
+                 int64_t n_bags, int64_t n_rows, int64_t dim, cudaStream_t stream) {
   const dim3 block(32, WARPS);
   const unsigned grid = static_cast<unsigned>((n_bags + WARPS - 1) / WARPS);
   if (mode == 0) {
@@ -137,29 +141,29 @@ void launch_rows_of(const I* in, const I* off, const T* w, T* o, int mode, int64
 }
 
 template <typename T, typename I>
-cudaError_t launch_typed(const void* input, const void* offsets, const void* weight, void* out, int mode,
-                         int64_t n_indices, int64_t n_offsets, int64_t n_bags, int64_t n_rows, int64_t dim,
-                         cudaStream_t stream) {
+cudaError_t launch_walk(const void* input, const void* offsets, const void* weight, void* out, int mode,
+                        int64_t n_indices, int64_t n_offsets, int64_t n_bags, int64_t n_rows, int64_t dim,
+                        cudaStream_t stream) {
   const auto* in = static_cast<const I*>(input);
   const auto* off = static_cast<const I*>(offsets);
   const auto* w = static_cast<const T*>(weight);
   auto* o = static_cast<T*>(out);
   if (n_indices >= LONG_BAG * n_bags) {
-    launch_rows_of<T, I, LONG_ROWS>(in, off, w, o, mode, n_indices, n_offsets, n_bags, n_rows, dim, stream);
+    launch_mode<T, I, LONG_ROWS>(in, off, w, o, mode, n_indices, n_offsets, n_bags, n_rows, dim, stream);
   } else {
-    launch_rows_of<T, I, SHORT_ROWS>(in, off, w, o, mode, n_indices, n_offsets, n_bags, n_rows, dim, stream);
+    launch_mode<T, I, SHORT_ROWS>(in, off, w, o, mode, n_indices, n_offsets, n_bags, n_rows, dim, stream);
   }
   return cudaGetLastError();
 }
 
 template <typename T>
-cudaError_t launch_rows(const void* input, const void* offsets, bool index64, const void* weight, void* out,
-                        int mode, int64_t n_indices, int64_t n_offsets, int64_t n_bags, int64_t n_rows, int64_t dim,
-                        cudaStream_t stream) {
-  return index64 ? launch_typed<T, int64_t>(input, offsets, weight, out, mode, n_indices, n_offsets, n_bags, n_rows,
-                                            dim, stream)
-                 : launch_typed<T, int32_t>(input, offsets, weight, out, mode, n_indices, n_offsets, n_bags, n_rows,
-                                            dim, stream);
+cudaError_t launch_index(const void* input, const void* offsets, bool index64, const void* weight, void* out,
+                         int mode, int64_t n_indices, int64_t n_offsets, int64_t n_bags, int64_t n_rows, int64_t dim,
+                         cudaStream_t stream) {
+  return index64 ? launch_walk<T, int64_t>(input, offsets, weight, out, mode, n_indices, n_offsets, n_bags, n_rows,
+                                           dim, stream)
+                 : launch_walk<T, int32_t>(input, offsets, weight, out, mode, n_indices, n_offsets, n_bags, n_rows,
+                                           dim, stream);
 }
 
 }  // namespace
@@ -171,13 +175,13 @@ cudaError_t launch_eager_bags(const void* input, const void* offsets, bool index
   if (mode < 0 || mode > 2) return cudaErrorInvalidValue;
   switch (row_type) {
     case ROWS_FP32:
-      return launch_rows<float>(input, offsets, index64, weight, out, mode, n_indices, n_offsets, n_bags, n_rows,
+      return launch_index<float>(input, offsets, index64, weight, out, mode, n_indices, n_offsets, n_bags, n_rows,
                                 dim, stream);
     case ROWS_BF16:
-      return launch_rows<__nv_bfloat16>(input, offsets, index64, weight, out, mode, n_indices, n_offsets, n_bags,
+      return launch_index<__nv_bfloat16>(input, offsets, index64, weight, out, mode, n_indices, n_offsets, n_bags,
                                         n_rows, dim, stream);
     case ROWS_FP16:
-      return launch_rows<__half>(input, offsets, index64, weight, out, mode, n_indices, n_offsets, n_bags, n_rows,
+      return launch_index<__half>(input, offsets, index64, weight, out, mode, n_indices, n_offsets, n_bags, n_rows,
                                  dim, stream);
     default:
       return cudaErrorInvalidValue;

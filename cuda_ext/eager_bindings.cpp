@@ -26,8 +26,8 @@ bool kernel_takes(const at::Tensor& weight, const at::Tensor& input, const at::T
                   bool include_last_offset) {
   const auto index = input.scalar_type();
   // an empty table: torch's op (the kernel reads row 0 in place of a bad index before it asserts)
-  return weight.is_cuda() && weight.dim() == 2 && weight.size(0) > 0 && input.dim() == 1 && offsets.dim() == 1 && row_type(weight) >= 0 &&
-         (index == at::kLong || index == at::kInt) && offsets.scalar_type() == index &&
+  return weight.is_cuda() && weight.dim() == 2 && weight.size(0) > 0 && input.dim() == 1 && offsets.dim() == 1 &&
+         row_type(weight) >= 0 && (index == at::kLong || index == at::kInt) && offsets.scalar_type() == index &&
          input.device() == weight.device() && offsets.device() == weight.device() && weight.is_contiguous() &&
          input.is_contiguous() && offsets.is_contiguous() && mode >= 0 && mode <= 2 &&
          (!include_last_offset || offsets.size(0) >= 1);
