@@ -3,9 +3,8 @@ embedding-bag shape of bench_ops.py's grids (the full grid, then the default gri
 
 Per shape, checked equal to torch's op first, the same three calls ("eager C++", "F.embedding_bag", and the Triton
 kernel as an unchecked plain launch, "plain") in CUDA graphs (GPU time) and eager, back to back (the whole call),
-with bench_ops.py's interleaved rounds. Rows have bench_ops.py's format, so `fit_eager_rule.py --impl "eager C++"`
-fits embedding_bag's estimate of this kernel's GPU time to them, as it fits torch's, and the rule's test checks
-where it sends calls against the eager times of the Triton kernel's call.
+with bench_ops.py's interleaved rounds. Rows have bench_ops.py's format; tests/test_ops_embedding_bag.py checks
+where embedding_bag's eager rule sends calls against the three eager calls' times.
 
     python benchmarks/bench_eager_kernel.py --out benchmarks/results/eager_kernel_h200.json [--part K/N]
 """
