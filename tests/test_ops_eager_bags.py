@@ -45,10 +45,12 @@ def test_small_calls_run_torchs_op_until_the_module_is_built_then_the_module(fre
     _fake_module_build(monkeypatch, release, built)
     first = eager_bags.eager_device(0)
     assert first.launch is eager_bags.torch_bags and first.l2_bytes == 50 << 20  # the build is still running
+    assert first.terms is eager_bags.TORCH_OP_US  # and the rule estimates torch's time
     assert eager_bags.eager_device(0) is first and eager_bags.eager_device(1).launch is eager_bags.torch_bags
     release.set()
     assert eager_bags.wait_for_build(0, timeout=10) and eager_bags.wait_for_build(1, timeout=10)
     assert first.launch == "bags for sm90" and eager_bags.eager_device(1).launch == "bags for sm90"
+    assert first.terms is eager_bags.EAGER_KERNEL_US and eager_bags.eager_device(1).terms is eager_bags.EAGER_KERNEL_US
     assert built == [(9, 0)]  # one build for both sm_90 devices
     assert eager_bags.eager_device(2).launch is eager_bags.torch_bags  # another capability: its own build
     assert eager_bags.wait_for_build(2, timeout=10) and built == [(9, 0), (8, 0)]
@@ -62,6 +64,7 @@ def test_a_failed_build_keeps_torchs_op_and_says_so_once(fresh, monkeypatch, cap
         assert not eager_bags.wait_for_build(0, timeout=10)
         assert not eager_bags.wait_for_build(1, timeout=10)
     assert eager_bags.eager_device(0).launch is eager_bags.torch_bags and built == [(9, 0)]
+    assert eager_bags.eager_device(0).terms is eager_bags.TORCH_OP_US
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "keep torch's op" in warnings[0] and "nvcc: not found" in warnings[0]
 

@@ -179,14 +179,15 @@ def test_eager_kernel_leaves_other_calls_to_torchs_op():
 
 def test_small_eager_calls_run_the_eager_kernel_and_everything_else_the_triton_kernel():
     from torch_l2topo.ops import lean_launch
-    from torch_l2topo.ops.eager_bags import eager_device, torch_bags
-    from torch_l2topo.ops.embedding_bag import TORCH_OP_BELOW_US, torch_op_us
+    from torch_l2topo.ops.eager_bags import EAGER_KERNEL_US, eager_device, gpu_us, torch_bags
+    from torch_l2topo.ops.embedding_bag import EAGER_BELOW_US
 
     weight = torch.randn(N_ROWS, 64, device="cuda")
     input, offsets = _bag_case(3, 64, 20)
     embedding_bag(input, weight, offsets, mode="sum", policy="plain")  # compiled: later launches are lean
     device = eager_device(weight.get_device())
     assert device.launch is not torch_bags, "the C++ eager kernel did not build on this machine"
+    assert device.terms is EAGER_KERNEL_US  # the rule estimates the kernel's own time
 
     def launches(**kwargs):
         lean_launch._launches.update(lean=0, triton=0)
@@ -211,11 +212,14 @@ def test_small_eager_calls_run_the_eager_kernel_and_everything_else_the_triton_k
         expected = F.embedding_bag(input, weight, offsets, mode="sum", padding_idx=kept.get("padding_idx"),
                                    per_sample_weights=kept.get("per_sample_weights"))
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
-    big_bags = 65536
-    # torch's op: longer than our host time
-    assert torch_op_us(4 * big_bags, big_bags, 256, weight.nbytes, device.l2_bytes) >= TORCH_OP_BELOW_US
-    big_input = torch.randint(0, N_ROWS, (4 * big_bags,), device="cuda")
-    big_offsets = torch.arange(0, 4 * big_bags, 4, device="cuda")
+    big_bags, rows_per_bag = 65536, 16
+    # the C++ kernel: longer than the Triton call's host time
+    assert gpu_us(device.terms, rows_per_bag * big_bags, big_bags, 256, weight.nbytes, device.l2_bytes) \
+        >= EAGER_BELOW_US
+    big_input = torch.randint(0, N_ROWS, (rows_per_bag * big_bags,), device="cuda")
+    big_offsets = torch.arange(0, rows_per_bag * big_bags, rows_per_bag, device="cuda")
+    # 65,536 bags of 4 rows, which torch's line left to the Triton kernel, now take the C++ kernel
+    assert launches(input=big_input[:4 * big_bags], offsets=torch.arange(0, 4 * big_bags, 4, device="cuda"))[1] == 0
     got, n = launches(input=big_input, offsets=big_offsets)
     assert n == 1
     torch.testing.assert_close(got, F.embedding_bag(big_input, weight, big_offsets, mode="sum"), rtol=1e-5, atol=1e-5)

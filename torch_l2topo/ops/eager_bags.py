@@ -16,6 +16,11 @@ cached per torch version and GPU architecture) in a background thread that the f
 starts, so no call waits for a compiler. Until it is loaded, where it cannot be built, with
 TORCH_L2TOPO_EAGER_BAGS=0 in the environment, or for calls the kernel does not take (cuda_ext/eager_bindings.cpp),
 those calls run torch's own op (`torch_bags`), as they did before this module.
+
+Each launch comes with an estimate of its GPU time (`gpu_us` with TORCH_OP_US or EAGER_KERNEL_US), which
+embedding_bag's rule compares with the Triton kernel's host time: the C++ kernel took 0.29-0.69x torch's GPU time
+wherever torch's took 15 us or more on rows of 64 or more features (benchmarks/results/eager_kernel_h200.json), so
+once it is loaded it is given larger calls than torch's op was.
 """
 from __future__ import annotations
 
@@ -29,6 +34,19 @@ from .policy import device_properties
 
 log = logging.getLogger("torch_l2topo")
 ENV_SWITCH = "TORCH_L2TOPO_EAGER_BAGS"  # "0": never build, small calls run torch's op
+# GPU microseconds of each launch on the H200, as terms (benchmarks/fit_eager_rule.py, fitted to the fp32 "sum" rows
+# of its CUDA-graph times): per row of the mean bag, per MB read, per bag, per row read, per row read from a table
+# larger than the L2.
+TORCH_OP_US = (0.147, 0.291, 6.57e-4, 8.68e-6, 4.43e-5)     # torch's op: benchmarks/results/ops_full/
+EAGER_KERNEL_US = (0.0674, 0.0593, 2.74e-4, 3.72e-5, 2.32e-5)  # the C++ kernel: results/eager_kernel_h200.json
+
+
+def gpu_us(terms: tuple, rows: int, bags: int, row_bytes: int, table_bytes: int, l2: int) -> float:
+    """Estimated GPU microseconds of a launch with these `terms` for `rows` rows of `row_bytes` in `bags` bags of a
+    table of `table_bytes`, on a GPU whose L2 holds `l2` bytes."""
+    per_bag_row, per_mb, per_bag, per_row, per_dram_row = terms
+    per_row += row_bytes * 1e-6 * per_mb + (per_dram_row if table_bytes > l2 else 0.0)
+    return rows * (per_bag_row / (bags or 1) + per_row) + bags * per_bag
 
 
 def torch_bags(weight, input, offsets, mode: int, include_last_offset: bool) -> torch.Tensor:
@@ -37,19 +55,19 @@ def torch_bags(weight, input, offsets, mode: int, include_last_offset: bool) -> 
 
 
 class EagerDevice:
-    """What a small eager call on one CUDA device needs: the L2's size (embedding_bag's estimate of torch's time)
-    and the launch that runs it (the C++ module's `bags` once loaded, torch_bags until then)."""
+    """What a small eager call on one CUDA device needs: the L2's size, the launch that runs it (the C++ module's
+    `bags` once loaded, torch_bags until then) and that launch's gpu_us terms."""
 
-    __slots__ = ("l2_bytes", "cc", "launch")
+    __slots__ = ("l2_bytes", "cc", "launch", "terms")
 
-    def __init__(self, l2_bytes: int, cc: tuple[int, int], launch):
-        self.l2_bytes, self.cc, self.launch = l2_bytes, cc, launch
+    def __init__(self, l2_bytes: int, cc: tuple[int, int], launch, terms: tuple):
+        self.l2_bytes, self.cc, self.launch, self.terms = l2_bytes, cc, launch, terms
 
 
 _devices: dict[int, EagerDevice] = {}
 _loaded: dict[tuple[int, int], object] = {}  # compute capability -> the module's bags function
 _builds: dict[tuple[int, int], threading.Thread] = {}
-_lock = threading.Lock()  # guards the three dicts and the devices' launch
+_lock = threading.Lock()  # guards the three dicts and the devices' launch and terms
 
 
 def eager_device(index: int) -> EagerDevice:
@@ -63,8 +81,9 @@ def _new_device(index: int) -> EagerDevice:
     with _lock:
         if index not in _devices:
             cc = (props.major, props.minor)
-            _devices[index] = EagerDevice(int(getattr(props, "L2_cache_size", 0)), cc,
-                                          _loaded.get(cc, torch_bags))
+            loaded = _loaded.get(cc)
+            _devices[index] = EagerDevice(int(getattr(props, "L2_cache_size", 0)), cc, loaded or torch_bags,
+                                          TORCH_OP_US if loaded is None else EAGER_KERNEL_US)
             if os.environ.get(ENV_SWITCH, "1") != "0" and cc not in _builds:
                 _builds[cc] = threading.Thread(target=_build, args=(cc,), daemon=True,
                                                name=f"l2topo-eager-bags-sm{cc[0]}{cc[1]}")
@@ -93,6 +112,7 @@ def _build(cc: tuple[int, int]) -> None:
     with _lock:
         _loaded[cc] = bags
         for device in _devices.values():
-            if device.cc == cc:
-                device.launch = bags
+            if device.cc == cc:  # launch first: a call that reads terms then launch (eager_launch) can pair the
+                device.launch = bags  # kernel with torch's terms (fewer calls sent to it), never torch's op with
+                device.terms = EAGER_KERNEL_US  # the kernel's larger line
     log.info("small eager embedding_bag calls on sm_%d%d now run the C++ eager kernel", *cc)

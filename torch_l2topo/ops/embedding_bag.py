@@ -36,26 +36,28 @@ arguments checked, output allocated, Triton's launcher: benchmarks/results/histo
 own call 11-19 us, and our whole call to the C++ eager kernel 8-13 us
 (benchmarks/results/diagnosis/eager_host_h200.json and
 history/eager_host_h200_cc3a6777064c_first_eager_kernel.json), so a call whose work takes less GPU time than
-TORCH_OP_BELOW_US is faster there when nothing else is queued, as in an eager loop of small steps. Such a call (1-D
+EAGER_BELOW_US is faster there when nothing else is queued, as in an eager loop of small steps. Such a call (1-D
 input with offsets, no per_sample_weights or padding_idx, no autograd, indices checked (the C++ kernel asserts on a
 bad index, as torch's op does, where the unchecked Triton kernel skips it), outside compilation and CUDA graph
 capture) goes to the device's eager launch: the C++ kernel once its background build is loaded, torch.embedding_bag
 (the function torch.nn.functional.embedding_bag ends in) until then or where it cannot be built. The GPU time is
-estimated by `torch_op_us`, the time of torch's op: a non-negative least-squares fit
-(benchmarks/fit_torch_op_rule.py) to its CUDA-graph times on an H200 in the fp32 rows of the issue's full grid (68
-shapes, tables of 1 MB to 4 GB: benchmarks/results/ops_full/), with a term per row of the mean bag (torch walks a
-bag's rows in turn: one bag of 256 rows takes ~29 us) and a dearer MB for tables larger than the L2 (1,024 bags of
-256 fp32 rows took 76-80 us from 256 MB and 4 GB tables, 42-43 us from 1 and 16 MB). The C++ kernel took 0.45-1.04x
-torch's GPU time on every full-grid shape this sends it, and its call 0.43-0.69x torch's eager call
-(benchmarks/results/eager_kernel_h200.json). The rule is tested (tests/test_ops_embedding_bag.py) against the bf16
-rows of that run, two default-grid runs on other H200s, and a run of the three eager calls side by side on another
-H200 recorded after the rule was fixed (results/eager_kernel_h200_held_out.json: on the 100 shapes it sends, the
-C++ call took 0.40-0.61x torch's eager call and 0.12-0.53x the Triton kernel's), none of them fitted. A line drawn
-on the C++ kernel's own fitted GPU time (it takes 0.29-0.69x torch's where torch's takes 15 us or more) would also
-send 65,536 bags of 2-8 rows and 1,024 bags of 256 rows; that run rejected it: 65,536 bags of 8 bf16 rows took the
-C++ call 46 us and the Triton call 41 us on its host. In a CUDA graph, or when the GPU is busy and host time is
-hidden, the Triton kernel is the faster one (2.8-4.1 us against torch's 6-8 us at 1-1,024 bags of 32 rows), which
-is why graphs and compiled code keep it.
+that launch's own, estimated by eager_bags.gpu_us: non-negative least-squares fits (benchmarks/fit_eager_rule.py)
+to CUDA-graph times on an H200 in the fp32 rows of the issue's full grid (tables of 1 MB to 4 GB: torch's op in
+benchmarks/results/ops_full/, the C++ kernel in benchmarks/results/eager_kernel_h200.json), with a term per row of
+the mean bag (torch's op walks a bag's rows in turn: one bag of 256 rows takes ~29 us) and a dearer row for tables
+larger than the L2 (1,024 bags of 256 fp32 rows took torch 76-80 us from 256 MB and 4 GB tables, 42-43 us from 1
+and 16 MB). The C++ kernel's line takes 65,536 bags of 2-8 rows from tables in the L2 and 1,024 bags of 256 rows
+(20-47 us of GPU time, against the Triton call's 40-80 us) that torch's line left to the Triton kernel. The rule is
+tested (tests/test_ops_embedding_bag.py) against runs it was not fitted to: the bf16, "mean" and "max" rows of the
+same runs, two default-grid runs of torch's op on other H200s, and a run of the three eager calls side by side on
+another H200 (benchmarks/results/eager_kernel_h200_held_out.json). In that run the rule sent 112 of 142 shapes to
+the C++ kernel (0.40-0.61x torch's call) and every shape's call took at most 0.80x torch's; the line on torch's time
+(the rule before) kept four shapes on a Triton call of 1.03-1.73x torch's, and 65,536 bags of 2 and 4 rows took
+1.03x and 1.11x torch on the Triton kernel in a default-grid run under it (history/ops_eb_h200_d9b9b33d275c_*).
+The price, near the line on a fast host: 65,536 bags of 8 bf16 rows took the C++ call 46 us where the Triton call
+took 41. In a CUDA graph, or when the GPU is busy and host time is hidden, the Triton kernel is the faster one
+(2.8-4.1 us against torch's 6-8 us at 1-1,024 bags of 32 rows; 5-20 us against the C++ kernel's 19-47 us at 65,536
+bags of 1-8 rows), which is why graphs and compiled code keep it.
 
 Placement: `policy=` takes the placement policies and "auto"; the kernel's item loop runs on the placement
 helpers (policy.py says how a call is launched). Items are groups of BAGS consecutive bags (bags_per_program).
@@ -66,7 +68,7 @@ from typing import Optional
 
 import torch
 
-from .eager_bags import eager_device
+from .eager_bags import eager_device, gpu_us
 from .policy import AUTO, PLAIN_TENSORS, check_policy, direct_call, launch_placed, pow2, triton_launcher
 
 try:
@@ -90,18 +92,11 @@ MAX_WARPS = 8
 # Short bags come several to a program (bags_per_program), as long as the launch keeps this many programs: ~8
 # single-warp programs per H200 SM, each with a tile of up to 8 KB of rows in flight (8 MB at once over the GPU).
 MIN_PROGRAMS = 1024
-# Small eager calls: the eager launch where torch's estimated GPU time is below the Triton call's host time (module
-# doc). The threshold is the geometric mean of the Triton kernel's whole eager call's host time on two H200 hosts
-# (37.6 and 72.1 us: history/eager_host_h200_b185a230aa5e.json and history/eager_host_h200_87d6e450cf88.json), so
-# that a wrong choice costs the same ratio at most on either host; not tuned on the timings the rule is tested
-# against.
-TORCH_OP_BELOW_US = 52.0
-# torch's op on the H200 (benchmarks/fit_torch_op_rule.py, fp32 rows of benchmarks/results/ops_full/):
-TORCH_US_PER_BAG_ROW = 0.147   # per row of the mean bag: torch's op reads a bag's rows one after another
-TORCH_US_PER_MB = 0.291        # per MB of rows read from a table that fits in the L2
-TORCH_US_PER_DRAM_MB = 0.464   # per MB of rows read from a larger table
-TORCH_US_PER_BAG = 0.657e-3    # per bag
-TORCH_US_PER_ROW = 8.68e-6     # per row read
+# Small eager calls: the eager launch where its estimated GPU time is below the Triton call's host time (module doc).
+# The threshold is the geometric mean of the Triton kernel's whole eager call's host time on two H200 hosts (37.6
+# and 72.1 us: history/eager_host_h200_b185a230aa5e.json and history/eager_host_h200_87d6e450cf88.json), so that a
+# wrong choice costs the same ratio at most on either host; not tuned on the timings the rule is tested against.
+EAGER_BELOW_US = 52.0
 _is_compiling = torch.compiler.is_compiling  # read once: the eager rule's reads are its cost (eager_launch)
 _is_capturing = torch._C._cuda_isCurrentStreamCapturing
 
@@ -174,10 +169,10 @@ def embedding_bag(input: torch.Tensor, weight: torch.Tensor, offsets: Optional[t
 def eager_launch(input, weight, offsets, mode, per_sample_weights=None, padding_idx=None):
     """The launch that runs a small eager call under "auto" (eager_bags.py: the C++ eager kernel, or torch's op
     until it is built), or None for the Triton kernel: an eager call on CUDA tensors (a plain tensor or an
-    nn.Parameter table; 1-D input with 1-D
-    offsets, a 2-D fp32/bf16/fp16 table, no per_sample_weights or padding_idx, a known mode, no autograd), outside
-    compilation and CUDA graph capture, whose work torch's op does on the GPU in less than TORCH_OP_BELOW_US
-    (module doc). Every read here is host time on the calls it picks (0.05-0.3 us each), so each is read once."""
+    nn.Parameter table; 1-D input with 1-D offsets, a 2-D fp32/bf16/fp16 table, no per_sample_weights or
+    padding_idx, a known mode, no autograd), outside compilation and CUDA graph capture, that the launch does on the
+    GPU in less than EAGER_BELOW_US (module doc). Every read here is host time on the calls it picks (0.05-0.3 us
+    each), so each is read once."""
     # compilation first: under torch.compile the size test below would put guards on the sizes
     if _is_compiling() or per_sample_weights is not None or padding_idx is not None or offsets is None \
             or mode not in MODES:
@@ -191,18 +186,11 @@ def eager_launch(input, weight, offsets, mode, per_sample_weights=None, padding_
     n_rows, dim = shape
     row_bytes = dim * weight.itemsize
     device = eager_device(weight.get_device())
-    if torch_op_us(input.numel(), offsets.numel(), row_bytes, n_rows * row_bytes, device.l2_bytes) \
-            >= TORCH_OP_BELOW_US or _is_capturing():
+    terms = device.terms  # before the launch: eager_bags._build sets the launch first
+    if gpu_us(terms, input.numel(), offsets.numel(), row_bytes, n_rows * row_bytes, device.l2_bytes) \
+            >= EAGER_BELOW_US or _is_capturing():
         return None
     return device.launch
-
-
-def torch_op_us(rows: int, bags: int, row_bytes: int, table_bytes: int, l2: int) -> float:
-    """torch's embedding_bag on the H200, estimated GPU microseconds for `rows` rows of `row_bytes` in `bags` bags
-    of a table of `table_bytes`, on a GPU whose L2 holds `l2` bytes (module doc)."""
-    per_mb = TORCH_US_PER_MB if table_bytes <= l2 else TORCH_US_PER_DRAM_MB
-    return rows * (TORCH_US_PER_BAG_ROW / (bags or 1) + row_bytes * 1e-6 * per_mb + TORCH_US_PER_ROW) \
-        + bags * TORCH_US_PER_BAG
 
 
 def _promoted_indices(input, offsets):
