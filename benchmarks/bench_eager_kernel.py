@@ -1,4 +1,4 @@
-"""The C++ eager embedding-bag kernel (ops/eager_bags.py) against torch's op and the Triton kernel, on every
+"""The C++ eager embedding-bag kernel (ops/eager_kernels.py) against torch's op and the Triton kernel, on every
 embedding-bag shape of bench_ops.py's grids (the full grid, then the default grid's shapes it lacks).
 
 Per shape, checked equal to torch's op first, the same three calls ("eager C++", "F.embedding_bag", and the Triton
@@ -53,12 +53,12 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
     import torch
 
-    from torch_l2topo.ops.eager_bags import eager_device, wait_for_build
+    from torch_l2topo.ops.eager_kernels import eager_device, wait_for_build
 
     torch.cuda.set_device(args.device)
     if not wait_for_build(args.device, timeout=900):
         raise SystemExit("the C++ eager kernel did not build (see the log above)")
-    bags = eager_device(args.device).launch
+    bags = eager_device(args.device).bags
     shapes = part_of(SHAPES, args.part)
     rows, start, tables = [], time.perf_counter(), {}
     for i, (table_mb, dim, dtype_name, bag, batch, mode) in enumerate(shapes):

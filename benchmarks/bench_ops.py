@@ -13,12 +13,12 @@ whose tensors would not fit is recorded as skipped), and against scikit-learn's 
 Every row: time_ms (median of --reps rounds, p20/p80 kept per implementation), vs_reference (ours over the best
 reference: torch's op / Hummingbird's best strategy), vs_plain (ours over the same kernel as a plain launch),
 auto_chose (what policy "auto" resolves to: plain, ops/policy.py says why; "eager C++" for the small eager
-embedding bags that it sends to the C++ eager kernel, ops/eager_bags.py says why, or "torch" where that kernel
-is not built and they run torch's own op). In each round every implementation
-runs `inner` calls back to back between two CUDA events (interleaved, in a new random order each round, so
-drift and round order touch all alike); results are checked against torch / scikit-learn once per row before
-timing. An entry whose one call takes over SLOW_CALL_MS is timed by that call alone ("one_call", n = 1), and
-scikit-learn's CPU predict is skipped where one call would take over CPU_SECONDS (the reason is recorded).
+embedding bags and the eager forest calls that it sends to the C++ eager kernels, ops/eager_kernels.py says why, or
+"torch" where that kernel is not built and small bags run torch's own op; "plain" is the Triton kernel). In each
+round every implementation runs `inner` calls back to back between two CUDA events (interleaved, in a new random
+order each round, so drift and round order touch all alike); results are checked against torch / scikit-learn once
+per row before timing. An entry whose one call takes over SLOW_CALL_MS is timed by that call alone ("one_call", n =
+1), and scikit-learn's CPU predict is skipped where one call would take over CPU_SECONDS (the reason is recorded).
 --grid full is the issue's whole grid (tables 1 MB-4 GB, bags 1-256, batch 1-65,536; forests 10-2,000 trees,
 depth 4-12, batch 1-1M; docs/ops_full_grid.md): its forests alone take minutes each to fit and convert, so it
 runs in slices (--part K/N, one file each) within a device call's 10 minutes; the default grid (~3 min on an
@@ -176,7 +176,7 @@ def part_of(items: list, part: tuple) -> list:
 def bench_embedding_bag(grid: str, reps: int, part: tuple = (1, 1)) -> list:
     import torch
 
-    from torch_l2topo.ops.eager_bags import wait_for_build
+    from torch_l2topo.ops.eager_kernels import wait_for_build
 
     configs = part_of(BAG_GRIDS[grid], part)
     # the small eager calls' C++ kernel is built in the background on first use: time what a warm program runs
@@ -202,7 +202,7 @@ def bag_rows(table_mb: int, dim: int, dtype_name: str, bag: int, batch: int, mod
     import torch.nn.functional as F
 
     from torch_l2topo.ops import embedding_bag
-    from torch_l2topo.ops.eager_bags import torch_bags
+    from torch_l2topo.ops.eager_kernels import torch_bags
     from torch_l2topo.ops.embedding_bag import eager_launch
 
     dtype = getattr(torch, dtype_name)
@@ -334,9 +334,15 @@ def _cpu_quantiles(fn, reps: int) -> dict:
 def bench_forest(grid: str, reps: int, part: tuple = (1, 1)) -> list:
     import torch
 
+    from torch_l2topo.ops.eager_kernels import wait_for_build
+
     models, batches = FOREST_GRIDS[grid]
     models = part_of(models, part)
-    print(f"forest_predict: {len(models)} forests x {len(batches)} batches", flush=True)
+    # eager calls run the C++ eager kernel once its background build is loaded: time what a warm program runs
+    built = wait_for_build(torch.cuda.current_device(), timeout=900) if DEVICE == "cuda" else False
+    print(f"forest_predict: {len(models)} forests x {len(batches)} batches; eager calls on "
+          f"{'the C++ eager kernel' if built else 'the Triton kernel (the C++ eager kernel did not build)'}",
+          flush=True)
     rng = np.random.default_rng(1)
     x_all = torch.from_numpy(rng.normal(size=(max(batches), N_FEATURES)).astype(np.float32)).to(DEVICE)
     rows = []
@@ -352,6 +358,7 @@ def forest_rows(kind: str, trees: int, depth: int, x_all, batches, reps: int, la
 
     from torch_l2topo.ops import Forest, forest_predict
     from torch_l2topo.ops.forest import LAYOUTS
+    from torch_l2topo.ops.forest_predict import eager_forest
 
     start = time.perf_counter()
     model = _fit(kind, trees, depth)
@@ -389,6 +396,8 @@ def forest_rows(kind: str, trees: int, depth: int, x_all, batches, reps: int, la
         row = summary({"model": kind, "trees": trees, "depth": depth, "nodes_mb": nodes_mb, "batch": batch,
                        "max_abs_err": error, "fastest_layout": fastest, "impl": timings}, "ours",
                       tuple(f"hummingbird_{s}" for s in HUMMINGBIRD_STRATEGIES), "plain")
+        if x.is_cuda and eager_forest(forests["bfs"], x) is not None:
+            row["auto_chose"] = "eager C++"  # what an eager "auto" call runs (the op's "plain" is the Triton kernel)
         cpu = timings["sklearn_cpu"]
         row["vs_sklearn_cpu"] = row["time_ms"] / cpu["p50"] if "p50" in cpu else None
         _print(row, f"batch {batch}")

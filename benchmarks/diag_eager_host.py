@@ -44,7 +44,7 @@ def pieces(batch: int, bag: int) -> dict:
     from triton.runtime.jit import compute_cache_key
 
     from torch_l2topo.ops import embedding_bag
-    from torch_l2topo.ops.eager_bags import EAGER_KERNEL_US, TORCH_OP_US, eager_device, torch_bags
+    from torch_l2topo.ops.eager_kernels import EAGER_KERNEL_US, TORCH_OP_US, eager_device, torch_bags
     from torch_l2topo.ops.lean_launch import _options, lean
     from torch_l2topo.ops.policy import _unread_plan, direct_call
     from torch_l2topo.triton_kernels.embedding_bag import embedding_bag_kernel
@@ -72,14 +72,14 @@ def pieces(batch: int, bag: int) -> dict:
     values = tuple(bound.values())
 
     device_state = eager_device(torch.cuda.current_device())
-    eager_bags = device_state.launch  # the C++ module's function (main waited for its build)
+    eager_bags = device_state.bags  # the C++ module's function (main waited for its build)
 
     def ours_torch_behind():  # the rule in front of torch's op, as before the C++ eager kernel
-        device_state.launch, device_state.terms = torch_bags, TORCH_OP_US
+        device_state.bags, device_state.terms = torch_bags, TORCH_OP_US
         try:
             return embedding_bag(input, weight, offsets, mode="sum")
         finally:
-            device_state.launch, device_state.terms = eager_bags, EAGER_KERNEL_US
+            device_state.bags, device_state.terms = eager_bags, EAGER_KERNEL_US
 
     def run_only():
         compiled.run(grid[0], 1, 1, stream, compiled.function, compiled.packed_metadata, None, None, None, *values)
@@ -150,7 +150,7 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
     import torch
 
-    from torch_l2topo.ops.eager_bags import wait_for_build
+    from torch_l2topo.ops.eager_kernels import wait_for_build
 
     torch.cuda.set_device(args.device)
     if not wait_for_build(args.device, timeout=900):

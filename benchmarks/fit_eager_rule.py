@@ -1,5 +1,5 @@
 """Fit the GPU-time estimates that embedding_bag's small-eager-call rule uses (no GPU needed): torch's op
-(`ops.eager_bags.TORCH_OP_US`) and the C++ eager kernel (`ops.eager_bags.EAGER_KERNEL_US`).
+(`ops.eager_kernels.TORCH_OP_US`) and the C++ eager kernel (`ops.eager_kernels.EAGER_KERNEL_US`).
 
     python benchmarks/fit_eager_rule.py [--impl "F.embedding_bag" | --impl "eager C++"] [--from RESULT.json ...]
 
@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 RESULTS = Path(__file__).resolve().parent / "results"
-IMPLS = {  # implementation timed: (ops.eager_bags' constant, the runs it is fitted to)
+IMPLS = {  # implementation timed: (ops.eager_kernels' constant, the runs it is fitted to)
     "F.embedding_bag": ("TORCH_OP_US", sorted((RESULTS / "ops_full").glob("ops_full_h200_eb_*.json"))),
     "eager C++": ("EAGER_KERNEL_US", [RESULTS / "eager_kernel_h200.json"]),
 }
@@ -51,7 +51,7 @@ def fitted_rows(impl: str = "F.embedding_bag", paths=None) -> list:
 
 
 def features(row: dict, l2_bytes: int) -> list:
-    """The fit's terms for one shape (the arithmetic of ops.eager_bags.gpu_us)."""
+    """The fit's terms for one shape (the arithmetic of ops.eager_kernels.gpu_us)."""
     row_bytes = row["dim"] * ITEMSIZE[row["dtype"]]
     reads = row["bag"] * row["batch"]
     beyond_l2 = row["rows"] * row_bytes > l2_bytes

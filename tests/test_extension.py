@@ -80,9 +80,9 @@ def test_a_failed_build_is_not_retried_in_the_same_process(monkeypatch, tmp_path
 def test_the_eager_module_is_a_python_module_of_its_own(fake_build):
     from torch_l2topo import cuda_ext
 
-    extension.load_eager_bags((9, 0))
+    extension.load_eager_kernels((9, 0))
     assert len(fake_build) == 1 and fake_build[0]["is_python_module"]
-    assert fake_build[0]["name"].startswith("l2topo_eager_bags_torch") and fake_build[0]["name"].endswith("_sm90")
-    assert [p.rsplit("/", 1)[-1] for p in fake_build[0]["sources"]] == list(cuda_ext.EAGER_BAGS_SOURCES)
+    assert fake_build[0]["name"].startswith("l2topo_eager_torch") and fake_build[0]["name"].endswith("_sm90")
+    assert [p.rsplit("/", 1)[-1] for p in fake_build[0]["sources"]] == list(cuda_ext.EAGER_SOURCES)
     extension.load((9, 0))  # the probes' extension: another build, another name
     assert len(fake_build) == 2 and not fake_build[1]["is_python_module"]

@@ -16,7 +16,7 @@ from torch_l2topo.ops import embedding_bag
 
 N_ROWS, DIM = 20, 6
 bags = importlib.import_module("torch_l2topo.ops.embedding_bag")  # the module (the package exports the function)
-eager_bags = importlib.import_module("torch_l2topo.ops.eager_bags")
+eager_ext = importlib.import_module("torch_l2topo.ops.eager_kernels")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import fit_eager_rule as fit_rule  # noqa: E402
 
@@ -326,7 +326,7 @@ HELD_OUT = {
 def _estimate(terms: tuple, eager: dict, l2: int) -> float:
     itemsize = torch.finfo(getattr(torch, eager["dtype"])).bits // 8
     row_bytes = eager["dim"] * itemsize
-    return eager_bags.gpu_us(terms, eager["bag"] * eager["batch"], eager["batch"], row_bytes, eager["rows"] * row_bytes,
+    return eager_ext.gpu_us(terms, eager["bag"] * eager["batch"], eager["batch"], row_bytes, eager["rows"] * row_bytes,
                              l2)
 
 
@@ -336,7 +336,7 @@ def test_eager_rule_estimates_are_the_documented_fits(impl):
     name, runs = fit_rule.IMPLS[impl]
     rows = fit_rule.fitted_rows(impl)
     assert len(rows) >= 60
-    terms = getattr(eager_bags, name)
+    terms = getattr(eager_ext, name)
     assert fit_rule.fit(rows, impl) == pytest.approx(terms, rel=5e-3)
     for eager, _, l2 in fit_rule.shape_rows(runs):
         assert _estimate(terms, eager, l2) == pytest.approx(
@@ -351,7 +351,7 @@ def test_eager_rule_against_h200_runs_it_was_not_fitted_to(name):
     # torch's op, the call users would make instead (its rival, the Triton call, is the next test's). The estimate
     # stays within 2x of the launch's measured CUDA-graph time (or 10 us: the fit has no launch floor).
     impl, paths, kept = HELD_OUT[name]
-    terms = getattr(eager_bags, fit_rule.IMPLS[impl][0])
+    terms = getattr(eager_ext, fit_rule.IMPLS[impl][0])
     displaced = "plain" if impl == TORCH else TORCH
     sent = []
     for eager, graph, l2 in fit_rule.shape_rows(paths):
@@ -376,7 +376,7 @@ def test_the_cpp_kernels_line_beats_torchs_line_on_a_run_neither_was_fitted_to()
     chosen = {name: [] for name in ("C++ line", "torch's line")}
     for eager, _, l2 in fit_rule.shape_rows([RESULTS / "eager_kernel_h200_held_out.json"]):
         times = eager["impl"]
-        for name, terms in (("C++ line", eager_bags.EAGER_KERNEL_US), ("torch's line", eager_bags.TORCH_OP_US)):
+        for name, terms in (("C++ line", eager_ext.EAGER_KERNEL_US), ("torch's line", eager_ext.TORCH_OP_US)):
             call = CPP if _estimate(terms, eager, l2) < bags.EAGER_BELOW_US else "plain"
             chosen[name].append((times[call]["p50"], times[call]["p50"] / times[TORCH]["p50"]))
     total = {name: sum(t for t, _ in picks) for name, picks in chosen.items()}
@@ -391,10 +391,10 @@ def test_tables_beyond_the_l2_cost_torch_more_and_the_cpp_kernel_takes_their_cal
     # GPU: results/eager_kernel_h200.json).
     for table_mb in (256, 4096):
         call = (256 * 1024, 1024, 256, table_mb << 20)
-        assert eager_bags.gpu_us(eager_bags.TORCH_OP_US, *call, 60 << 20) >= bags.EAGER_BELOW_US
+        assert eager_ext.gpu_us(eager_ext.TORCH_OP_US, *call, 60 << 20) >= bags.EAGER_BELOW_US
         # the same call on a GPU whose L2 holds the table: no DRAM term
-        assert eager_bags.gpu_us(eager_bags.TORCH_OP_US, *call, 8 << 30) < 65
-        assert eager_bags.gpu_us(eager_bags.EAGER_KERNEL_US, *call, 60 << 20) < bags.EAGER_BELOW_US
+        assert eager_ext.gpu_us(eager_ext.TORCH_OP_US, *call, 8 << 30) < 65
+        assert eager_ext.gpu_us(eager_ext.EAGER_KERNEL_US, *call, 60 << 20) < bags.EAGER_BELOW_US
 
 
 def test_the_cpp_kernels_line_takes_short_bags_torchs_line_left_to_the_triton_kernel():
@@ -402,11 +402,11 @@ def test_the_cpp_kernels_line_takes_short_bags_torchs_line_left_to_the_triton_ke
     # kernel 24-31 us and its call 25-31 us, the Triton kernel's eager call 40-80 us (module doc)
     for rows_per_bag in (2, 4):
         call = (rows_per_bag * 65536, 65536, 256, 16 << 20, 60 << 20)
-        assert eager_bags.gpu_us(eager_bags.TORCH_OP_US, *call) >= bags.EAGER_BELOW_US
-        assert eager_bags.gpu_us(eager_bags.EAGER_KERNEL_US, *call) < bags.EAGER_BELOW_US
+        assert eager_ext.gpu_us(eager_ext.TORCH_OP_US, *call) >= bags.EAGER_BELOW_US
+        assert eager_ext.gpu_us(eager_ext.EAGER_KERNEL_US, *call) < bags.EAGER_BELOW_US
     # the target shape (65,536 bags of 32 rows) stays on the Triton kernel under either line
     target = (32 * 65536, 65536, 256, 16 << 20, 60 << 20)
-    assert min(eager_bags.gpu_us(t, *target) for t in (eager_bags.TORCH_OP_US, eager_bags.EAGER_KERNEL_US)) > 100
+    assert min(eager_ext.gpu_us(t, *target) for t in (eager_ext.TORCH_OP_US, eager_ext.EAGER_KERNEL_US)) > 100
 
 
 def test_a_frozen_parameter_is_called_directly_like_a_plain_tensor():

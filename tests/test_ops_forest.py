@@ -305,6 +305,44 @@ def test_the_gpu_launch_shapes_its_outputs_for_symbolic_sizes():
             assert isinstance(x.shape[0], torch.SymInt) and out.shape == (x.shape[0], width)
 
 
+def test_eager_calls_go_to_the_cpp_kernel_with_the_triton_launchs_split(monkeypatch):
+    # forest_predict.eager_forest hands the C++ eager kernel (stood in for by a recorder) the forest's tensors, its
+    # link's code, 1 / divisor and the Triton launch's split (work_split); it declines (None: the Triton kernel
+    # runs the call) until the module is loaded, for empty batches, too many outputs and mismatched copies
+    import importlib
+    import types
+    from dataclasses import replace
+
+    forests = importlib.import_module("torch_l2topo.ops.forest_predict")
+    calls = []
+    device = types.SimpleNamespace(forest=None)
+    monkeypatch.setattr(forests, "eager_device", lambda index: device)
+    monkeypatch.setattr(forests, "sm_count", lambda index: 132)
+    forest = Forest.from_sklearn(_fit("random forest classifier d4")).to("cpu")
+    x = torch.from_numpy(_data(n=50, seed=5)[0]).float()
+    assert forests.eager_forest(forest, x) is None  # not built yet
+    device.forest = lambda *args: calls.append(args) or "ran"
+    for n in (1, 50):
+        assert forests.eager_forest(forest, x[:n]) == "ran"
+        block_s, _, _, n_chunks, trees_per_chunk = forests.work_split(n, forest.n_trees, 132)
+        tensors = (forest.nodes, forest.values, forest.roots, forest.groups, forest.base)
+        assert all(a is b for a, b in zip(calls[-1][:5], tensors)) and torch.equal(calls[-1][5], x[:n])
+        assert calls[-1][6:] == (forest.depth, 1 / 30, forests.LINKS["identity"], block_s, n_chunks,
+                                 trees_per_chunk, None)
+    boosted = Forest.from_sklearn(_fit("boosting binary d5"))
+    assert forests.eager_forest(boosted, x) == "ran" and calls[-1][8] == forests.LINKS["sigmoid_pair"]
+    assert calls[-1][7] == 1.0
+    n_calls = len(calls)
+    wide = replace(forest, base=torch.zeros(forests.MAX_GPU_OUTPUTS + 1, dtype=forest.base.dtype))
+    unpaired = replace(forest, sm_partition=torch.zeros(132, dtype=torch.int32))  # copies need (2, n_trees) roots
+    for declined in [(forest, x[:0]), (wide, x), (unpaired, x)]:
+        assert forests.eager_forest(*declined) is None
+    assert len(calls) == n_calls
+    # CPU rows never reach it: the op's own CPU walk, as before
+    monkeypatch.setattr(forests, "eager_forest", lambda *args: pytest.fail("a CPU call reached the eager kernel"))
+    np.testing.assert_allclose(forest_predict(forest, x).numpy(), forest_predict(forest, x, policy="plain").numpy())
+
+
 # ---- per-partition copies (the layout; the GPU tests walk them on a real partition map) ----------------------
 def _homes(n_blocks, seed):
     """Synthetic partition homes of a buffer's blocks: random sides, some undecided."""

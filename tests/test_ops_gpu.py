@@ -31,7 +31,7 @@ N_ROWS = 1000
 def _eager_kernel_built():
     """Small eager calls under "auto" run the C++ eager kernel once its background build is done: wait for it,
     so that every test here sees what a warm program runs (test_small_eager_calls_... checks it did build)."""
-    from torch_l2topo.ops.eager_bags import wait_for_build
+    from torch_l2topo.ops.eager_kernels import wait_for_build
 
     wait_for_build(torch.cuda.current_device(), timeout=900)
 
@@ -104,7 +104,7 @@ torch.cuda.synchronize()
 print("a good call passed", flush=True)
 input, offsets = {"index": ([1, 100, 2], [0, 2]), "offsets": ([1, 99, 2], [0, 3, 2])}[sys.argv[1]]
 if sys.argv[2] == "auto":  # a small eager call: the C++ eager kernel, once built
-    from torch_l2topo.ops.eager_bags import wait_for_build
+    from torch_l2topo.ops.eager_kernels import wait_for_build
     assert wait_for_build(0, timeout=900)
 embedding_bag(torch.tensor(input, device="cuda"), weight, torch.tensor(offsets, device="cuda"), policy=sys.argv[2])
 print("launched without a host sync", flush=True)
@@ -144,9 +144,9 @@ def test_eager_kernel_matches_torchs_op(mode, dtype):
     # for every row width (a feature chunk is 128 elements: 6, 64, 200 and 512 cover a partial chunk, a partial
     # lane set and several chunks), both index dtypes, empty bags, include_last_offset, and both walks (bags of
     # 20 rows on average: four rows a step; of 60: sixteen, then four, then single rows)
-    from torch_l2topo.ops.eager_bags import eager_device
+    from torch_l2topo.ops.eager_kernels import eager_device
 
-    bags = eager_device(torch.cuda.current_device()).launch
+    bags = eager_device(torch.cuda.current_device()).bags
     code = {"sum": 0, "mean": 1, "max": 2}[mode]
     for dim in (6, 64, 200, 512):
         weight = torch.randn(N_ROWS, dim, device="cuda").to(dtype)
@@ -161,9 +161,9 @@ def test_eager_kernel_matches_torchs_op(mode, dtype):
 
 def test_eager_kernel_leaves_other_calls_to_torchs_op():
     # what the kernel does not take goes to torch's op inside the module: the same results and torch's errors
-    from torch_l2topo.ops.eager_bags import eager_device
+    from torch_l2topo.ops.eager_kernels import eager_device
 
-    bags = eager_device(torch.cuda.current_device()).launch
+    bags = eager_device(torch.cuda.current_device()).bags
     weight = torch.randn(N_ROWS, 64, device="cuda")
     input, offsets = _bag_case(5, 30, 20)
     for args in [(weight[:, ::2], input, offsets), (weight, input.repeat_interleave(2)[::2], offsets),
@@ -179,14 +179,14 @@ def test_eager_kernel_leaves_other_calls_to_torchs_op():
 
 def test_small_eager_calls_run_the_eager_kernel_and_everything_else_the_triton_kernel():
     from torch_l2topo.ops import lean_launch
-    from torch_l2topo.ops.eager_bags import EAGER_KERNEL_US, eager_device, gpu_us, torch_bags
+    from torch_l2topo.ops.eager_kernels import EAGER_KERNEL_US, eager_device, gpu_us, torch_bags
     from torch_l2topo.ops.embedding_bag import EAGER_BELOW_US
 
     weight = torch.randn(N_ROWS, 64, device="cuda")
     input, offsets = _bag_case(3, 64, 20)
     embedding_bag(input, weight, offsets, mode="sum", policy="plain")  # compiled: later launches are lean
     device = eager_device(weight.get_device())
-    assert device.launch is not torch_bags, "the C++ eager kernel did not build on this machine"
+    assert device.bags is not torch_bags, "the C++ eager kernel did not build on this machine"
     assert device.terms is EAGER_KERNEL_US  # the rule estimates the kernel's own time
 
     def launches(**kwargs):
@@ -197,12 +197,12 @@ def test_small_eager_calls_run_the_eager_kernel_and_everything_else_the_triton_k
 
     assert launches(mode="max")[1] == 0
     assert launches(weight=torch.nn.Parameter(weight, requires_grad=False))[1] == 0  # a module's frozen table
-    built, calls = device.launch, []
-    device.launch = lambda *args: calls.append(args) or built(*args)  # the call goes through the device's launch
+    built, calls = device.bags, []
+    device.bags = lambda *args: calls.append(args) or built(*args)  # the call goes through the device's launch
     try:
         got, n = launches()
     finally:
-        device.launch = built
+        device.bags = built
     assert n == 0 and len(calls) == 1 and torch.equal(got, F.embedding_bag(input, weight, offsets, mode="sum"))
     psw = torch.rand(input.numel(), device="cuda")
     for kept in [dict(policy="plain"), dict(check_indices=False), dict(padding_idx=3), dict(per_sample_weights=psw),
@@ -270,15 +270,82 @@ def _sklearn_models():
     }
 
 
+@pytest.mark.parametrize("policy", ["auto", "plain"])  # eager: the C++ eager kernel, the Triton kernel
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_forest_matches_sklearn(layout):
+def test_forest_matches_sklearn(layout, policy):
     x, models = _sklearn_models()
     for name, model in models.items():
         forest = Forest.from_sklearn(model, layout=layout).to("cuda")
         for n in (1, 7, 132, 2000):
-            got = forest_predict(forest, torch.from_numpy(x[:n]).cuda()).cpu().numpy()
+            got = forest_predict(forest, torch.from_numpy(x[:n]).cuda(), policy=policy).cpu().numpy()
             expected = model.predict_proba(x[:n]) if hasattr(model, "predict_proba") else model.predict(x[:n])
             np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5, err_msg=f"{name} n={n}")
+
+
+def _eager_forest_cases():
+    """(name, forest, x) for every link and leaf kind: scikit-learn's three models (class rows, softmax over
+    per-class trees, identity), a binary classifier (the sigmoid pair), and xgboost's recorded files (NaN inputs
+    and default directions, exp, a margin per class)."""
+    ensemble = pytest.importorskip("sklearn.ensemble")
+    x, models = _sklearn_models()
+    binary = ensemble.GradientBoostingClassifier(n_estimators=40, max_depth=3, random_state=0).fit(x, x[:, 0] > 0)
+    cases = [(name, Forest.from_sklearn(model).to("cuda"), torch.from_numpy(x).cuda())
+             for name, model in [*models.items(), ("binary", binary)]]
+    for path in sorted(XGBOOST.glob("*.json")):
+        if path.stem != "manifest":
+            x_rec = torch.from_numpy(np.load(XGBOOST / f"{path.stem}.npz")["x"]).cuda()
+            cases.append((path.stem, Forest.from_xgboost_json(path, layout="blocks").to("cuda"), x_rec))
+    return cases
+
+
+def test_eager_forest_kernel_matches_the_triton_kernel():
+    # the C++ eager kernel adds the same leaves in another order (per thread, then across lanes): equal to the
+    # Triton kernel's prediction within float32 rounding, for every link, leaf kind, one chunk and several, and
+    # with per-partition copies; an eager "auto" call runs it (no Triton launch), "plain" the Triton kernel
+    from torch_l2topo.ops import lean_launch
+
+    links = set()
+    for name, forest, x in _eager_forest_cases():
+        links.add(forest.transform)
+        copies = forest.per_partition() if name == "gbr" else None
+        for n in (1, 5, 64, 132, 1000, x.shape[0]):
+            xs = x[:n]
+            assert forests.eager_forest(forest, xs) is not None, name
+            expected = forest_predict(forest, xs, policy="plain")
+            lean_launch._launches.update(lean=0, triton=0)
+            got = forest_predict(forest, xs)
+            assert lean_launch._launches == {"lean": 0, "triton": 0}, name
+            torch.testing.assert_close(got, expected, rtol=2e-6, atol=2e-6, msg=f"{name} n={n}")
+            if copies is not None:
+                assert torch.equal(forests.eager_forest(copies, xs), forests.eager_forest(forest, xs)), n
+    assert links == set(forests.LINKS), links
+
+
+def test_eager_forest_leaves_graphs_and_large_calls_to_the_triton_kernel():
+    # under CUDA graph capture (no host time to save) and at EAGER_MAX_STEPS walk steps and more (where its GPU time
+    # is the longer) the C++ kernel declines and "auto" launches the Triton kernel: a captured call replays it
+    from torch_l2topo.ops import lean_launch
+
+    x, models = _sklearn_models()
+    forest = Forest.from_sklearn(models["gbr"]).to("cuda")
+    xs = torch.from_numpy(x[:16]).cuda()
+    assert forests.eager_forest(forest, xs) is not None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        assert forests.eager_forest(forest, xs) is None
+        out = forest_predict(forest, xs)
+    for seed in range(3):
+        xs.copy_(torch.randn(xs.shape, device="cuda", generator=torch.Generator(device="cuda").manual_seed(seed)))
+        graph.replay()
+        torch.testing.assert_close(out, forest_predict(forest, xs), rtol=2e-6, atol=2e-6)
+        assert torch.equal(out, forest_predict(forest, xs, policy="plain"))
+    n = -(-forests.EAGER_MAX_STEPS // (forest.n_trees * forest.depth))
+    big = torch.randn(n, x.shape[1], device="cuda")
+    assert forests.eager_forest(forest, big[:n - 1]) is not None and forests.eager_forest(forest, big) is None
+    lean_launch._launches.update(lean=0, triton=0)
+    got = forest_predict(forest, big)
+    assert lean_launch._launches["lean"] + lean_launch._launches["triton"] == 1
+    np.testing.assert_allclose(got.cpu().numpy(), models["gbr"].predict(big.cpu().numpy()), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

@@ -1,5 +1,5 @@
 """Builds and loads the CUDA extensions (the sources in cuda_ext/) with torch.utils.cpp_extension: the probes'
-(torch.ops.l2topo, `load`) and the eager embedding-bag module (a pybind11 module, `load_eager_bags`).
+(torch.ops.l2topo, `load`) and the eager embedding-bag module (a pybind11 module, `load_eager_kernels`).
 
 The build is cached per torch version and GPU architecture (both are in the extension name, so a torch
 upgrade or another GPU never loads a stale binary). torch's own build lock is a plain file that a killed
@@ -22,7 +22,7 @@ ERROR_LOG = "l2topo-build-error.log"
 
 _loaded: dict[str, object] = {}
 _failed: dict[str, str] = {}  # a failed build is not retried in the same process: torch would load a stale .so
-# one build at a time in this process: a build sets TORCH_CUDA_ARCH_LIST, and ops/eager_bags.py builds in a thread
+# one build at a time in this process: a build sets TORCH_CUDA_ARCH_LIST, and ops/eager_kernels.py builds in a thread
 _building = threading.Lock()
 
 
@@ -49,11 +49,11 @@ def load(cc: tuple[int, int]):
     return torch.ops.l2topo
 
 
-def load_eager_bags(cc: tuple[int, int]):
+def load_eager_kernels(cc: tuple[int, int]):
     """Build (once) and load the eager embedding-bag module (cuda_ext/eager_bindings.cpp) for `cc`."""
     from torch_l2topo import cuda_ext
 
-    return _build(extension_name(cc, "l2topo_eager_bags"), cuda_ext.EAGER_BAGS_SOURCES, cc, python_module=True)
+    return _build(extension_name(cc, "l2topo_eager"), cuda_ext.EAGER_SOURCES, cc, python_module=True)
 
 
 def _build(name: str, sources: tuple, cc: tuple[int, int], python_module: bool):

@@ -30,7 +30,7 @@ regions it is off too (the kernel skips bad entries there as well).
 Dispatch: an eager call that needs no autograd graph calls the implementation directly (policy.direct_call:
 the dispatcher costs tens of microseconds per call); everything else goes through the op.
 
-Small eager calls run the C++ eager kernel (policy "auto" only; `eager_launch`; ops/eager_bags.py). A call through
+Small eager calls run the C++ eager kernel (policy "auto" only; `eager_launch`; ops/eager_kernels.py). A call through
 the Triton kernel spends 37-80 us on the host of the H200 machines before its kernel runs (the whole call,
 arguments checked, output allocated, Triton's launcher: benchmarks/results/history/eager_host_h200_*.json), torch's
 own call 11-19 us, and our whole call to the C++ eager kernel 8-13 us
@@ -41,7 +41,7 @@ input with offsets, no per_sample_weights or padding_idx, no autograd, indices c
 bad index, as torch's op does, where the unchecked Triton kernel skips it), outside compilation and CUDA graph
 capture) goes to the device's eager launch: the C++ kernel once its background build is loaded, torch.embedding_bag
 (the function torch.nn.functional.embedding_bag ends in) until then or where it cannot be built. The GPU time is
-that launch's own, estimated by eager_bags.gpu_us: non-negative least-squares fits (benchmarks/fit_eager_rule.py)
+that launch's own, estimated by eager_kernels.gpu_us: non-negative least-squares fits (benchmarks/fit_eager_rule.py)
 to CUDA-graph times on an H200 in the fp32 rows of the issue's full grid (tables of 1 MB to 4 GB: torch's op in
 benchmarks/results/ops_full/, the C++ kernel in benchmarks/results/eager_kernel_h200.json), with a term per row of
 the mean bag (torch's op walks a bag's rows in turn: one bag of 256 rows takes ~29 us) and a dearer row for tables
@@ -68,7 +68,7 @@ from typing import Optional
 
 import torch
 
-from .eager_bags import eager_device, gpu_us
+from .eager_kernels import eager_device, gpu_us
 from .policy import AUTO, PLAIN_TENSORS, check_policy, direct_call, launch_placed, pow2, triton_launcher
 
 try:
@@ -167,7 +167,7 @@ def embedding_bag(input: torch.Tensor, weight: torch.Tensor, offsets: Optional[t
 
 
 def eager_launch(input, weight, offsets, mode, per_sample_weights=None, padding_idx=None):
-    """The launch that runs a small eager call under "auto" (eager_bags.py: the C++ eager kernel, or torch's op
+    """The launch that runs a small eager call under "auto" (eager_kernels.py: the C++ eager kernel, or torch's op
     until it is built), or None for the Triton kernel: an eager call on CUDA tensors (a plain tensor or an
     nn.Parameter table; 1-D input with 1-D offsets, a 2-D fp32/bf16/fp16 table, no per_sample_weights or
     padding_idx, a known mode, no autograd), outside compilation and CUDA graph capture, that the launch does on the
@@ -186,11 +186,11 @@ def eager_launch(input, weight, offsets, mode, per_sample_weights=None, padding_
     n_rows, dim = shape
     row_bytes = dim * weight.itemsize
     device = eager_device(weight.get_device())
-    terms = device.terms  # before the launch: eager_bags._build sets the launch first
+    terms = device.terms  # before the launch: eager_kernels._build sets bags first
     if gpu_us(terms, input.numel(), offsets.numel(), row_bytes, n_rows * row_bytes, device.l2_bytes) \
             >= EAGER_BELOW_US or _is_capturing():
         return None
-    return device.launch
+    return device.bags
 
 
 def _promoted_indices(input, offsets):

@@ -16,6 +16,13 @@ call and CUDA graphs capture it; the forest's tensors are inputs, built outside 
 once). An eager call (no autograd: forests are not trained here) calls the op's body directly
 (policy.direct_call: the dispatcher costs tens of microseconds, more than a small batch's kernel).
 
+Eager calls under "auto" of fewer than EAGER_MAX_STEPS walk steps run the same walk, split the same way, on the C++
+eager kernel (cuda_ext/eager_forest.cu, through ops/eager_kernels.py, once its background build is loaded): the
+Triton kernel's eager call spends 46-110 us of host time on the H200 machines, and the C++ kernel's whole call
+15-30 us, while below the line either kernel's GPU time is under the Triton call's host time. Larger calls, CUDA
+graph capture, torch.compile'd code and every other policy keep the Triton kernel, whose GPU time is the shorter
+(the C++ kernel's was 1.0-1.4x it in CUDA graphs below the line, 1.1-1.5x at 39M steps and more).
+
 Work split on a GPU: items are (block of BLOCK_S samples, chunk of trees) pairs; with few sample blocks the trees
 are cut into chunks until there are about ITEMS_PER_SM items per SM (batch 1 on an H200: 132 x 8 items of a
 few dozen trees each). The kernel itself adds a block's chunks (the last chunk to finish adds them all, counted
@@ -32,8 +39,9 @@ from typing import Optional
 
 import torch
 
+from .eager_kernels import eager_device
 from .forest import TRANSFORMS, Forest
-from .policy import check_policy, device_properties, direct_call, launch_placed, pow2, traced, triton_launcher
+from .policy import AUTO, check_policy, device_properties, direct_call, launch_placed, pow2, traced, triton_launcher
 
 try:
     from ..triton_kernels.forest import forest_kernel
@@ -49,6 +57,11 @@ MAX_GPU_OUTPUTS = 64   # outputs (classes) the kernel accumulates in registers
 # the sum's registers are the whole kernel's, and the walks lose occupancy to them.
 SUM_VALUES = 1024
 CPU_WALKS = 1 << 22    # (sample, tree) walks the CPU path holds at once (its index tensors: 32 MB each)
+# Eager calls of fewer walk steps (samples x trees x depth) run the C++ eager kernel (eager_forest). Set on the H200
+# (benchmarks/results/eager_forest_h200.json): at up to 9.8M steps every call took 0.27-0.49x the Triton kernel's
+# eager call (its host time: 46-110 us); at 39M steps and more the Triton kernel's GPU time (106 us and up) is the
+# shorter, by up to 1.5x, and the host time is hidden behind it.
+EAGER_MAX_STEPS = 1 << 24
 LINKS = {name: code for code, name in enumerate(TRANSFORMS)}  # Forest.transform -> the kernel's LINK code
 
 _counters: dict = {}   # (device, stream) -> chunk_counters' eager buffer
@@ -76,11 +89,35 @@ def forest_predict(forest: Forest, x: torch.Tensor, *, policy: str = "auto") -> 
     if x.is_cuda and forest.n_outputs > MAX_GPU_OUTPUTS:
         raise ValueError(f"forest_predict on a GPU handles up to {MAX_GPU_OUTPUTS} outputs; this forest has "
                          f"{forest.n_outputs} (run it on the CPU)")
-    args = (forest.nodes, forest.values, forest.roots, forest.groups, forest.base,
-            x.to(torch.float32).contiguous(), forest.depth, forest.divisor, policy, forest.sm_partition,
-            forest.transform)
-    out = _forest_predict(*args) if direct_call(x) else torch.ops.torch_l2topo.forest_predict(*args)
+    x = x.to(torch.float32).contiguous()
+    if not direct_call(x):
+        out = torch.ops.torch_l2topo.forest_predict(*_op_args(forest, x, policy))
+    else:
+        out = eager_forest(forest, x) if policy == AUTO and x.is_cuda else None
+        if out is None:
+            out = _forest_predict(*_op_args(forest, x, policy))
     return out[:, 0] if forest.squeeze else out
+
+
+def _op_args(forest: Forest, x: torch.Tensor, policy: str) -> tuple:
+    return (forest.nodes, forest.values, forest.roots, forest.groups, forest.base, x, forest.depth, forest.divisor,
+            policy, forest.sm_partition, forest.transform)
+
+
+def eager_forest(forest: Forest, x: torch.Tensor) -> Optional[torch.Tensor]:
+    """The prediction of an eager "auto" call on CUDA float32 rows x on the C++ eager kernel (eager_kernels.py),
+    split as the Triton kernel's launch would be; None (the Triton kernel runs the call, and raises what there is
+    to raise) where the C++ module is not loaded yet, for calls of EAGER_MAX_STEPS walk steps or more, and for
+    calls the module does not take (under CUDA graph capture among them: cuda_ext/eager_bindings.cpp)."""
+    run = eager_device(x.get_device()).forest
+    n, n_trees = x.shape[0], forest.roots.shape[-1]
+    copies = forest.sm_partition is not None
+    if run is None or n == 0 or n * n_trees * forest.depth >= EAGER_MAX_STEPS or forest.transform not in LINKS \
+            or forest.n_outputs > MAX_GPU_OUTPUTS or copies != (forest.roots.dim() == 2 and forest.roots.shape[0] == 2):
+        return None
+    block_s, _, _, n_chunks, trees_per_chunk, _, _ = _shape(n, n_trees, sm_count(x.get_device()), forest.n_outputs)
+    return run(forest.nodes, forest.values, forest.roots, forest.groups, forest.base, x, forest.depth,
+               1.0 / forest.divisor, LINKS[forest.transform], block_s, n_chunks, trees_per_chunk, forest.sm_partition)
 
 
 def apply_link(raw: torch.Tensor, link: str) -> torch.Tensor:

@@ -1,0 +1,125 @@
+"""Small eager calls on CUDA C++ kernels bound with pybind11: embedding bags (cuda_ext/eager_bags.cu) and forests
+(cuda_ext/eager_forest.cu), one module (cuda_ext/eager_bindings.cpp).
+
+A small eager call costs what the host spends on it. On the H200 machines torch's own embedding_bag call took 11-19
+us, and our Triton kernels' lean launch alone 16 us of a 37-80 us call (binding its arguments, Triton's launcher,
+the output allocation and our Python around them: benchmarks/results/history/eager_host_h200_*.json);
+forest_predict's eager call at one sample took 47-76 us of host time for a few microseconds of GPU time. A pybind11
+function that allocates the output and launches a plain CUDA kernel takes 6-10 us, and our whole embedding_bag call
+through it 8-13 us (benchmarks/results/diagnosis/eager_host_h200.json).
+
+Embedding bags: no Python in front of torch's call can be cheaper than none (the op's argument checks and its
+choice cost ~2 us, 10-17% of torch's call), so embedding_bag's small eager calls (embedding_bag.eager_launch) run
+the C++ kernel. On the full grid's shapes it takes, the module's call took 0.43-0.69x torch's eager call, and the
+kernel's GPU time 0.45-1.04x torch's (benchmarks/results/eager_kernel_h200.json); the op's whole call took
+0.74-0.78x torch's at the default grid's small shapes (benchmarks/results/ops_eb_eager_kernel_h200.json). Each
+launch comes with an estimate of its GPU time (`gpu_us` with TORCH_OP_US or EAGER_KERNEL_US), which embedding_bag's
+rule compares with the Triton kernel's host time: the C++ kernel took 0.29-0.69x torch's GPU time wherever torch's
+took 15 us or more on rows of 64 or more features, so once it is loaded it is given larger calls than torch's op was.
+
+Forests: forest_predict's eager calls (forest_predict.eager_forest) run the same walk, split the same way, on the
+C++ kernel: the Triton kernel's eager launch alone is most of a small call.
+
+Availability: the module is built with torch.utils.cpp_extension (nvcc and a C++ compiler; measure/extension.py,
+cached per torch version and GPU architecture) in a background thread that the first such call on a device
+starts, so no call waits for a compiler. Until it is loaded, where it cannot be built, or with
+TORCH_L2TOPO_EAGER_KERNELS=0 in the environment, small embedding bags run torch's own op (`torch_bags`) and forests
+the Triton kernel, as they did before this module.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+import torch
+
+from .policy import device_properties
+
+log = logging.getLogger("torch_l2topo")
+ENV_SWITCH = "TORCH_L2TOPO_EAGER_KERNELS"  # "0": never build (module doc)
+# GPU microseconds of each launch on the H200, as terms (benchmarks/fit_eager_rule.py, fitted to the fp32 "sum" rows
+# of its CUDA-graph times): per row of the mean bag, per MB read, per bag, per row read, per row read from a table
+# larger than the L2.
+TORCH_OP_US = (0.147, 0.291, 6.57e-4, 8.68e-6, 4.43e-5)     # torch's op: benchmarks/results/ops_full/
+EAGER_KERNEL_US = (0.0674, 0.0593, 2.74e-4, 3.72e-5, 2.32e-5)  # the C++ kernel: results/eager_kernel_h200.json
+
+
+def gpu_us(terms: tuple, rows: int, bags: int, row_bytes: int, table_bytes: int, l2: int) -> float:
+    """Estimated GPU microseconds of a launch with these `terms` for `rows` rows of `row_bytes` in `bags` bags of a
+    table of `table_bytes`, on a GPU whose L2 holds `l2` bytes."""
+    per_bag_row, per_mb, per_bag, per_row, per_dram_row = terms
+    per_row += row_bytes * 1e-6 * per_mb + (per_dram_row if table_bytes > l2 else 0.0)
+    return rows * (per_bag_row / (bags or 1) + per_row) + bags * per_bag
+
+
+def torch_bags(weight, input, offsets, mode: int, include_last_offset: bool) -> torch.Tensor:
+    """torch's own op for a small eager call: torch.embedding_bag, where torch.nn.functional.embedding_bag ends."""
+    return torch.embedding_bag(weight, input, offsets, False, mode, False, None, include_last_offset, None)[0]
+
+
+class EagerDevice:
+    """What a small eager call on one CUDA device needs: the L2's size; the launch that runs an embedding bag (the
+    C++ module's `bags` once loaded, torch_bags until then) and that launch's gpu_us terms; the module's `forest`
+    (None until loaded)."""
+
+    __slots__ = ("l2_bytes", "cc", "bags", "terms", "forest")
+
+    def __init__(self, l2_bytes: int, cc: tuple[int, int], module=None):
+        self.l2_bytes, self.cc = l2_bytes, cc
+        self.bags, self.terms = (torch_bags, TORCH_OP_US) if module is None else (module.bags, EAGER_KERNEL_US)
+        self.forest = None if module is None else module.forest
+
+
+_devices: dict[int, EagerDevice] = {}
+_loaded: dict[tuple[int, int], object] = {}  # compute capability -> the C++ module
+_builds: dict[tuple[int, int], threading.Thread] = {}
+_lock = threading.Lock()  # guards the three dicts and the devices' bags, terms and forest
+
+
+def eager_device(index: int) -> EagerDevice:
+    """The EagerDevice of CUDA device `index`, made once; the first one of a compute capability starts its build."""
+    device = _devices.get(index)
+    return device if device is not None else _new_device(index)
+
+
+def _new_device(index: int) -> EagerDevice:
+    props = device_properties(index)
+    with _lock:
+        if index not in _devices:
+            cc = (props.major, props.minor)
+            _devices[index] = EagerDevice(int(getattr(props, "L2_cache_size", 0)), cc, _loaded.get(cc))
+            if os.environ.get(ENV_SWITCH, "1") != "0" and cc not in _builds:
+                _builds[cc] = threading.Thread(target=_build, args=(cc,), daemon=True,
+                                               name=f"l2topo-eager-kernels-sm{cc[0]}{cc[1]}")
+                _builds[cc].start()
+        return _devices[index]
+
+
+def wait_for_build(index: int, timeout: float | None = None) -> bool:
+    """Wait for device `index`'s build (tests, benchmarks); True if small calls there now run the C++ kernels."""
+    device = eager_device(index)
+    thread = _builds.get(device.cc)
+    if thread is not None:
+        thread.join(timeout)
+    return device.forest is not None
+
+
+def _build(cc: tuple[int, int]) -> None:
+    from ..errors import BackendUnavailable
+    from ..measure.extension import load_eager_kernels
+
+    try:
+        module = load_eager_kernels(cc)
+    except BackendUnavailable as exc:  # torch's op and the Triton kernel keep the calls: slower, never wrong
+        log.warning("small eager embedding_bag and forest_predict calls keep torch's op and the Triton kernel: %s",
+                    exc)
+        return
+    with _lock:
+        _loaded[cc] = module
+        for device in _devices.values():
+            if device.cc == cc:  # bags first: a call that reads terms then bags (eager_launch) can pair the
+                device.bags = module.bags  # kernel with torch's terms (fewer calls sent to it), never torch's op
+                device.terms = EAGER_KERNEL_US  # with the kernel's larger line
+                device.forest = module.forest
+    log.info("small eager embedding_bag and forest_predict calls on sm_%d%d now run the C++ eager kernels", *cc)
