@@ -7,7 +7,10 @@ the op's argument checks) and "plain" (policy="plain": the Triton kernel's lean 
 - "eager": calls back to back (the whole call: host time where the batch is small), bench_ops.py's interleaved
   rounds;
 - "gpu": the two kernels' GPU time, each call queued behind a GPU spin (SPIN_CYCLES) between two events, so that
-  its host time is hidden (a CUDA graph would not do: captured calls run the Triton kernel).
+  its host time is hidden (a CUDA graph would not do: captured calls run the Triton kernel). Where a call's host
+  time outlasts the spin, the row reads it: on H200 8d8bc563d7d7 the Triton call's "gpu" quantiles at small
+  batches spread to 0.1-0.18 ms (its first call after a synchronize), so there its CUDA-graph time
+  (benchmarks/results/diagnosis/eager_forest_graphs_h200_*) is the GPU time to read.
 Rows have bench_ops.py's format, with "auto" (eager) or "eager C++" (gpu) as ours and "plain" as the reference, and
 "auto_ran": the kernel that "auto" ran. `--forests held_out` runs forests and batches the line was not set on
 (tests/test_ops_forest.py checks the line against that run). Hummingbird and scikit-learn are bench_ops.py's

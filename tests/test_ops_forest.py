@@ -343,6 +343,49 @@ def test_eager_calls_go_to_the_cpp_kernel_with_the_triton_launchs_split(monkeypa
     np.testing.assert_allclose(forest_predict(forest, x).numpy(), forest_predict(forest, x, policy="plain").numpy())
 
 
+EAGER_FOREST_RUNS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+
+
+def _eager_rows(name: str) -> list:
+    """(walk steps, {call: p50 ms}) of the eager rows of a bench_eager_forest.py run."""
+    rows = json.loads((EAGER_FOREST_RUNS / name).read_text())["figures"]["forest"]
+    return [(r["steps"], {k: v["p50"] for k, v in r["impl"].items()}, r["auto_ran"]) for r in rows
+            if r["timing"] == "eager"]
+
+
+def _rule_costs(rows: list, line: int) -> tuple:
+    """(worst ratio of a call the line sends to the C++ kernel over the Triton call, worst ratio of any call the
+    line makes over the faster of the two) on one run's eager rows."""
+    sent, worst = [], []
+    for steps, times, _ in rows:
+        chosen = times["eager C++"] if steps < line else times["plain"]
+        if steps < line:
+            sent.append(chosen / times["plain"])
+        worst.append(chosen / min(times["eager C++"], times["plain"]))
+    return max(sent, default=1.0), max(worst)
+
+
+def test_the_eager_forest_line_on_a_run_it_was_not_set_on():
+    # EAGER_MAX_STEPS was set on eager_forest_h200.json; the held-out run (H200 8d8bc563d7d7) has other forests
+    # (boosting 200 x d5, random forests 1,000 x d10 and 50 x d12) at other batches (2-32,768, 3 thousand to 330
+    # million steps). There, every call the line sends to the C++ kernel takes at most half the Triton kernel's
+    # eager call (measured 0.19-0.32x), and no call it makes is more than 20% slower than the faster of the two
+    # (measured 1.16x: the Triton kernel's call at 20M steps). Drawn at one step, the line sends nothing and misses
+    # the halving everywhere; on the run it was set on, drawn above every call, it sends calls of 39 million steps
+    # and more to a C++ kernel 1.23-1.34x slower.
+    import importlib
+
+    forests = importlib.import_module("torch_l2topo.ops.forest_predict")
+    held_out = _eager_rows("eager_forest_h200_held_out.json")
+    assert {ran for _, _, ran in held_out} == {"eager C++", "plain"}
+    for steps, _, ran in held_out:  # the run recorded what the op ran: the rule as committed
+        assert ran == ("eager C++" if steps < forests.EAGER_MAX_STEPS else "plain"), steps
+    sent, worst = _rule_costs(held_out, forests.EAGER_MAX_STEPS)
+    assert sent <= 0.5 and worst <= 1.2, (sent, worst)
+    assert _rule_costs(held_out, 1)[1] > 2  # no line: every small call pays the Triton call's host time
+    assert _rule_costs(_eager_rows("eager_forest_h200.json"), 1 << 62)[1] > 1.2  # no limit: large calls lose
+
+
 # ---- per-partition copies (the layout; the GPU tests walk them on a real partition map) ----------------------
 def _homes(n_blocks, seed):
     """Synthetic partition homes of a buffer's blocks: random sides, some undecided."""

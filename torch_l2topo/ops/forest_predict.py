@@ -21,7 +21,8 @@ eager kernel (cuda_ext/eager_forest.cu, through ops/eager_kernels.py, once its b
 Triton kernel's eager call spends 46-110 us of host time on the H200 machines, and the C++ kernel's whole call
 15-30 us, while below the line either kernel's GPU time is under the Triton call's host time. Larger calls, CUDA
 graph capture, torch.compile'd code and every other policy keep the Triton kernel, whose GPU time is the shorter
-(the C++ kernel's was 1.0-1.4x it in CUDA graphs below the line, 1.1-1.5x at 39M steps and more).
+(the C++ kernel's was 0.8-1.4x it in CUDA graphs at batches up to 1,024, 1.1-1.5x at 65,536 samples of 100-500
+trees: benchmarks/results/diagnosis/eager_forest_graphs_h200_*).
 
 Work split on a GPU: items are (block of BLOCK_S samples, chunk of trees) pairs; with few sample blocks the trees
 are cut into chunks until there are about ITEMS_PER_SM items per SM (batch 1 on an H200: 132 x 8 items of a
