@@ -1,8 +1,9 @@
 """The ops on a GPU, against independent oracles: embedding_bag against torch's op in fp64 on the CPU for every
 mode, row dtype and row size (32-1024 bytes), with the cases that exercise its masks; gradients against torch;
 forest_predict against scikit-learn's predict_proba/predict and xgboost's recorded margins, every layout, batch
-1 to thousands; out-of-range indices as a clear error; CUDA graph capture and replay; torch.compile(fullgraph=True)
-of a module using both ops (Inductor, forward and backward); opcheck on CUDA.
+1 to thousands, on both eager kernels (the C++ one against the Triton one, every link); out-of-range indices as a
+clear error; CUDA graph capture and replay; torch.compile(fullgraph=True) of a module using both ops (Inductor,
+forward and backward); opcheck on CUDA.
 
     python -m pytest -q -m gpu tests/test_ops_gpu.py
 """

@@ -1,5 +1,6 @@
 """Builds and loads the CUDA extensions (the sources in cuda_ext/) with torch.utils.cpp_extension: the probes'
-(torch.ops.l2topo, `load`) and the eager embedding-bag module (a pybind11 module, `load_eager_kernels`).
+(torch.ops.l2topo, `load`) and the eager kernels' module (embedding bags, forests; a pybind11 module,
+`load_eager_kernels`).
 
 The build is cached per torch version and GPU architecture (both are in the extension name, so a torch
 upgrade or another GPU never loads a stale binary). torch's own build lock is a plain file that a killed
@@ -50,7 +51,7 @@ def load(cc: tuple[int, int]):
 
 
 def load_eager_kernels(cc: tuple[int, int]):
-    """Build (once) and load the eager embedding-bag module (cuda_ext/eager_bindings.cpp) for `cc`."""
+    """Build (once) and load the eager kernels' module (cuda_ext/eager_bindings.cpp) for `cc`."""
     from torch_l2topo import cuda_ext
 
     return _build(extension_name(cc, "l2topo_eager"), cuda_ext.EAGER_SOURCES, cc, python_module=True)
