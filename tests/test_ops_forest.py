@@ -372,7 +372,7 @@ def test_the_eager_forest_line_on_a_run_it_was_not_set_on():
     # eager call (measured 0.19-0.32x), and no call it makes is more than 20% slower than the faster of the two
     # (measured 1.16x: the Triton kernel's call at 20M steps). Drawn at one step, the line sends nothing and misses
     # the halving everywhere; on the run it was set on, drawn above every call, it sends calls of 39 million steps
-    # and more to a C++ kernel 1.23-1.34x slower.
+    # and more to the C++ kernel, up to 1.34x slower there.
     import importlib
 
     forests = importlib.import_module("torch_l2topo.ops.forest_predict")

@@ -18,8 +18,8 @@ once). An eager call (no autograd: forests are not trained here) calls the op's 
 
 Eager calls under "auto" of fewer than EAGER_MAX_STEPS walk steps run the same walk, split the same way, on the C++
 eager kernel (cuda_ext/eager_forest.cu, through ops/eager_kernels.py, once its background build is loaded): the
-Triton kernel's eager call spends 46-110 us of host time on the H200 machines, and the C++ kernel's whole call
-15-30 us, while below the line either kernel's GPU time is under the Triton call's host time. Larger calls, CUDA
+Triton kernel's eager call spends 46-130 us of host time on the H200 machines, and the C++ kernel's whole call
+15-36 us, while below the line either kernel's GPU time is under the Triton call's host time. Larger calls, CUDA
 graph capture, torch.compile'd code and every other policy keep the Triton kernel, whose GPU time is the shorter
 (the C++ kernel's was 0.8-1.4x it in CUDA graphs at batches up to 1,024, 1.1-1.5x at 65,536 samples of 100-500
 trees: benchmarks/results/diagnosis/eager_forest_graphs_h200_*).
@@ -59,9 +59,9 @@ MAX_GPU_OUTPUTS = 64   # outputs (classes) the kernel accumulates in registers
 SUM_VALUES = 1024
 CPU_WALKS = 1 << 22    # (sample, tree) walks the CPU path holds at once (its index tensors: 32 MB each)
 # Eager calls of fewer walk steps (samples x trees x depth) run the C++ eager kernel (eager_forest). Set on the H200
-# (benchmarks/results/eager_forest_h200.json): at up to 9.8M steps every call took 0.27-0.49x the Triton kernel's
-# eager call (its host time: 46-110 us); at 39M steps and more the Triton kernel's GPU time (106 us and up) is the
-# shorter, by up to 1.5x, and the host time is hidden behind it.
+# (benchmarks/results/eager_forest_h200.json): at up to 9.8M steps every call took 0.24-0.37x the Triton kernel's
+# eager call (its host time: 58-108 us there); from 39M steps on the Triton kernel's GPU time (108 us and up) is
+# about the same or the shorter, by up to 1.34x, and the host time is hidden behind it.
 EAGER_MAX_STEPS = 1 << 24
 LINKS = {name: code for code, name in enumerate(TRANSFORMS)}  # Forest.transform -> the kernel's LINK code
 
@@ -91,7 +91,7 @@ def forest_predict(forest: Forest, x: torch.Tensor, *, policy: str = "auto") -> 
         raise ValueError(f"forest_predict on a GPU handles up to {MAX_GPU_OUTPUTS} outputs; this forest has "
                          f"{forest.n_outputs} (run it on the CPU)")
     if x.dtype is not torch.float32 or not x.is_contiguous():  # (two dispatcher calls even when they return x:
-        x = x.to(torch.float32).contiguous()                     # 2 us of a 15-30 us eager call)
+        x = x.to(torch.float32).contiguous()                     # 2 us of a 15-36 us eager call)
     if not direct_call(x):
         out = torch.ops.torch_l2topo.forest_predict(*_op_args(forest, x, policy))
     else:
