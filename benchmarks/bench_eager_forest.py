@@ -68,14 +68,9 @@ def forest_rows(forest, x, batch: int, shape: dict, reps: int) -> tuple:
     forests = importlib.import_module("torch_l2topo.ops.forest_predict")  # the package exports the function
     eager_forest = forests.eager_forest
     xs = x[:batch]
-    line = forests.EAGER_MAX_STEPS
 
     def cpp():  # the C++ kernel's call wherever it takes the call, the line lifted
-        forests.EAGER_MAX_STEPS = 1 << 62
-        try:
-            return eager_forest(forest, xs)
-        finally:
-            forests.EAGER_MAX_STEPS = line
+        return eager_forest(forest, xs, max_steps=1 << 62)
 
     calls = {OURS: lambda: forest_predict(forest, xs), "eager C++": cpp,
              "plain": lambda: forest_predict(forest, xs, policy="plain")}

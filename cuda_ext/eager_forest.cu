@@ -8,15 +8,10 @@
 // sums, counts itself in on its block's counter (the threadfence-reduction pattern), and the last CTA of a block
 // adds the chunks in chunk order, applies the link, stores, and zeroes the counter for the next launch.
 #include "eager_forest.h"
+#include "protocol.cuh"  // sm_id
 
 namespace l2topo {
 namespace {
-
-__device__ __forceinline__ unsigned sm_id() {
-  unsigned id;
-  asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
-  return id;
-}
 
 // One step of a walk: the child of `record` that the sample's value leads to.
 __device__ __forceinline__ int child(const int4 record, float value) {
@@ -92,8 +87,8 @@ __global__ void __launch_bounds__(FOREST_LANES) forest_kernel(const ForestLaunch
   if (sample < p.n_samples) {
     const int32_t* roots = p.roots;
     if (p.sm_part != nullptr) {  // per-partition copies: the roots of this SM's copy (copy 0 past n_sm)
-      const unsigned me = sm_id();
-      roots += static_cast<int64_t>(me < static_cast<unsigned>(p.n_sm) ? __ldg(p.sm_part + me) : 0) * p.n_trees;
+      const int64_t me = sm_id();
+      roots += static_cast<int64_t>(me < p.n_sm ? __ldg(p.sm_part + me) : 0) * p.n_trees;
     }
     const int4* nodes = reinterpret_cast<const int4*>(p.nodes);
     const float* x_row = p.x + sample * p.n_features;

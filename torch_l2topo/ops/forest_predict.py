@@ -106,15 +106,15 @@ def _op_args(forest: Forest, x: torch.Tensor, policy: str) -> tuple:
             policy, forest.sm_partition, forest.transform)
 
 
-def eager_forest(forest: Forest, x: torch.Tensor) -> Optional[torch.Tensor]:
+def eager_forest(forest: Forest, x: torch.Tensor, max_steps: int = EAGER_MAX_STEPS) -> Optional[torch.Tensor]:
     """The prediction of an eager "auto" call on CUDA float32 rows x on the C++ eager kernel (eager_kernels.py),
     split as the Triton kernel's launch would be; None (the Triton kernel runs the call, and raises what there is
-    to raise) where the C++ module is not loaded yet, for calls of EAGER_MAX_STEPS walk steps or more, and for
+    to raise) where the C++ module is not loaded yet, for calls of max_steps walk steps or more, and for
     calls the module does not take (under CUDA graph capture among them: cuda_ext/eager_bindings.cpp)."""
     run = eager_device(x.get_device()).forest
     n, n_trees = x.shape[0], forest.roots.shape[-1]
     copies = forest.sm_partition is not None
-    if run is None or n == 0 or n * n_trees * forest.depth >= EAGER_MAX_STEPS or forest.transform not in LINKS \
+    if run is None or n == 0 or n * n_trees * forest.depth >= max_steps or forest.transform not in LINKS \
             or forest.n_outputs > MAX_GPU_OUTPUTS or copies != (forest.roots.dim() == 2 and forest.roots.shape[0] == 2):
         return None
     block_s, _, _, n_chunks, trees_per_chunk, _, _ = _shape(n, n_trees, sm_count(x.get_device()), forest.n_outputs)
