@@ -15,7 +15,8 @@ reference: torch's op / Hummingbird's best strategy), vs_plain (ours over the sa
 auto_chose (what policy "auto" resolves to: plain, ops/policy.py says why; "eager C++" for the small eager
 embedding bags and the eager forest calls that it sends to the C++ eager kernels, ops/eager_kernels.py says why, or
 "torch" where that kernel is not built and small bags run torch's own op; "plain" is the Triton kernel). In each
-round every implementation runs `inner` calls back to back between two CUDA events (interleaved, in a new random
+round every implementation runs `inner` calls (a "graph" row: `inner` replays of a CUDA graph of GRAPH_CALLS calls,
+times per call) back to back between two CUDA events (interleaved, in a new random
 order each round, so drift and round order touch all alike); results are checked against torch / scikit-learn once
 per row before timing. An entry whose one call takes over SLOW_CALL_MS is timed by that call alone ("one_call", n =
 1), and scikit-learn's CPU predict is skipped where one call would take over CPU_SECONDS (the reason is recorded).
@@ -71,6 +72,12 @@ SLOW_CALL_MS = 2000.0        # an entry whose one warm call takes longer is time
 # whose one probe call ran slow got the fewest and read up to 1.4x slower than the same code path in the same row.
 TIMED_MS = 20.0
 PROBE_CALLS = 3
+# A "graph" row's graph holds this many calls, and its times are per call. A graph of one call timed the host's
+# replay rate, not the GPU, wherever the call takes a few microseconds: in the full grid's run of 2026-12-01
+# (H200 b4c6b51f1736) every implementation read 5.5 us per replay at the 1 MB table whatever it launched, and
+# per-replay quantiles were bimodal (3 and 5 us) in the rows that read above torch. Triton's do_bench_cudagraph
+# and bench_ops_kernels.py time graphs of many calls for the same reason.
+GRAPH_CALLS = 20
 DEVICE = "cuda"              # tests/test_ops_bench.py runs the row functions on the CPU with a host timer
 
 
@@ -145,6 +152,25 @@ def graphed(fn, calls: int = 1):
         for _ in range(calls):
             fn()
     return graph.replay
+
+
+def graph_rounds(calls: dict, reps: int, optional: tuple = (), per_graph: int | None = None) -> dict:
+    """gpu_rounds of CUDA graphs of `per_graph` (GRAPH_CALLS) calls of each entry, in ms per call (each quantile
+    over per_graph; "calls_per_graph" kept). An entry named in `optional` whose capture fails is recorded as
+    skipped (a reference torch cannot capture is a row entry, not a crash); any other failure raises."""
+    per_graph = per_graph or GRAPH_CALLS
+    graphs, failed = {}, {}
+    for name, fn in calls.items():
+        try:
+            graphs[name] = graphed(fn, per_graph)
+        except Exception as e:
+            if name not in optional:
+                raise
+            failed[name] = {"skipped": f"failed: {type(e).__name__}: {e}"[:200]}
+    times = gpu_rounds(graphs, reps)
+    per_call = {name: {**t, **{q: t[q] / per_graph for q in ("p20", "p50", "p80")}, "calls_per_graph": per_graph}
+                for name, t in times.items()}
+    return {**per_call, **failed}
 
 
 def summary(row: dict, ours: str, references: tuple, plain: str) -> dict:
@@ -234,15 +260,9 @@ def bag_rows(table_mb: int, dim: int, dtype_name: str, bag: int, batch: int, mod
     times = eager["impl"]
     eager["unchecked_vs_reference"] = times["ours_unchecked"]["p50"] / times[eager["reference"]]["p50"]
     # the check needs no host sync, so a graph captures the default call
-    graph_calls = {k: graphed(calls[k]) for k in ("ours", "plain")}
-    failed = {}
-    for name in references:
-        try:
-            graph_calls[name] = graphed(calls[name])
-        except Exception as e:  # a reference that cannot be captured is a row entry, not a crash
-            failed[name] = {"skipped": f"failed: {type(e).__name__}: {e}"[:200]}
-    in_graph = summary({**shape, "timing": "graph", "impl": {**gpu_rounds(graph_calls, reps), **failed}}, "ours",
-                       references, "plain")
+    graph_calls = {k: calls[k] for k in ("ours", "plain", *references)}
+    in_graph = summary({**shape, "timing": "graph", "impl": graph_rounds(graph_calls, reps, optional=references)},
+                       "ours", references, "plain")
     return eager, in_graph
 
 

@@ -31,7 +31,7 @@ def _host_rounds(launches: dict, reps: int) -> dict:
 def on_cpu(monkeypatch):
     monkeypatch.setattr(bench_ops, "DEVICE", "cpu")
     monkeypatch.setattr(bench_ops, "gpu_rounds", _host_rounds)
-    monkeypatch.setattr(bench_ops, "graphed", lambda fn: fn)
+    monkeypatch.setattr(bench_ops, "graphed", lambda fn, calls=1: lambda: [fn() for _ in range(calls)])
 
 
 def test_embedding_bag_rows(on_cpu):
@@ -43,6 +43,32 @@ def test_embedding_bag_rows(on_cpu):
         assert row["vs_plain"] == pytest.approx(row["time_ms"] / row["impl"]["plain"]["p50"])
     assert {"ours", "ours_unchecked", "plain", "F.embedding_bag", "nn.EmbeddingBag"} == set(eager["impl"])
     assert eager["max_abs_err"] < 1e-5 and eager["timing"] == "eager" and graph["timing"] == "graph"
+    assert all(t["calls_per_graph"] == bench_ops.GRAPH_CALLS for t in graph["impl"].values())
+
+
+def test_graph_rows_are_per_call_and_only_references_may_fail_to_capture(monkeypatch):
+    captured = []
+
+    def fake_graphed(fn, calls=1):
+        fn()  # a capture runs the call once
+        captured.append(calls)
+        return fn
+
+    def fake_rounds(launches, reps):  # every replay "takes" 10 ms per call it holds
+        return {name: {**bench_ops.quantiles([10.0 * bench_ops.GRAPH_CALLS] * reps), "inner": 3} for name in launches}
+
+    def refuses():
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(bench_ops, "graphed", fake_graphed)
+    monkeypatch.setattr(bench_ops, "gpu_rounds", fake_rounds)
+    out = bench_ops.graph_rounds({"ours": lambda: None, "torch": refuses}, reps=4, optional=("torch",))
+    assert captured == [bench_ops.GRAPH_CALLS]
+    assert out["ours"]["p50"] == pytest.approx(10.0) and out["ours"]["p20"] == pytest.approx(10.0)
+    assert out["ours"]["calls_per_graph"] == bench_ops.GRAPH_CALLS and out["ours"]["inner"] == 3
+    assert out["torch"]["skipped"].startswith("failed: RuntimeError: operation not permitted")
+    with pytest.raises(RuntimeError, match="capturing"):
+        bench_ops.graph_rounds({"ours": refuses}, reps=4, optional=("torch",))
 
 
 def test_forest_rows(on_cpu, monkeypatch):
