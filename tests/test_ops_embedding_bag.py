@@ -314,7 +314,9 @@ TORCH, CPP = "F.embedding_bag", "eager C++"
 # (implementation, runs, rows kept); where the rule sends calls is tested on runs whose eager rows time all three calls
 HELD_OUT = {
     "torch's op, full grid, bf16 rows": (TORCH, fit_rule.IMPLS[TORCH][1], lambda row: row["dtype"] == "bfloat16"),
-    "torch's op, default grid, H200 87d6e450cf88": (TORCH, [RESULTS / "ops_h200.json"], None),
+    "torch's op, default grid, H200 87d6e450cf88": (TORCH, [HISTORY / "ops_h200_87d6e450cf88_one_call_graphs.json"],
+                                                    None),
+    "torch's op, default grid, H200 2b3b032d25ac": (TORCH, [RESULTS / "ops_h200.json"], None),
     "torch's op, default grid, H200 f8be5465b3a1": (
         TORCH, [HISTORY / "ops_h200_f8be5465b3a1_before_torch_op_rule.json"], None),
     "C++ kernel, bf16, mean and max rows": (

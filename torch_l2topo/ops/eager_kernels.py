@@ -41,7 +41,7 @@ ENV_SWITCH = "TORCH_L2TOPO_EAGER_KERNELS"  # "0": never build (module doc)
 # GPU microseconds of each launch on the H200, as terms (benchmarks/fit_eager_rule.py, fitted to the fp32 "sum" rows
 # of its CUDA-graph times): per row of the mean bag, per MB read, per bag, per row read, per row read from a table
 # larger than the L2.
-TORCH_OP_US = (0.147, 0.291, 6.57e-4, 8.68e-6, 4.43e-5)     # torch's op: benchmarks/results/ops_full/
+TORCH_OP_US = (0.147, 0.291, 6.57e-4, 8.68e-6, 4.43e-5)     # torch's op: results/ops_full/one_call_graphs/
 EAGER_KERNEL_US = (0.0674, 0.0593, 2.74e-4, 3.72e-5, 2.32e-5)  # the C++ kernel: results/eager_kernel_h200.json
 
 
