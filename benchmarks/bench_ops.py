@@ -15,10 +15,10 @@ reference: torch's op / Hummingbird's best strategy), vs_plain (ours over the sa
 auto_chose (what policy "auto" resolves to: plain, ops/policy.py says why; "eager C++" for the small eager
 embedding bags and the eager forest calls that it sends to the C++ eager kernels, ops/eager_kernels.py says why, or
 "torch" where that kernel is not built and small bags run torch's own op; "plain" is the Triton kernel). In each
-round every implementation runs `inner` calls (a "graph" row: `inner` replays of a CUDA graph of GRAPH_CALLS calls,
-times per call) back to back between two CUDA events (interleaved, in a new random
-order each round, so drift and round order touch all alike); results are checked against torch / scikit-learn once
-per row before timing. An entry whose one call takes over SLOW_CALL_MS is timed by that call alone ("one_call", n =
+round every implementation runs `inner` calls (a "graph" row: `inner` replays of a CUDA graph of GRAPH_CALLS
+calls, times per call) back to back between two CUDA events (interleaved, in a new random order each round, so
+drift and round order touch all alike); results are checked against torch / scikit-learn once per row before
+timing. An entry whose one call takes over SLOW_CALL_MS is timed by that call alone ("one_call", n =
 1), and scikit-learn's CPU predict is skipped where one call would take over CPU_SECONDS (the reason is recorded).
 --grid full is the issue's whole grid (tables 1 MB-4 GB, bags 1-256, batch 1-65,536; forests 10-2,000 trees,
 depth 4-12, batch 1-1M; docs/ops_full_grid.md): its forests alone take minutes each to fit and convert, so it
@@ -154,11 +154,10 @@ def graphed(fn, calls: int = 1):
     return graph.replay
 
 
-def graph_rounds(calls: dict, reps: int, optional: tuple = (), per_graph: int | None = None) -> dict:
-    """gpu_rounds of CUDA graphs of `per_graph` (GRAPH_CALLS) calls of each entry, in ms per call (each quantile
-    over per_graph; "calls_per_graph" kept). An entry named in `optional` whose capture fails is recorded as
-    skipped (a reference torch cannot capture is a row entry, not a crash); any other failure raises."""
-    per_graph = per_graph or GRAPH_CALLS
+def graph_rounds(calls: dict, reps: int, optional: tuple = (), per_graph: int = GRAPH_CALLS) -> dict:
+    """gpu_rounds of CUDA graphs of `per_graph` calls of each entry, in ms per call (each quantile over per_graph;
+    "calls_per_graph" kept). An entry named in `optional` whose capture fails is recorded as skipped (a reference
+    torch cannot capture is a row entry, not a crash); any other failure raises."""
     graphs, failed = {}, {}
     for name, fn in calls.items():
         try:
