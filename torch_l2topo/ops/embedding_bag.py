@@ -57,8 +57,8 @@ the line on a fast host: 65,536 bags of 8 bf16 rows took the C++ call 46 us wher
 line (until the build loads) is not tested on the later full grid (results/ops_full/, H200 2b3b032d25ac), where it
 sends 65,536 one-row bags of the 4 GB fp32 table to torch's op (45.1 us) although the Triton call took 42.5 us: an
 estimate of 51.6 us, at the line; in the run it was fitted to, that Triton call took 73. In a CUDA graph, or when the
-GPU is busy and host time is hidden, the Triton kernel is the faster one (2.8-4.1 us against torch's 6-8 us at 1-1,024
-bags of 32 rows; 5-20 us against the C++ kernel's 19-47 us at 65,536 bags of 1-8 rows), which is why graphs and
+GPU is busy and host time is hidden, the Triton kernel is the faster one (2.0-3.1 us against torch's 5.2-7.1 us at
+1-1,024 bags of 32 rows; 5-20 us against the C++ kernel's 19-47 us at 65,536 bags of 1-8 rows), which is why graphs and
 compiled code keep it.
 
 Placement: `policy=` takes the placement policies and "auto"; the kernel's item loop runs on the placement
