@@ -2,9 +2,11 @@
 embedding-bag shape of bench_ops.py's grids (the full grid, then the default grid's shapes it lacks).
 
 Per shape, checked equal to torch's op first, the same three calls ("eager C++", "F.embedding_bag", and the Triton
-kernel as an unchecked plain launch, "plain") in CUDA graphs (GPU time) and eager, back to back (the whole call),
-with bench_ops.py's interleaved rounds. Rows have bench_ops.py's format; tests/test_ops_embedding_bag.py checks
-where embedding_bag's eager rule sends calls against the three eager calls' times.
+kernel as an unchecked plain launch, "plain") in CUDA graphs of bench_ops.GRAPH_CALLS calls (GPU time per call)
+and eager, back to back (the whole call), with bench_ops.py's interleaved rounds. Rows have bench_ops.py's format;
+tests/test_ops_embedding_bag.py checks where embedding_bag's eager rule sends calls against the three eager calls'
+times. (The committed runs of 2026-12-02, results/eager_kernel_h200*.json, timed graphs of one call: their graph
+times of calls of a few microseconds are the host's replay rate, bench_ops.py says why.)
 
     python benchmarks/bench_eager_kernel.py --out benchmarks/results/eager_kernel_h200.json [--part K/N]
 """
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 import time
 
-from bench_ops import BAG_GRIDS, _print, gpu_rounds, graphed, parse_part, part_of, summary
+from bench_ops import BAG_GRIDS, _print, gpu_rounds, graph_rounds, parse_part, part_of, summary
 from common import gpu_parser, write_result
 
 SHAPES = BAG_GRIDS["full"] + [s for s in BAG_GRIDS["default"] if s not in BAG_GRIDS["full"]]
@@ -39,8 +41,7 @@ def shape_rows(bags, weight, bag: int, batch: int, mode: str, shape: dict, reps:
              "bytes_read": bag * batch * weight.size(1) * weight.element_size()}
     eager_row = summary({**shape, "timing": "eager", "impl": gpu_rounds(calls, reps)}, OURS, ("F.embedding_bag",),
                         "plain")
-    graphs = {k: graphed(fn) for k, fn in calls.items()}
-    graph_row = summary({**shape, "timing": "graph", "impl": gpu_rounds(graphs, reps)}, OURS, ("F.embedding_bag",),
+    graph_row = summary({**shape, "timing": "graph", "impl": graph_rounds(calls, reps)}, OURS, ("F.embedding_bag",),
                         "plain")
     for row in (eager_row, graph_row):
         del row["auto_chose"]  # these rows time the kernels themselves, not the op's choice

@@ -322,6 +322,7 @@ HELD_OUT = {
     "C++ kernel, bf16, mean and max rows": (
         CPP, fit_rule.IMPLS[CPP][1], lambda row: (row["dtype"], row["mode"]) != ("float32", "sum")),
     "C++ kernel, another H200": (CPP, [RESULTS / "eager_kernel_h200_held_out.json"], None),
+    "C++ kernel, a third H200, graphs of 20 calls": (CPP, [RESULTS / "eager_kernel_h200_graph20.json"], None),
 }
 
 

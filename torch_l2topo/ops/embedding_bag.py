@@ -48,18 +48,18 @@ row for tables larger than the L2 (1,024 bags of 256 fp32 rows took torch 76-80 
 us from 1 and 16 MB). The C++ kernel's line takes 65,536 bags of 2-8 rows from tables in the L2 and 1,024 bags of 256
 rows (20-47 us of GPU time, against the Triton call's 40-80 us) that torch's line left to the Triton kernel. The rule
 is tested (tests/test_ops_embedding_bag.py) against runs it was not fitted to: the bf16, "mean" and "max" rows of the
-same runs, three default-grid runs of torch's op on other H200s, and a run of the three eager calls side by side on
-another H200 (benchmarks/results/eager_kernel_h200_held_out.json). In that run the rule sent 112 of 142 shapes to the
-C++ kernel (0.40-0.61x torch's call) and every shape's call took at most 0.80x torch's; the line on torch's time (the
-rule before) kept four shapes on a Triton call of 1.03-1.73x torch's, and 65,536 bags of 2 and 4 rows took 1.03x and
-1.11x torch on the Triton kernel in a default-grid run under it (history/ops_eb_h200_d9b9b33d275c_*). The price, near
-the line on a fast host: 65,536 bags of 8 bf16 rows took the C++ call 46 us where the Triton call took 41. Torch's
-line (until the build loads) is not tested on the later full grid (results/ops_full/, H200 2b3b032d25ac), where it
-sends 65,536 one-row bags of the 4 GB fp32 table to torch's op (45.1 us) although the Triton call took 42.5 us: an
-estimate of 51.6 us, at the line; in the run it was fitted to, that Triton call took 73. In a CUDA graph, or when the
-GPU is busy and host time is hidden, the Triton kernel is the faster one (2.0-3.1 us against torch's 5.2-7.1 us at
-1-1,024 bags of 32 rows; 5-20 us against the C++ kernel's 19-47 us at 65,536 bags of 1-8 rows), which is why graphs and
-compiled code keep it.
+same runs, three default-grid runs of torch's op on other H200s, and runs of the three eager calls side by side on two
+other H200s (benchmarks/results/eager_kernel_h200_held_out.json, _graph20.json). In the first the rule sent 112 of 142
+shapes to the C++ kernel (0.40-0.61x torch's call) and every shape's call took at most 0.80x torch's (the second: the
+same 112, 0.42-0.78x); the line on torch's time (the rule before) kept four shapes on a Triton call of 1.03-1.73x
+torch's, and 65,536 bags of 2 and 4 rows took 1.03x and 1.11x torch on the Triton kernel in a default-grid run under
+it (history/ops_eb_h200_d9b9b33d275c_*). The price, near the line on a fast host: 65,536 bags of 8 bf16 rows took the
+C++ call 46 us where the Triton call took 41. Torch's line (until the build loads) is not tested on the later full
+grid (results/ops_full/, H200 2b3b032d25ac), where it sends 65,536 one-row bags of the 4 GB fp32 table to torch's op
+(45.1 us) although the Triton call took 42.5 us: an estimate of 51.6 us, at the line; in the run it was fitted to,
+that Triton call took 73. In a CUDA graph, or when the GPU is busy and host time is hidden, the Triton kernel is the
+faster one (2.0-3.1 us against torch's 5.2-7.1 us at 1-1,024 bags of 32 rows; 5-20 us against the C++ kernel's 19-47
+us at 65,536 bags of 1-8 rows), which is why graphs and compiled code keep it.
 
 Placement: `policy=` takes the placement policies and "auto"; the kernel's item loop runs on the placement
 helpers (policy.py says how a call is launched). Items are groups of BAGS consecutive bags (bags_per_program).
