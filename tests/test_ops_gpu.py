@@ -143,16 +143,19 @@ def test_embedding_bag_unchecked_skips_out_of_range_indices():
 def test_eager_kernel_matches_torchs_op(mode, dtype):
     # the C++ eager kernel walks a bag's rows in order in float, as torch's CUDA kernel does: equal to its output,
     # for every row width (a feature chunk is 128 elements: 6, 64, 200 and 512 cover a partial chunk, a partial
-    # lane set and several chunks), both index dtypes, empty bags, include_last_offset, and both walks (bags of
-    # 20 rows on average: four rows a step; of 60: sixteen, then four, then single rows)
+    # lane set and several chunks), both index dtypes, empty bags, include_last_offset, both walks (bags of
+    # 20 rows on average: four rows a step; of 60: sixteen, then four, then single rows), and half a warp per bag
+    # (4,097 bags of rows of at most 64 elements, both walks: an odd count leaves the last warp's second half
+    # without a bag)
     from torch_l2topo.ops.eager_kernels import eager_device
 
     bags = eager_device(torch.cuda.current_device()).bags
     code = {"sum": 0, "mean": 1, "max": 2}[mode]
     for dim in (6, 64, 200, 512):
         weight = torch.randn(N_ROWS, dim, device="cuda").to(dtype)
-        for int32, max_rows in ((False, 40), (True, 40), (False, 120)):
-            input, offsets = _bag_case(dim, 50, max_rows, int32=int32)
+        for int32, max_rows, n_bags in ((False, 40, 50), (True, 40, 50), (False, 120, 50), (False, 8, 4097),
+                                        (True, 80, 4097)):
+            input, offsets = _bag_case(dim, n_bags, max_rows, int32=int32)
             last = torch.cat([offsets, offsets.new_tensor([input.numel()])])
             for offs, include_last in ((offsets, False), (last, True), (offsets[:0], False)):
                 expected = torch.embedding_bag(weight, input, offs, False, code, False, None, include_last)[0]
