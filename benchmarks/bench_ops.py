@@ -76,7 +76,7 @@ PROBE_CALLS = 3
 # replay rate, not the GPU, wherever the call takes a few microseconds: in the full grid's run of 2026-12-01
 # (H200 b4c6b51f1736) every implementation read 5.5 us per replay at the 1 MB table whatever it launched, and
 # per-replay quantiles were bimodal (3 and 5 us) in the rows that read above torch. Triton's do_bench_cudagraph
-# and bench_ops_kernels.py time graphs of many calls for the same reason.
+# and bench_ops_kernels.py (which takes this constant) time graphs of many calls for the same reason.
 GRAPH_CALLS = 20
 DEVICE = "cuda"              # tests/test_ops_bench.py runs the row functions on the CPU with a host timer
 

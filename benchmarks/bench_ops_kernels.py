@@ -22,10 +22,9 @@ eager fast path are set from).
 """
 from __future__ import annotations
 
-from bench_ops import gpu_rounds, graphed
+from bench_ops import GRAPH_CALLS, gpu_rounds, graphed
 from common import gpu_parser, write_result
 
-GRAPH_CALLS = 20
 SHAPES = {  # name: (table MB, dim, dtype, rows per bag, bags)
     "target_fp32": (16, 64, "float32", 32, 65536),
     "bf16_1GB": (1024, 128, "bfloat16", 32, 65536),
