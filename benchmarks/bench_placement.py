@@ -439,8 +439,13 @@ def _uniform_chase(dev, topo, reps) -> list:
 
 def uniform_at_equal_concurrency(dev, topo, m: int) -> tuple:
     """The chase at m items per SM under persistent `uniform` at m CTAs per SM without a tail: (items, loads per
-    item, workload, ends, a launch of it, and its plan and state tensors, built by one launch), for the
-    diagnoses that run their own kernels on that plan."""
+    item, workload, ends, a launch of it (built once), a launch of the same kernel on uniform's plan with every
+    item in a share (the claim protocol: each program claims its item, then fails to claim another), and that
+    plan's plan and state tensors, for the diagnoses that run their own kernels on it). The real policy's plan
+    hands each program its item by program id (make_plan's grid), so it claims nothing at this concurrency."""
+    from torch_l2topo.layout import PLACE_SHARES
+    from torch_l2topo.placement.plans import SpeedModel, Workload, make_plan
+    from torch_l2topo.placement.slots import PlanSlot
     from torch_l2topo.placement.sm_aware import sm_aware
 
     n, loads, w, ends = _chase_items(dev, topo, m)
@@ -450,7 +455,13 @@ def uniform_at_equal_concurrency(dev, topo, m: int) -> tuple:
         kernel(w.starts, ends, loads, n_items=n, item_class=w.classes, loads_per_item=loads)
 
     uniform()
-    return (n, loads, w, ends, uniform, *kernel.plan_tensors(n, w.classes, loads))
+    claims = PlanSlot(dev, topo.n_sm)
+    claims.load(make_plan("uniform", SpeedModel.from_topology(topo), Workload(n, w.classes, loads), tail_fraction=0.0))
+
+    def claimed():
+        chase_kernel[(n,)](w.starts, ends, loads, claims.plan, claims.state, PLACE=PLACE_SHARES, num_warps=1)
+
+    return n, loads, w, ends, uniform, claimed, claims.plan, claims.state
 
 
 def check_each_once(runs: dict, ends, expected, label: str) -> None:
@@ -471,7 +482,7 @@ def _uniform_exit(dev, topo, reps, m: int = 32) -> dict:
     one extra entry before the plain kernel, to time that memset alike)."""
     from placement_workloads import chase_exit_kernel
 
-    n, loads, w, ends, uniform, plan, state = uniform_at_equal_concurrency(dev, topo, m)
+    n, loads, w, ends, uniform, claimed, plan, state = uniform_at_equal_concurrency(dev, topo, m)
 
     def exit_run(step):
         def run():
@@ -482,9 +493,10 @@ def _uniform_exit(dev, topo, reps, m: int = 32) -> dict:
     runs = {"plain_kernel": lambda: chase_plain_kernel[(n,)](w.starts, ends, loads, num_warps=1),
             "memset + plain_kernel": lambda: (state.zero_(), chase_plain_kernel[(n,)](w.starts, ends, loads,
                                                                                        num_warps=1)),
-            "uniform": uniform, **{f"exit {step}": exit_run(step) for step in range(6)}}
+            "uniform": uniform, "uniform, every item claimed": claimed,
+            **{f"exit {step}": exit_run(step) for step in range(6)}}
     check_each_once(runs, ends, w.expected, "uniform exit diagnosis")
-    state.zero_()  # the real uniform plan's cursors start from zero again
+    state.zero_()  # the claims plan's cursors start from zero again
     times = interleaved({k: graph_of(f, GRAPH_LAUNCHES).replay for k, f in runs.items()}, reps, per_run=GRAPH_LAUNCHES)
     ratios = _vs_plain_kernel(times)
     print(f"  chase {m}/SM, exit steps: " + ", ".join(f"{k} {v:.3f}" for k, v in ratios.items()), flush=True)

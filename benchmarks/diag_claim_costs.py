@@ -12,7 +12,9 @@ SM's share: an atomic on the SM's cursor, then a load of the item id). Steps aft
   then a red on one word;
 - "fail||hot": the failed claim and the tail atomic issued together;
 - "stats": three reds of statistics on the SM's words before the count (the real way out).
-The real persistent `uniform` runs alongside (its graph zeroes the state too, harmless: it resets its own).
+The real persistent `uniform` (at this concurrency each program takes its item by program id: no claim) and the
+same kernel on uniform's plan with every item in a share (each program claims) run alongside (their graphs zero
+the claims plan's state too, harmless: the kernel resets its own).
 
     python benchmarks/diag_claim_costs.py --out benchmarks/results/diagnosis/claim_costs_h200.json
 """
@@ -121,7 +123,7 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
     dev, topo, calibration = calibrated_device(args.device, "claim costs")
     m = args.items_per_sm
-    n, loads, w, ends, uniform, plan, state = uniform_at_equal_concurrency(dev, topo, m)
+    n, loads, w, ends, uniform, claimed, plan, state = uniform_at_equal_concurrency(dev, topo, m)
     shards = torch.zeros(SHARDS.value, dtype=torch.int64, device=dev)
 
     def entry(start, fail, tail, fin, stats):
@@ -132,12 +134,15 @@ def main(argv=None) -> dict:
                                     FIN=fin, STATS=stats, num_warps=1)
         return run
 
-    def uniform_zeroed():
-        state.zero_()  # as every other entry does (the kernel resets its own state; zeroing it is harmless)
-        shards.zero_()
-        uniform()
+    def zeroed(run):
+        def zeroed_run():
+            state.zero_()  # as every other entry does (the kernel resets its own state; zeroing it is harmless)
+            shards.zero_()
+            run()
+        return zeroed_run
 
-    runs = {"uniform": uniform_zeroed, **{name: entry(*flags) for name, flags in ENTRIES.items()}}
+    runs = {"uniform": zeroed(uniform), "uniform, every item claimed": zeroed(claimed),
+            **{name: entry(*flags) for name, flags in ENTRIES.items()}}
     check_each_once(runs, ends, w.expected, "claim costs")
     state.zero_()
     graphs = {name: graph_of(run, GRAPH_LAUNCHES).replay for name, run in runs.items()}

@@ -12,7 +12,8 @@
 // PLACE_DIRECT (one CTA per item): CTA b takes item b, with no plan read, no atomic and no barrier.
 // PLACE_QUEUES (a plain-sized grid): each CTA claims PLAN_CHUNK items at a time from its SM's home queue, then
 // from the other queues in its order; the launcher zeroes the queue cursors before every launch.
-// PLACE_SHARES (a persistent grid): the SM's share, the dynamic tail, then stealing; the last CTA resets.
+// PLACE_SHARES (a persistent grid): the items the plan hands out by block index (PLAN_N_FIRST), the SM's share,
+// the dynamic tail, then stealing; the last CTA resets (not needed, and not done, when nothing is claimed).
 // With the PLACE_RECORD bit (profiling on) plan_finish also appends the CTA's record (recorder.cuh) to the
 // recorder whose address and tag the plan's header holds; without it none of that is compiled in.
 //
@@ -46,10 +47,13 @@ namespace l2topo {
 
 constexpr int MAX_SLOTS = PLAN_MAX_SLOTS;  // the width of the steal scan (layout.h)
 
-constexpr int PHASE_SHARE = 0;  // this SM's static share
-constexpr int PHASE_TAIL = 1;   // the dynamic tail
-constexpr int PHASE_STEAL = 2;  // the share of the SM with the most unclaimed items
-constexpr int PHASE_DONE = 3;
+constexpr int PHASE_FIRST = 0;  // items below PLAN_N_FIRST by block index; bits PHASE_COUNT_SHIFT+: how many taken
+constexpr int PHASE_SHARE = 1;  // this SM's static share
+constexpr int PHASE_TAIL = 2;   // the dynamic tail
+constexpr int PHASE_STEAL = 3;  // the share of the SM with the most unclaimed items
+constexpr int PHASE_DONE = 4;
+constexpr int PHASE_KIND_MASK = 7;
+constexpr int PHASE_COUNT_SHIFT = 3;
 
 struct PlanCta {
   int64_t sm;  // %smid
@@ -76,6 +80,19 @@ __device__ __forceinline__ int thread_rank() {
   return static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
 }
 
+__device__ __forceinline__ int64_t block_rank() {
+  return blockIdx.x + static_cast<int64_t>(gridDim.x) * (blockIdx.y + static_cast<int64_t>(gridDim.y) * blockIdx.z);
+}
+
+__device__ __forceinline__ int64_t grid_size() {
+  return static_cast<int64_t>(gridDim.x) * gridDim.y * gridDim.z;
+}
+
+// Whether the plan has items to claim (in shares or the tail) beyond those taken by block index.
+__device__ __forceinline__ bool has_claims(const int32_t* plan) {
+  return plan[PLAN_N_STATIC] + plan[PLAN_N_TAIL] > 0;
+}
+
 // A plan without the magic word is not read any further: its sizes could point anywhere. A plan built for
 // another mode is refused as well.
 __device__ __forceinline__ bool plan_ok(const int32_t* plan, int mode) {
@@ -100,7 +117,8 @@ __device__ inline int64_t claim_share(const int32_t* plan, int64_t* state, int s
   return i < hi - lo ? plan[PLAN_HEADER + n_slots + 1 + lo + i] : -1;
 }
 
-// Phases 0 and 1, on thread 0: this SM's share, then the tail. Returns phase PHASE_STEAL once both are empty.
+// Phases PHASE_SHARE and PHASE_TAIL, on thread 0: this SM's share, then the tail. Returns phase PHASE_STEAL
+// once both are empty.
 __device__ inline PlanItem share_or_tail(const int32_t* plan, int64_t* state, int64_t sm, int64_t phase) {
   const int n_slots = plan[PLAN_N_SLOTS];
   if (phase == PHASE_SHARE) {
@@ -249,11 +267,19 @@ template <int PLACE>
 __device__ inline PlanItem plan_next(const int32_t* plan, int64_t* state, int64_t sm, int64_t phase) {
   if constexpr ((PLACE & PLACE_MODE_MASK) == PLACE_DIRECT) {
     // CTA b takes item b on the first call: the grid is exactly one CTA per item. No barrier is needed.
-    const int64_t block =
-        blockIdx.x + static_cast<int64_t>(gridDim.x) * (blockIdx.y + static_cast<int64_t>(gridDim.y) * blockIdx.z);
-    return {phase == 0 ? block : -1, PHASE_DONE};
+    return {phase == 0 ? detail::block_rank() : -1, PHASE_DONE};
   } else {
     if (sm < 0) return {-1, PHASE_DONE};  // every thread got sm -1 from plan_start: uniform
+    if constexpr ((PLACE & PLACE_MODE_MASK) == PLACE_SHARES) {
+      if ((phase & PHASE_KIND_MASK) == PHASE_FIRST) {
+        // Items below PLAN_N_FIRST: CTA b takes b, b + grid, ... with no atomic and no barrier (every thread
+        // reads the same plan words, so every thread agrees); then, if the plan has nothing to claim, done.
+        const int64_t k = detail::block_rank() + (phase >> PHASE_COUNT_SHIFT) * detail::grid_size();
+        if (k < plan[PLAN_N_FIRST]) return {k, phase + (int64_t{1} << PHASE_COUNT_SHIFT)};
+        if (!detail::has_claims(plan)) return {-1, PHASE_DONE};
+        phase = PHASE_SHARE;
+      }
+    }
     __shared__ PlanItem next;
     const int rank = detail::thread_rank();
     __syncthreads();  // every thread has read the previous call's `next` before it is overwritten
@@ -284,9 +310,10 @@ __device__ inline void plan_finish(const int32_t* plan, int64_t* state, int64_t 
     }
   }
   if constexpr ((PLACE & PLACE_MODE_MASK) == PLACE_SHARES) {
-    // The CTA's last plan_next call ended with __syncthreads after its last item, so thread 0 alone finishes.
+    // The CTA's last plan_next call ended with __syncthreads after its last item (or, with nothing to claim,
+    // made no shared write to wait for), so thread 0 alone finishes.
     if (detail::thread_rank() != 0) return;
-    const bool ok = sm >= 0;
+    const bool ok = sm >= 0;  // a bad plan (sm -1): no claim was made, nothing to count or reset
     const int n_slots = plan[PLAN_N_SLOTS];
     if (ok && sm < n_slots) {
       int64_t* stats = state + STATE_CURSORS + n_slots + sm;  // statistic k of SM sm: stats[k * n_slots]
@@ -294,16 +321,15 @@ __device__ inline void plan_finish(const int32_t* plan, int64_t* state, int64_t 
       atomicAdd(detail::as_u64(stats + STAT_BUSY_NS * n_slots), static_cast<unsigned long long>(global_ns() - t0));
       atomicAdd(detail::as_u64(stats + STAT_CTAS * n_slots), 1ull);
     }
+    if (!ok || !detail::has_claims(plan)) return;  // no cursor was touched: no count, no reset
     // Why the last CTA out may reset the state without racing anyone: every CTA makes all its claims (the last
     // one being the failed claim that returned -1) before this increment, and acq_rel orders them before it
     // (release) and this CTA's resets after it (acquire). The CTA that sees grid - 1 is therefore the last to
     // touch the cursors in this launch, and the next launch starts after this one ends in stream order.
-    const unsigned long long grid = static_cast<unsigned long long>(gridDim.x) * gridDim.y * gridDim.z;
+    const unsigned long long grid = static_cast<unsigned long long>(detail::grid_size());
     cuda::atomic_ref<unsigned long long, cuda::thread_scope_device> finished(*detail::as_u64(state + STATE_FINISHED));
     if (finished.fetch_add(1ull, cuda::memory_order_acq_rel) == grid - 1) {
-      if (ok) {
-        for (int s = 0; s < n_slots; ++s) state[STATE_CURSORS + s] = 0;
-      }
+      for (int s = 0; s < n_slots; ++s) state[STATE_CURSORS + s] = 0;
       state[STATE_TAIL] = 0;
       state[STATE_FINISHED] = 0;
     }

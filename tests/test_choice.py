@@ -78,7 +78,11 @@ def test_candidates_check_their_policy_and_grid():
     assert PLAIN.grid(132, 1000) == 1000 and PLAIN.grid(132, 0) == 1
     queues8 = Candidate("partition_queues", chunk=8)
     assert queues8.grid(132, 1000) == 125 and queues8.grid(132, 1001) == 126 and queues8.label == "partition_queues c8"
-    assert queues8.plan_key != QUEUES.plan_key and Candidate("uniform", 2).plan_key == Candidate("uniform", 4).plan_key
+    assert queues8.plan_key != QUEUES.plan_key
+    assert Candidate("weighted", 2).plan_key == Candidate("weighted", 4).plan_key
+    # uniform and dynamic hand each program of the grid an item by its id: their plans depend on the grid
+    assert Candidate("uniform", 2).plan_key != Candidate("uniform", 4).plan_key
+    assert Candidate("dynamic", 2).plan_key != Candidate("dynamic", 4).plan_key
     with pytest.raises(ValueError, match="several items"):
         Candidate("uniform", 4, chunk=2)
     with pytest.raises(ValueError, match="chunk"):

@@ -123,8 +123,35 @@ def test_every_item_is_processed_exactly_once(gpu, backend, policy, n):
     assert not placement.slot(n, classes, policy=used, device=dev).error()
 
 
+@pytest.mark.parametrize("short", [0, 5])
+@pytest.mark.parametrize("policy", ["uniform", "dynamic"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_grid_as_large_as_the_items_claims_nothing(gpu, backend, policy, short):
+    """uniform and dynamic hand each program of the grid its item by program id: with as many programs as items
+    (or 5 more) nothing is claimed, so no program counts itself out: a stray value in the finish count survives
+    the launches (a count would move it, or the last program out would zero it)."""
+    from torch_l2topo.layout import STATE_FINISHED
+
+    dev, topo = gpu
+    ctas = 2
+    n = ctas * topo.n_sm - short
+    placement, run = _placed(backend, dev, policy, topo, ctas_per_sm=ctas)
+    classes = _classes(n)
+    out, count = _buffers(dev, n)
+    run(out, count, n, classes)
+    slot = placement.slot(n, classes, policy=policy, device=dev)
+    assert slot.loaded.n_first == n and len(slot.loaded.items) == len(slot.loaded.tail) == 0
+    slot.state[STATE_FINISHED] = -(2**40)
+    for _ in range(2):
+        run(out, count, n, classes)
+    _check(out, count, n, 3)
+    assert slot.state[STATE_FINISHED].item() == -(2**40)
+    stats = slot.stats()
+    assert stats["items"].sum() == 3 * n and stats["ctas"].sum() == 3 * ctas * topo.n_sm
+
+
 @pytest.mark.parametrize("ctas_per_sm", [1, 2, 3, 8, 32])
-@pytest.mark.parametrize("policy", ["affine_weighted", "dynamic"])
+@pytest.mark.parametrize("policy", ["affine_weighted", "dynamic", "uniform"])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_every_item_once_at_every_ctas_per_sm(gpu, backend, policy, ctas_per_sm):
     dev, topo = gpu

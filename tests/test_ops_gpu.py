@@ -241,7 +241,7 @@ def test_small_eager_calls_run_the_eager_kernel_and_everything_else_the_triton_k
 @pytest.mark.parametrize("mode", ["sum", "mean"])
 def test_embedding_bag_gradients_match_torch(mode, dtype):
     input, offsets = _bag_case(7, 200, 30)
-    base = torch.randn(N_ROWS, 64, device="cuda").to(dtype)
+    base = torch.randn(N_ROWS, 64, device="cuda", generator=torch.Generator("cuda").manual_seed(7)).to(dtype)
     grads = []
 
     def reference(input, weight, offsets, per_sample_weights=None, **options):
@@ -256,7 +256,13 @@ def test_embedding_bag_gradients_match_torch(mode, dtype):
         fn(input, weight, offsets, mode=mode, per_sample_weights=psw, padding_idx=3).float().square().sum().backward()
         grads.append([weight.grad] + ([psw.grad] if psw is not None else []))
     rtol, atol = (1e-4, 1e-4) if dtype == torch.float32 else (3e-2, 0.25)  # bf16/fp16 outputs are rounded first
-    for ours, theirs in zip(*grads):
+    for k, (ours, theirs) in enumerate(zip(*grads)):
+        if k == 1 and dtype != torch.float32:
+            # A per_sample_weights gradient is a 64-term dot product of the rounded outputs' gradients with a row:
+            # its rounding error grows with the largest such product, not with each element (bf16, 40 seeds on the
+            # H200: up to 2.0 off at 324-458, and 2.0 off an element of 58 once). One unit in the last place of the
+            # largest gradient (8 significant bits) bounds it; a wrong gradient is off by about its own size.
+            atol = max(atol, 2.0 ** -7 * theirs.float().abs().max().item())
         torch.testing.assert_close(ours.float(), theirs.float(), rtol=rtol, atol=atol)
 
 

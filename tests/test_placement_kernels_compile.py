@@ -246,7 +246,8 @@ def test_phases_agree_between_both_backends():
     from torch_l2topo.triton_kernels import placement
 
     cuda = dict(re.findall(r"constexpr int (\w+) = (\d+);", (ROOT / "cuda_ext" / "placement.cuh").read_text()))
-    for name in ("PHASE_SHARE", "PHASE_TAIL", "PHASE_STEAL", "PHASE_DONE"):
+    for name in ("PHASE_FIRST", "PHASE_SHARE", "PHASE_TAIL", "PHASE_STEAL", "PHASE_DONE", "PHASE_KIND_MASK",
+                 "PHASE_COUNT_SHIFT"):
         assert getattr(placement, name).value == int(cuda[name]), name
 
 
@@ -258,15 +259,20 @@ def test_phases_agree_between_both_backends():
 # before any @triton.jit runs.
 INTERP_SMS = 4
 KNOWN_SMS = INTERP_SMS + 1  # %smid stand-in: program id modulo this
-INTERP_CASES = [  # policy, n_items, grid, launches
-    ("weighted", 37, INTERP_SMS + 3, 2),  # programs on slots, one on an unknown SM, shares + tail, two launches
-    ("uniform", 37, 2, 1),                # slots 2, 3 have no program: their shares are stolen
-    ("uniform", 200, 37, 2),              # more programs than slots: several count on each SM's cursor
-    ("dynamic", 1, 3, 1),
-    ("uniform", 0, INTERP_SMS, 1),
-    ("partition_queues", 37, 37, 2),      # one program per item, classes spread over both sides' queues
-    ("partition_queues", 37, 3, 1),       # fewer programs than items: they keep claiming until all is done
-    ("plain", 37, 37, 2),
+INTERP_CASES = [  # policy, n_items, grid, launches, the grid the plan is built for (make_plan's grid)
+    ("weighted", 37, INTERP_SMS + 3, 2, INTERP_SMS + 3),  # programs on slots, one on an unknown SM, shares + tail
+    ("uniform", 37, 2, 1, None),          # slots 2, 3 have no program: their shares are stolen
+    ("uniform", 200, 37, 2, None),        # more programs than slots: several count on each SM's cursor
+    ("dynamic", 1, 3, 1, None),
+    ("uniform", 0, INTERP_SMS, 1, None),
+    ("uniform", 37, 37, 2, 37),           # every item by program id: no claim, the state untouched
+    ("uniform", 37, 10, 2, 10),           # one item each by program id, then shares, tail and stealing
+    ("dynamic", 37, 5, 1, 20),            # a smaller grid than planned: programs take p, p + 5, ... by id, then claim
+    ("uniform", 20, 30, 1, 30),           # more programs than items: programs 20.. take none, nothing to claim
+    ("uniform", 37, 50, 1, 8),            # a larger grid than planned: programs 8.. take nothing by id, only claim
+    ("partition_queues", 37, 37, 2, None),  # one program per item, classes spread over both sides' queues
+    ("partition_queues", 37, 3, 1, None),   # fewer programs than items: they keep claiming until all is done
+    ("plain", 37, 37, 2, None),
 ]
 
 
@@ -296,14 +302,18 @@ def _interpreter_main():
     cost = np.full((INTERP_SMS, 3), 1.5)
     cost[np.arange(INTERP_SMS), side], cost[np.arange(INTERP_SMS), 1 - side] = 1.0, 2.0
     speeds = SpeedModel(cost, side, "interpreter")
-    for policy, n, grid, launches in INTERP_CASES + [("corrupt", 37, INTERP_SMS, 1), ("wrong mode", 37, 4, 1)]:
+    bad = [("corrupt", 37, INTERP_SMS, 1, None), ("wrong mode", 37, 4, 1, None)]
+    for policy, n, grid, launches, plan_grid in INTERP_CASES + bad:
         built = {"corrupt": "weighted", "wrong mode": "partition_queues"}.get(policy, policy)
-        plan = make_plan(built, speeds, Workload(n, np.arange(n) % 3))
+        plan = make_plan(built, speeds, Workload(n, np.arange(n) % 3), grid=plan_grid)
         words = torch.from_numpy(plan.to_array().copy())
         place = POLICY_TABLE[built].mode if policy != "wrong mode" else layout.PLACE_SHARES
         if policy == "corrupt":
             words[layout.PLAN_MAGIC] = 0
         state = torch.zeros(layout.state_words(INTERP_SMS), dtype=torch.int64)
+        # nothing to claim: no program may touch the count (a stray value there would survive, or be reset)
+        untouched = plan.mode == layout.PLACE_SHARES and n and plan.n_first == n
+        state[layout.STATE_FINISHED] = -(2**40) if untouched else 0
         out, count = torch.zeros(n_out, dtype=torch.int64), torch.zeros(max(n, 1), dtype=torch.int32)
         for _ in range(launches):
             if plan.mode == layout.PLACE_QUEUES:  # what PlanSlot.prepare does before every launch
@@ -312,6 +322,9 @@ def _interpreter_main():
         s = state.numpy()
         stats = s[layout.stat_offset(0, INTERP_SMS):].reshape(layout.N_STATS, INTERP_SMS)
         on_slots = sum(1 for pid in range(grid) if pid % KNOWN_SMS < INTERP_SMS)
+        if untouched:
+            assert s[layout.STATE_FINISHED] == -(2**40), (policy, s)
+            s[layout.STATE_FINISHED] = 0
         fixed = s[:layout.STATE_CURSORS + INTERP_SMS]
         if policy in ("corrupt", "wrong mode"):
             assert count.sum() == 0 and out.sum() == 0, policy
@@ -322,6 +335,7 @@ def _interpreter_main():
         assert (out.numpy() == launches * placement_demo.checksum_reference(n, n_out)).all(), policy
         if plan.mode == layout.PLACE_SHARES:
             assert not fixed.any(), (policy, fixed)  # the last program out left tail, count and cursors at zero
+            assert plan.n_first == min(n, plan_grid or 0) if POLICY_TABLE[built].by_program else not plan.n_first
             assert stats[layout.STAT_CTAS].sum() == launches * on_slots, (policy, stats)
             assert stats[layout.STAT_ITEMS].sum() <= launches * n, (policy, stats)  # unknown SMs: not counted
             assert (stats[layout.STAT_BUSY_NS] == 0).all(), stats  # the stand-in clock stands still

@@ -15,6 +15,7 @@ from torch_l2topo.layout import (
     PLAN_MAGIC,
     PLAN_MAX_QUEUES,
     PLAN_MODE,
+    PLAN_N_FIRST,
     PLAN_N_QUEUES,
 )
 from torch_l2topo.placement.plans import (
@@ -57,18 +58,22 @@ def plan_of(policy, speeds, workload, **kw):
 
 
 def reference_makespan(plan, speeds, workload, available=None, claim=0.0):
-    """The protocol, one claim at a time: the earliest free SM (ties: lowest id) takes its own next item, else
-    the next tail item, else the next item of the SM with the most unclaimed items."""
+    """The protocol, one claim at a time: the earliest free SM (ties: lowest id) takes its next item by program id
+    (item p on the (p % available)-th available SM, no claim), else its own next item, else the next tail item,
+    else the next item of the SM with the most unclaimed items."""
     cls, loads = workload.classes(), workload.loads()
     cursor, hi = plan.offsets[:-1].copy(), plan.offsets[1:]
-    sms = range(plan.n_slots) if available is None else np.flatnonzero(available)
+    sms = list(range(plan.n_slots) if available is None else np.flatnonzero(available))
+    by_id = {int(s): [p for p in range(plan.n_first) if sms[p % len(sms)] == s] for s in sms}
     heap = [(0.0, int(s)) for s in sms]
     heapq.heapify(heap)
     counts, next_tail, makespan = np.zeros(plan.n_slots, int), 0, 0.0
     while heap:
         t, s = heapq.heappop(heap)
         extra = claim
-        if cursor[s] < hi[s]:
+        if by_id[s]:
+            item, extra = by_id[s].pop(0), 0.0
+        elif cursor[s] < hi[s]:
             item, extra = plan.items[cursor[s]], 0.0
             cursor[s] += 1
         elif next_tail < len(plan.tail):
@@ -125,6 +130,40 @@ def test_device_array_layout_and_rejections():
         Plan.from_array(bad)
     with pytest.raises(ValueError, match="int32"):
         Plan("uniform", 1, [0, 1], [2**31], []).to_array()
+
+
+def test_policies_without_sm_preference_hand_each_program_of_the_grid_an_item_by_id():
+    speeds, workload = two_partition_model(4), Workload(100, np.arange(100) % 2, np.arange(1, 101))
+    for policy in POLICIES:
+        for grid in (1, 8, 100, 500):
+            plan = plan_of(policy, speeds, workload, grid=grid)
+            plan.validate(100)
+            first = min(grid, 100) if policy in ("uniform", "dynamic") else 0
+            assert plan.n_first == first and plan.n_items == 100, (policy, grid)
+            # items 0..first-1 are in no array: the shares and the tail hold the others, planned as before
+            if not plan.direct:
+                held = np.sort(np.concatenate([plan.items, plan.tail]))
+                np.testing.assert_array_equal(held, np.arange(first, 100))
+            a = plan.to_array()
+            assert a[PLAN_N_FIRST] == first and len(a) == PLAN_HEADER + plan.n_slots + 1 + 100 - first \
+                if plan.mode == PLACE_SHARES else a[PLAN_N_FIRST] == 0
+            assert Plan.from_array(a, policy).n_first == first
+    # the rest is the policy's plan of items first..n-1: equal shares of the 92 left, ids shifted
+    rest = make_plan("uniform", speeds, Workload(92, np.arange(8, 100) % 2, np.arange(9, 101)))
+    with_grid = make_plan("uniform", speeds, workload, grid=8)
+    np.testing.assert_array_equal(with_grid.items, rest.items + 8)
+    np.testing.assert_array_equal(with_grid.offsets, rest.offsets)
+    for bad in (0, -1, True, 2.5):
+        with pytest.raises(ValueError, match="grid"):
+            make_plan("uniform", speeds, workload, grid=bad)
+    with pytest.raises(ValueError, match="n_first"):
+        Plan("uniform", 2, [0, 1, 2], [3, 4], [], n_first=-1)
+    with pytest.raises(ValueError, match="only a shares-mode plan"):
+        Plan("plain", 2, [0], [], [], mode=PLACE_DIRECT, n_items=5, n_first=2)
+    with pytest.raises(ValueError, match="holds 4 items but says 5"):
+        Plan("uniform", 2, [0, 1, 2], [2, 3], [], n_items=5, n_first=2)
+    with pytest.raises(ValueError, match=r"1 missing \[3\], 1 duplicated \[0\]"):  # arrays overlap ids 0..1
+        Plan("uniform", 2, [0, 1, 2], [0, 2], [], n_first=2).validate(4)
 
 
 def test_a_plain_plan_runs_in_direct_mode_and_holds_no_items():
@@ -338,9 +377,9 @@ def test_predict_matches_a_naive_simulation_of_the_protocol(n_sm, claim):
     workload = Workload(400, rng.integers(0, 3, 400), rng.uniform(1, 5, 400))
     available = rng.random(n_sm) < 0.7
     available[0] = True
-    for policy in SHARES_POLICIES + ("plain",):
+    for policy, grid in [(p, None) for p in SHARES_POLICIES + ("plain",)] + [("uniform", 7), ("dynamic", 50)]:
         for tail_fraction in (0.0, 0.2):
-            plan = plan_of(policy, speeds, workload, tail_fraction=tail_fraction)
+            plan = plan_of(policy, speeds, workload, tail_fraction=tail_fraction, grid=grid)
             # plain: the hardware's queue is a dynamic plan without a claim cost
             ref = plan_of("dynamic", speeds, workload) if plan.direct else plan
             for mask in (None, available):
@@ -354,8 +393,8 @@ def test_predict_matches_a_naive_simulation_of_the_protocol(n_sm, claim):
 def test_predict_breaks_ties_like_the_protocol(n_sm):
     speeds = SpeedModel.uniform(n_sm)  # integer costs: every claim ties
     mask = np.arange(n_sm) % 3 != 1
-    for policy in SHARES_POLICIES:
-        plan = plan_of(policy, speeds, Workload(1000), tail_fraction=0.1)
+    for policy, grid in [(p, None) for p in SHARES_POLICIES] + [("uniform", 2 * n_sm), ("dynamic", n_sm + 3)]:
+        plan = plan_of(policy, speeds, Workload(1000), tail_fraction=0.1, grid=grid)
         got = predict(plan, speeds, Workload(1000), available=mask, claim_cycles=1.0, return_counts=True)
         want = reference_makespan(plan, speeds, Workload(1000), mask, 1.0)
         assert got[0] == want[0]

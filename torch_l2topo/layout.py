@@ -60,7 +60,9 @@ PLAN_CHUNK = 7      # queues mode: items claimed per atomic
 PLAN_REC_LO = 8     # the CTA recorder buffer's address, low and high 32 bits (PLACE_RECORD launches only)
 PLAN_REC_HI = 9
 PLAN_REC_TAG = 10   # this kernel's tag in that recorder
-PLAN_HEADER = 11    # shares mode: offsets[n_slots + 1] start here, then items[n_static], then tail[n_tail];
+PLAN_N_FIRST = 11   # shares mode: items 0..n_first-1 are in no array: program p takes items p, p + grid, ... below
+                    # n_first before any claim (uniform, dynamic: one per program of the grid the plan is built for)
+PLAN_HEADER = 12    # shares mode: offsets[n_slots + 1] start here, then items[n_static], then tail[n_tail];
                     # queues mode: home queue of each SM slot [n_slots], queue offsets [n_queues + 1], items
 PLAN_MAGIC_VALUE = 0x4C32504C  # "L2PL"
 # Width of the device's steal scan and queue scan: every slot's (queue's) cursor is read in one vector. 256

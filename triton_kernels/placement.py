@@ -43,11 +43,14 @@ The modes (layouts in torch_l2topo/layout.py):
   its group, then from the other group's. A program keeps claiming until every queue is empty, so any grid
   does every item once; with one chunk per program most programs make exactly one claim. The launcher zeroes
   the queue cursors before every launch (a memset that CUDA graphs capture with the kernel).
-- PLACE_SHARES (the persistent policies): ctas_per_sm x n_sm CTAs; each takes its SM's static share, then the
-  dynamic tail, then steals from the SM with the most unclaimed items; the last CTA out resets the state, so
-  launches (and CUDA graph replays) need no host work.
+- PLACE_SHARES (the persistent policies): ctas_per_sm x n_sm CTAs; each first takes the items the plan hands out by
+  program id (PLAN_N_FIRST: uniform and dynamic give one to each program, so no program claims at launch), then
+  its SM's static share, then the dynamic tail, then steals from the SM with the most unclaimed items; the last
+  CTA out resets the state, so launches (and CUDA graph replays) need no host work. A plan with nothing left to
+  claim (as many programs as items) touches no state but the statistics.
 
-Every item is handed out exactly once per launch: each index of a share, of the tail or of a queue is the
+Every item is handed out exactly once per launch: an item k below PLAN_N_FIRST goes to program k % grid, at its
+(k // grid)-th call, and to no claim; each index of a share, of the tail or of a queue is the
 return value of exactly one atomic_add on its cursor, and a program stops only once everything it could still
 claim is exhausted (cursors only grow during a launch, so "all exhausted" is final; so is the count of drained
 shares, which lets a program skip the scan once it reaches the number of shares). No wait here needs a
@@ -82,6 +85,7 @@ PLACE_RECORD = tl.constexpr(_layout.PLACE_RECORD)
 PLAN_REC_LO = tl.constexpr(_layout.PLAN_REC_LO)
 PLAN_REC_HI = tl.constexpr(_layout.PLAN_REC_HI)
 PLAN_REC_TAG = tl.constexpr(_layout.PLAN_REC_TAG)
+PLAN_N_FIRST = tl.constexpr(_layout.PLAN_N_FIRST)
 PLAN_N_SLOTS = tl.constexpr(_layout.PLAN_N_SLOTS)
 PLAN_N_STATIC = tl.constexpr(_layout.PLAN_N_STATIC)
 PLAN_N_TAIL = tl.constexpr(_layout.PLAN_N_TAIL)
@@ -107,10 +111,16 @@ MAX_SLOTS = tl.constexpr(_layout.PLAN_MAX_SLOTS)  # the width of the steal scan
 MAX_QUEUES = tl.constexpr(_layout.PLAN_MAX_QUEUES)  # the width of the queue scan
 LEFT_CAP = tl.constexpr(2**31 // _layout.PLAN_MAX_SLOTS - 1)  # the steal key's largest count (int32)
 
-PHASE_SHARE = tl.constexpr(0)
-PHASE_TAIL = tl.constexpr(1)
-PHASE_STEAL = tl.constexpr(2)
-PHASE_DONE = tl.constexpr(3)
+# Shares mode's phases. PHASE_FIRST (the first call's 0) carries in bits PHASE_COUNT_SHIFT and up how many items
+# this program took by its id (plan's items below PLAN_N_FIRST); the others are plain values.
+PHASE_FIRST = tl.constexpr(0)
+PHASE_SHARE = tl.constexpr(1)
+PHASE_TAIL = tl.constexpr(2)
+PHASE_STEAL = tl.constexpr(3)
+PHASE_DONE = tl.constexpr(4)
+PHASE_KIND_MASK = tl.constexpr(7)
+PHASE_COUNT_SHIFT = tl.constexpr(3)
+PHASE_ONE_TAKEN = tl.constexpr(2**3)  # one more item by program id, added to a PHASE_FIRST phase
 # Queues mode packs the program's claim into the int64 phase: the next index in the claimed range of queue
 # q (bits 0-31), the items left in that range (bits 32-55) and q + 1 (bits 56-62; 0: nothing claimed yet).
 # A phase with bit 63 set (negative) is done.
@@ -175,10 +185,29 @@ def _claim_share(plan_ptr, state_ptr, slot, n_slots):
 
 
 @triton.jit
+def _claims(plan_ptr):
+    """Whether the plan has items to claim (in shares or the tail) beyond those taken by program id."""
+    return tl.load(plan_ptr + PLAN_N_STATIC) + tl.load(plan_ptr + PLAN_N_TAIL) > 0
+
+
+@triton.jit
 def _next_share(plan_ptr, state_ptr, sm, phase):
-    """Shares mode: this SM's share, the dynamic tail, then stealing. (item, phase)."""
+    """Shares mode: items by program id, this SM's share, the dynamic tail, then stealing. (item, phase)."""
     item = tl.full((), -1, tl.int32)
     n_slots = tl.load(plan_ptr + PLAN_N_SLOTS)
+    if (phase & PHASE_KIND_MASK) == PHASE_FIRST:
+        # Items below PLAN_N_FIRST, program p taking p, p + grid, ... without an atomic, as persistent schedulers
+        # take their first tile by block index (FlashAttention-3's, CUTLASS's): with one per program, the claims
+        # at launch, when every program asks at once, are gone. A plan with nothing to claim ends here, so a
+        # launch with as many programs as items touches no cursor at all.
+        k = tl.program_id(0).to(tl.int64) + (phase >> PHASE_COUNT_SHIFT) * tl.num_programs(0)
+        if k < tl.load(plan_ptr + PLAN_N_FIRST):
+            item = k.to(tl.int32)
+            phase = phase + PHASE_ONE_TAKEN
+        elif _claims(plan_ptr):
+            phase = tl.full((), PHASE_SHARE, tl.int64)
+        else:
+            phase = tl.full((), PHASE_DONE, tl.int64)
     if phase == PHASE_STEAL:  # back after a stolen item: is any share left? (the count, read by an atomic)
         if (tl.atomic_add(state_ptr + STATE_TAIL, tl.zeros((), tl.int64), sem="relaxed") >> STATE_DRAINED_SHIFT) \
                 >= n_slots:
@@ -318,29 +347,37 @@ def _record(plan_ptr, sm, t0, n_done):
 
 
 @triton.jit
+def _count_out(plan_ptr, state_ptr, n_slots):
+    """Count this program out of the launch; the last one resets the cursors, the tail and the count.
+
+    Why the last program out may reset the state without racing anyone: every program makes all its claims
+    (the last one being the failed claim that returned -1) before this increment, and acq_rel orders them
+    before it (release) and this program's resets after it (acquire). The program that sees grid - 1 is
+    therefore the last to touch the cursors in this launch, and the next launch starts after this one ends in
+    stream order. (Counting in 16 shards first, so that 4,224 programs ending together do not all count on one
+    address, measured no faster on the H200:
+    benchmarks/results/diagnosis/placement_uniform_finish_shards_reverted_h200.json.)"""
+    finished = tl.atomic_add(state_ptr + STATE_FINISHED, tl.full((), 1, tl.int64), sem="acq_rel")
+    if finished == tl.num_programs(0) - 1:
+        slots = tl.arange(0, MAX_SLOTS)
+        tl.store(state_ptr + STATE_CURSORS + slots, tl.zeros((MAX_SLOTS,), tl.int64), mask=slots < n_slots)
+        tl.store(state_ptr + STATE_TAIL, tl.full((), 0, tl.int64))
+        tl.store(state_ptr + STATE_FINISHED, tl.full((), 0, tl.int64))
+
+
+@triton.jit
 def plan_finish(plan_ptr, state_ptr, sm, t0, n_done, PLACE: tl.constexpr):
     if _recording(PLACE):
         if sm >= 0:  # a bad plan (sm -1) holds no recorder address to trust
             _record(plan_ptr, sm, t0, n_done)
     if _mode(PLACE) == PLACE_SHARES:
-        ok = sm >= 0
+        ok = sm >= 0  # a bad plan (sm -1): no claim was made, nothing to count or reset
         n_slots = tl.load(plan_ptr + PLAN_N_SLOTS)
         if ok & (sm < n_slots):
             stats = state_ptr + STATE_CURSORS + n_slots + sm  # statistic k of SM sm: stats + k * n_slots
             tl.atomic_add(stats + STAT_ITEMS * n_slots, tl.zeros((), tl.int64) + n_done, sem="relaxed")
             tl.atomic_add(stats + STAT_BUSY_NS * n_slots, global_ns() - t0, sem="relaxed")
             tl.atomic_add(stats + STAT_CTAS * n_slots, tl.full((), 1, tl.int64), sem="relaxed")
-        # Why the last program out may reset the state without racing anyone: every program makes all its
-        # claims (the last one being the failed claim that returned -1) before this increment, and acq_rel
-        # orders them before it (release) and this program's resets after it (acquire). The program that sees
-        # grid - 1 is therefore the last to touch the cursors in this launch, and the next launch starts after
-        # this one ends in stream order. (Counting in 16 shards first, so that 4,224 programs ending together
-        # do not all count on one address, measured no faster on the H200:
-        # benchmarks/results/diagnosis/placement_uniform_finish_shards_reverted_h200.json.)
-        finished = tl.atomic_add(state_ptr + STATE_FINISHED, tl.full((), 1, tl.int64), sem="acq_rel")
-        if finished == tl.num_programs(0) - 1:
-            if ok:
-                slots = tl.arange(0, MAX_SLOTS)
-                tl.store(state_ptr + STATE_CURSORS + slots, tl.zeros((MAX_SLOTS,), tl.int64), mask=slots < n_slots)
-            tl.store(state_ptr + STATE_TAIL, tl.full((), 0, tl.int64))
-            tl.store(state_ptr + STATE_FINISHED, tl.full((), 0, tl.int64))
+        if ok:
+            if _claims(plan_ptr):  # else no program touched a cursor (_next_share): no count, no reset
+                _count_out(plan_ptr, state_ptr, n_slots)

@@ -62,8 +62,9 @@ class Candidate:
 
     @property
     def plan_key(self) -> tuple:
-        """What its plan depends on: the policy and the items per claim (not the CTAs per SM)."""
-        return self.policy, self.chunk
+        """What its plan depends on: the policy, the items per claim and, for a policy that hands each program an
+        item by its id (POLICY_TABLE's by_program), the CTAs per SM (the grid)."""
+        return self.policy, self.chunk, self.ctas_per_sm if POLICY_TABLE[self.policy].by_program else None
 
     def grid(self, n_sm: int, n_items: int) -> int:
         """CTAs of a launch: one per item (plain), one per chunk (queues), ctas_per_sm per SM (persistent)."""

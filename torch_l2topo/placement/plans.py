@@ -2,6 +2,8 @@
 
 Owns the host-side model of SM-aware work placement; pure numpy/scipy, no GPU. A persistent kernel runs
 CTAs on every SM; each CTA reads %smid and then
+0. takes the items the plan hands out by program id (Plan.n_first; policies without SM preference give one to
+   each program of the grid the plan is built for, so nobody claims at launch),
 1. takes the items of its SM's static share in order, one at a time through that SM's cursor (shared by all
    CTAs on the SM),
 2. takes items of the dynamic tail, one at a time through one global cursor, while any are left,
@@ -44,6 +46,7 @@ from ..layout import (
     PLAN_MAGIC_VALUE,
     PLAN_MAX_QUEUES,
     PLAN_MODE,
+    PLAN_N_FIRST,
     PLAN_N_QUEUES,
     PLAN_N_SLOTS,
     PLAN_N_STATIC,
@@ -55,7 +58,8 @@ from ..layout import (
 class Policy:
     """What a placement policy is. mode: the device helpers' mode its plans run in (layout.PLACE_*).
     affinity: it places items by their home partition, so it is worth trying only when items have classes.
-    auto: "auto" may time it. needs_k: it takes the number of SMs k."""
+    auto: "auto" may time it. needs_k: it takes the number of SMs k. by_program: it prefers no SM, so its plan
+    for a given grid hands each program its first item by program id (make_plan's grid), with no claim."""
 
     name: str
     mode: int
@@ -63,6 +67,7 @@ class Policy:
     auto: bool
     needs_k: bool
     summary: str
+    by_program: bool = False
 
 
 POLICY_TABLE = {p.name: p for p in (
@@ -70,8 +75,10 @@ POLICY_TABLE = {p.name: p for p in (
            "one program per item, placed by the hardware: a plain launch, the reference"),
     Policy("partition_queues", PLACE_QUEUES, True, True, False,
            "one program per item; each claims items homed in its SM's L2 partition first"),
-    Policy("dynamic", PLACE_SHARES, False, True, False, "persistent grid, every item claimed from one queue"),
-    Policy("uniform", PLACE_SHARES, False, True, False, "persistent grid, equal shares per SM, then stealing"),
+    Policy("dynamic", PLACE_SHARES, False, True, False,
+           "persistent grid, one item per program by id, then every item claimed from one queue", True),
+    Policy("uniform", PLACE_SHARES, False, True, False,
+           "persistent grid, one item per program by id, then equal shares per SM, then stealing", True),
     Policy("weighted", PLACE_SHARES, False, True, False, "persistent grid, shares by each SM's calibrated speed"),
     Policy("fastest", PLACE_SHARES, False, False, True, "persistent grid, shares on the k fastest SMs only"),
     Policy("partition_affine", PLACE_SHARES, True, True, False,
@@ -209,6 +216,11 @@ class Workload:
         """(n_items,) loads of every item."""
         return np.broadcast_to(np.asarray(self.loads_per_item, dtype=np.float64), (self.n_items,))
 
+    def suffix(self, start: int) -> Workload:
+        """Items start..n_items-1 as a workload of their own (item start is its item 0)."""
+        loads = self.loads_per_item if np.ndim(self.loads_per_item) == 0 else self.loads_per_item[start:]
+        return Workload(self.n_items - start, None if self.item_class is None else self.item_class[start:], loads)
+
     def class_counts(self) -> np.ndarray:
         """(3,) items per class."""
         return np.bincount(self.classes(), minlength=N_CLASSES)
@@ -235,6 +247,8 @@ class Plan:
     dynamically in order. queues: queue q holds items[offsets[q]:offsets[q+1]], SM s's programs claim from
     queue home_queue[s] first, then the other queues of its group (queue q is in group q // group_queues),
     then the other group's, `chunk` items per claim. direct: no arrays; program p takes item p of n_items.
+    n_first (shares mode): items 0..n_first-1 are in no array; program p takes p, p + grid, ... of them before
+    its first claim (the arrays hold items n_first..n_items-1).
     predicted_makespan: predict() under the SpeedModel the plan was built with.
     """
 
@@ -248,7 +262,8 @@ class Plan:
     home_queue: np.ndarray | None = None
     group_queues: int = 1
     chunk: int = 1
-    n_items: int = -1  # -1: the items the arrays hold
+    n_items: int = -1  # -1: the items the arrays hold, and the n_first before them
+    n_first: int = 0
 
     def __post_init__(self):
         for name in ("offsets", "items", "tail"):
@@ -258,7 +273,12 @@ class Plan:
         if self.n_slots < 1:
             raise ValueError(f"a plan needs n_slots >= 1, got {self.n_slots}")
         o = self.offsets
-        held = len(self.items) + len(self.tail)
+        if isinstance(self.n_first, bool) or not isinstance(self.n_first, (int, np.integer)) or self.n_first < 0:
+            raise ValueError(f"n_first must be an integer >= 0, got {self.n_first!r}")
+        if self.n_first and self.mode != PLACE_SHARES:
+            raise ValueError("only a shares-mode plan hands items out by program id (n_first)")
+        object.__setattr__(self, "n_first", int(self.n_first))
+        held = len(self.items) + len(self.tail) + self.n_first
         object.__setattr__(self, "n_items", held if self.n_items < 0 else int(self.n_items))
         if self.mode == PLACE_DIRECT:
             if held:
@@ -310,7 +330,7 @@ class Plan:
             if self.n_items != n_items:
                 raise ValueError(f"the direct plan is for {self.n_items} items, not {n_items}")
             return
-        ids = np.concatenate([self.items, self.tail])
+        ids = np.concatenate([np.arange(self.n_first), self.items, self.tail])
         bad = ids[(ids < 0) | (ids >= n_items)]
         if bad.size:
             raise ValueError(f"plan holds item ids outside 0..{n_items - 1}: {bad[:8].tolist()}")
@@ -328,11 +348,11 @@ class Plan:
             body = np.concatenate([self.offsets, self.items, self.tail])
         else:
             body = np.zeros(0, dtype=np.int64)
-        if body.size and body.max() > np.iinfo(np.int32).max:
+        if max(body.max(initial=0), self.n_first) > np.iinfo(np.int32).max:
             raise ValueError("item ids and offsets must fit int32 for the device plan")
         out = np.zeros(PLAN_HEADER + body.size, dtype=np.int32)
         out[PLAN_N_SLOTS], out[PLAN_MAGIC], out[PLAN_MODE] = self.n_slots, PLAN_MAGIC_VALUE, self.mode
-        out[PLAN_N_STATIC], out[PLAN_N_TAIL] = len(self.items), len(self.tail)
+        out[PLAN_N_STATIC], out[PLAN_N_TAIL], out[PLAN_N_FIRST] = len(self.items), len(self.tail), self.n_first
         if self.direct:
             out[PLAN_N_TAIL] = self.n_items  # what the host checks against; the device reads nothing
         out[PLAN_N_QUEUES], out[PLAN_GROUP_QUEUES], out[PLAN_CHUNK] = self.n_queues, self.group_queues, self.chunk
@@ -350,10 +370,10 @@ class Plan:
         if mode not in (PLACE_DIRECT, PLACE_SHARES, PLACE_QUEUES):
             raise ValueError(f"bad plan mode {mode}")
         n_slots, n_static, n_tail = (int(a[i]) for i in (PLAN_N_SLOTS, PLAN_N_STATIC, PLAN_N_TAIL))
-        n_queues = int(a[PLAN_N_QUEUES])
+        n_queues, n_first = int(a[PLAN_N_QUEUES]), int(a[PLAN_N_FIRST])
         sizes = {PLACE_DIRECT: 0, PLACE_SHARES: n_slots + 1 + n_static + n_tail,
                  PLACE_QUEUES: n_slots + n_queues + 1 + n_static}[mode]
-        if n_slots < 1 or n_static < 0 or n_tail < 0 or n_queues < 0 or a.size != PLAN_HEADER + sizes:
+        if n_slots < 1 or min(n_static, n_tail, n_queues, n_first) < 0 or a.size != PLAN_HEADER + sizes:
             raise ValueError(f"plan header (slots {n_slots}, static {n_static}, tail {n_tail}, queues {n_queues}) "
                              f"does not match its length {a.size}")
         body = a[PLAN_HEADER:]
@@ -364,7 +384,7 @@ class Plan:
                        mode=mode, home_queue=body[:n_slots], group_queues=int(a[PLAN_GROUP_QUEUES]),
                        chunk=int(a[PLAN_CHUNK]))
         return cls(policy, n_slots, body[:n_slots + 1], body[n_slots + 1:n_slots + 1 + n_static],
-                   body[n_slots + 1 + n_static:])
+                   body[n_slots + 1 + n_static:], n_first=n_first)
 
 
 # ---- building plans ---------------------------------------------------------------------------------------
@@ -441,8 +461,14 @@ def _dealt(counts: np.ndarray) -> np.ndarray:
 
 
 def make_plan(policy: str, speeds: SpeedModel, workload: Workload, *, k: int | None = None,
-              tail_fraction: float = DEFAULT_TAIL_FRACTION, chunk: int = 1, share_order: str = "dealt") -> Plan:
+              tail_fraction: float = DEFAULT_TAIL_FRACTION, chunk: int = 1, share_order: str = "dealt",
+              grid: int | None = None) -> Plan:
     """A plan of `policy` (POLICY_TABLE) for `workload` on the SMs of `speeds`.
+
+    grid: the CTAs of the launch that will run it. A policy without SM preference (POLICY_TABLE's by_program:
+    uniform, dynamic) then hands items 0..min(grid, n)-1 out by program id (Plan.n_first), one per program and
+    no claim, and plans the rest as below; any launch of the plan still does every item once (a smaller grid
+    takes several by id per program, a larger one none for the programs past n). None: no items by program id.
 
     share_order (the static policies): which ids make up a share of a given size. "dealt" (default): the ids
     of each group are dealt to its SMs in turns (_dealt), so that the CTAs of one SM run ids about n_sm apart
@@ -471,7 +497,15 @@ def make_plan(policy: str, speeds: SpeedModel, workload: Workload, *, k: int | N
         raise ValueError(f"tail_fraction must be in [0, 1), got {tail_fraction!r}")
     if isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or not 1 <= chunk < 2**24:
         raise ValueError(f"chunk must be an integer in 1..{2**24 - 1}, got {chunk!r}")
+    if grid is not None and (isinstance(grid, bool) or not isinstance(grid, (int, np.integer)) or grid < 1):
+        raise ValueError(f"grid must be an integer >= 1 or None, got {grid!r}")
     n, n_sm = workload.n_items, speeds.n_sm
+    first = min(int(grid), n) if grid is not None and POLICY_TABLE[policy].by_program else 0
+    if first:
+        rest = make_plan(policy, speeds, workload.suffix(first), k=k, tail_fraction=tail_fraction, chunk=chunk,
+                         share_order=share_order)
+        plan = Plan(policy, n_sm, rest.offsets, rest.items + first, rest.tail + first, n_first=first)
+        return replace(plan, predicted_makespan=predict(plan, speeds, workload))
     if policy == "plain":
         plan = Plan(policy, n_sm, [0], [], [], mode=PLACE_DIRECT, n_items=n)
         return replace(plan, predicted_makespan=predict(plan, speeds, workload))
@@ -626,8 +660,14 @@ def predict(plan: Plan, speeds: SpeedModel, workload: Workload, *, available=Non
     lo, hi = plan.offsets[:-1], plan.offsets[1:]
     owner = np.repeat(np.arange(n_sm), hi - lo)
     own_cost = loads[plan.items] * cost[owner, cls[plan.items]]
-    ends = [np.cumsum(own_cost[lo[s]:hi[s]]) for s in range(n_sm)]
-    free = np.array([ends[s][-1] if len(ends[s]) else 0.0 for s in sms])
+    # Items by program id first: item p on the (p % available)-th available SM (the model's one CTA per SM; the
+    # hardware spreads a grid's programs evenly), before that SM's share.
+    by_id = np.arange(plan.n_first)
+    by_id_sm = sms[by_id % len(sms)]
+    begin = np.bincount(by_id_sm, weights=loads[by_id] * cost[by_id_sm, cls[by_id]], minlength=n_sm).astype(float)
+    done += np.bincount(by_id_sm, minlength=n_sm)
+    ends = [begin[s] + np.cumsum(own_cost[lo[s]:hi[s]]) for s in range(n_sm)]
+    free = np.array([ends[s][-1] if len(ends[s]) else begin[s] for s in sms])
 
     done[sms] += _drain_tail(free, cost[sms], loads[plan.tail], cls[plan.tail], float(claim_cycles))
 
@@ -638,7 +678,7 @@ def predict(plan: Plan, speeds: SpeedModel, workload: Workload, *, available=Non
     for s in range(n_sm):
         claimed = 0
         if avail[s]:
-            starts = np.concatenate([[0.0], ends[s]])[:-1]
+            starts = np.concatenate([[begin[s]], ends[s]])[:-1]
             claimed = int(np.searchsorted(starts, t0, side="right" if s < s0 else "left"))
             at = starts[claimed] if claimed < len(starts) else free[np.searchsorted(sms, s)]
             events.append((float(at), s))

@@ -307,11 +307,7 @@ class Placement:
         return self._fixed_candidate(entry)
 
     def _fixed_candidate(self, entry: _Entry) -> Candidate:
-        if POLICY_TABLE[self.policy].mode != POLICY_TABLE["dynamic"].mode:
-            return Candidate(self.policy, chunk=self.chunk if self.policy == choice.QUEUES else 1)
-        index, n_items = entry.index, entry.workload_args[0]
-        ctas = self.ctas_per_sm or choice.persistent_ctas(self._max_ctas(index), n_items, self._device(index)[1].n_sm)
-        return Candidate(self.policy, ctas)
+        return self._candidate_of(self.policy, entry.index, entry.workload_args[0])
 
     def grid(self, device=None, *, policy: str | None = None, n_items: int | None = None) -> int:
         """CTAs of a launch of `policy` (default: the decorator's) on `device` for n_items items."""
@@ -322,11 +318,8 @@ class Placement:
         if n_items is None:
             raise ValueError("pass n_items: the grid depends on the item count")
         index = resolve_device(device)
-        if POLICY_TABLE[policy].mode != POLICY_TABLE["dynamic"].mode:
-            return Candidate(policy, chunk=self.chunk if policy == choice.QUEUES else 1).grid(0, n_items)
-        n_sm = self._device(index)[1].n_sm
-        ctas = self.ctas_per_sm or choice.persistent_ctas(self._max_ctas(index), n_items, n_sm)
-        return Candidate(policy, ctas).grid(n_sm, n_items)
+        cand = self._candidate_of(policy, index, n_items)
+        return cand.grid(self._device(index)[1].n_sm if cand.ctas_per_sm else 0, n_items)
 
     @staticmethod
     def place(policy: str) -> int:
@@ -348,25 +341,32 @@ class Placement:
             if policy is None and self.policy == AUTO:
                 cand = entry.chosen or Candidate(choice.PLAIN)
             else:
-                cand = self._candidate_of(self.policy if policy is None else policy)
+                cand = self._candidate_of(self.policy if policy is None else policy, index, n_items)
             slot = self._slot(index, entry, cand)
             return slot.plan, slot.state
 
     def slot(self, n_items: int, item_class=None, loads_per_item=1.0, *, policy: str, device=None) -> PlanSlot:
-        """The PlanSlot of `policy` for this workload, if a launch built it (for its stats() and error())."""
+        """The PlanSlot of `policy` for this workload, if a launch built it (for its stats() and error()): what
+        "auto" chose, if of that policy, else the fixed policy's."""
         from ..device import resolve_device
 
-        entry = self._entries.get((resolve_device(device), workload_key(n_items, item_class, loads_per_item)))
-        key = self._candidate_of(policy).plan_key
+        index = resolve_device(device)
+        entry = self._entries.get((index, workload_key(n_items, item_class, loads_per_item)))
+        chosen = None if entry is None else entry.chosen
+        cand = chosen if chosen is not None and chosen.policy == policy else self._candidate_of(policy, index, n_items)
+        key = cand.plan_key
         if entry is None or key not in entry.slots:
             raise PlacementError(f"no plan of policy {policy!r} was built for this workload yet")
         return entry.slots[key]
 
-    def _candidate_of(self, policy: str) -> Candidate:
-        """The candidate whose plan a fixed `policy` uses (its CTAs per SM do not matter for the plan)."""
+    def _candidate_of(self, policy: str, index: int, n_items: int) -> Candidate:
+        """What a fixed `policy` launches for n_items on GPU `index`: a persistent policy at the decorator's CTAs
+        per SM, else as many as the kernel holds and the items fill."""
         check_choice("policy", policy, POLICIES)
-        persistent = POLICY_TABLE[policy].mode == POLICY_TABLE["dynamic"].mode
-        return Candidate(policy, 1 if persistent else None, self.chunk if policy == choice.QUEUES else 1)
+        if POLICY_TABLE[policy].mode != POLICY_TABLE["dynamic"].mode:
+            return Candidate(policy, chunk=self.chunk if policy == choice.QUEUES else 1)
+        n_sm = self._device(index)[1].n_sm
+        return Candidate(policy, self.ctas_per_sm or choice.persistent_ctas(self._max_ctas(index), n_items, n_sm))
 
     def explain(self) -> str:
         """Every "auto" decision so far, in words (which candidates, their medians, the choice and why)."""
@@ -401,8 +401,10 @@ class Placement:
             _, speeds = self._device(index)
             slot = PlanSlot(torch.device("cuda", index), speeds.n_sm)
             k = self.k if POLICY_TABLE[cand.policy].needs_k else None
+            grid = cand.grid(speeds.n_sm, entry.workload_args[0]) if cand.ctas_per_sm else None
             # "measured" starts as weighted on the calibration's speeds; _refresh_measured replaces them
-            slot.load(make_plan(cand.policy, speeds, entry.workload, k=k, chunk=cand.chunk, **self.plan_options))
+            slot.load(make_plan(cand.policy, speeds, entry.workload, k=k, chunk=cand.chunk, grid=grid,
+                                **self.plan_options))
             entry.slots[cand.plan_key] = slot
         return entry.slots[cand.plan_key]
 
