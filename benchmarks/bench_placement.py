@@ -11,8 +11,8 @@ the host's launch cost):
   "partition_queues" at 1 item per claim and at claim_chunk()'s (where an SM cannot hold all its items' programs),
   and each persistent policy at 1, 2, 4, ... CTAs per SM up to what the kernel holds and the items fill; the best;
 - persistent "uniform" at equal concurrency (as many CTAs per SM as items per SM, where the kernel holds them):
-  what the shares mode's claims cost against the plain kernel running the same programs at once
-  (`uniform_equal_concurrency_vs_plain_kernel`; target <= 1.02);
+  what the shares mode costs against the plain kernel running the same programs at once, each program taking its
+  item by program id (`uniform_equal_concurrency_vs_plain_kernel`; target <= 1.02);
 - the limit: plans.limit of the calibration's near/far costs over plans.predict of the plain plan, times the plain
   kernel's time (a model estimate of what placement by partition could reach, labelled so).
 `vs_uniform` is the ratio to persistent "uniform" at the CTAs per SM "auto" would give a persistent policy.
@@ -367,7 +367,8 @@ def bench_uniform(dev, topo, reps) -> dict:
       lookup of the item id (gather_lookup_kernel) and one atomic ticket then that lookup (gather_ticket_kernel),
       each the plain kernel plus only that;
     - the chase at 32 items per SM through chase_exit_kernel: which step of a shares-mode program's way out (a
-      failed claim, the tail, the victim scan, the finish count) costs what."""
+      failed claim, the tail, the victim scan, the finish count) costs what, on a uniform plan with every item in a
+      share (the real policy hands each program its item by program id at this concurrency: it runs alongside)."""
     return {"exit": _uniform_exit(dev, topo, reps), "chase": _uniform_chase(dev, topo, reps),
             "gather": _uniform_gather(dev, topo, reps)}
 
