@@ -120,7 +120,7 @@ PHASE_STEAL = tl.constexpr(3)
 PHASE_DONE = tl.constexpr(4)
 PHASE_KIND_MASK = tl.constexpr(7)
 PHASE_COUNT_SHIFT = tl.constexpr(3)
-PHASE_ONE_TAKEN = tl.constexpr(2**3)  # one more item by program id, added to a PHASE_FIRST phase
+PHASE_ONE_TAKEN = tl.constexpr(2**PHASE_COUNT_SHIFT.value)  # one more item by program id, added to a PHASE_FIRST phase
 # Queues mode packs the program's claim into the int64 phase: the next index in the claimed range of queue
 # q (bits 0-31), the items left in that range (bits 32-55) and q + 1 (bits 56-62; 0: nothing claimed yet).
 # A phase with bit 63 set (negative) is done.
