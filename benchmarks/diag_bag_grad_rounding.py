@@ -6,6 +6,7 @@ excess, that table's largest error and its largest reference value.
 
     python benchmarks/diag_bag_grad_rounding.py
 """
+import argparse
 import sys
 from pathlib import Path
 
@@ -17,21 +18,22 @@ from test_ops_gpu import N_ROWS, _bag_case  # noqa: E402
 
 from torch_l2topo.ops import embedding_bag  # noqa: E402
 
-SEEDS = 40
-
 
 def reference(input, weight, offsets, per_sample_weights=None, **options):
     psw = None if per_sample_weights is None else per_sample_weights.float()
     return F.embedding_bag(input, weight.float(), offsets, per_sample_weights=psw, **options)
 
 
-def main() -> None:
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seeds", type=int, default=40, help="random tables per dtype and mode")
+    args = p.parse_args(argv)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     input, offsets = _bag_case(7, 200, 30)
     for dtype in (torch.bfloat16, torch.float16):
         for mode in ("sum", "mean"):
             worst = {}
-            for seed in range(SEEDS):
+            for seed in range(args.seeds):
                 base = torch.randn(N_ROWS, 64, device="cuda", generator=torch.Generator("cuda").manual_seed(seed))
                 grads = []
                 for fn in (embedding_bag, reference):

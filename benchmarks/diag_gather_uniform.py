@@ -7,6 +7,7 @@ imported):
 
     for s in "" timer finish both; do STUB=$s python benchmarks/diag_gather_uniform.py; done
 """
+import argparse
 import os
 import sys
 
@@ -32,7 +33,10 @@ if STUB in ("finish", "both"):
     placement.plan_finish = _no_finish
 
 
-def main() -> None:
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", type=int, default=0)
+    args = p.parse_args(argv)
     import torch
     from bench_placement import GATHER_TABLE_MB, _vs_plain_kernel, graph_of, interleaved
     from common import calibrated_device
@@ -40,7 +44,7 @@ def main() -> None:
 
     from torch_l2topo.placement.sm_aware import sm_aware
 
-    dev, topo, calibration = calibrated_device(0, "gather uniform")
+    dev, topo, calibration = calibrated_device(args.device, "gather uniform")
     print(f"H200 {calibration['uuid_hash']}, STUB={STUB or 'none'}", flush=True)
     for m in (1, 4, 16):
         n = m * topo.n_sm
