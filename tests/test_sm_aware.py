@@ -225,6 +225,34 @@ def test_before_a_decision_no_candidate_is_final_and_a_fixed_policy_has_its_grid
         fixed.grid(0)
 
 
+def test_a_by_program_policy_is_planned_for_the_grid_it_launches(monkeypatch):
+    """uniform and dynamic hand each program of the grid an item by its id: the plan a fixed policy loads has as
+    many such items as its grid has programs, each CTAs-per-SM value gets its own plan, and a policy with SM
+    preference (weighted) hands none out by id."""
+    loaded = []
+
+    class Slot:  # PlanSlot without a GPU: what was loaded
+        def __init__(self, device, n_slots):
+            pass
+
+        def load(self, plan):
+            loaded.append(plan)
+
+    monkeypatch.setattr(sa, "PlanSlot", Slot)
+    p = _h200(monkeypatch, Placement(policy="uniform", max_ctas_per_sm=4))
+    entry = p._entry(0, workload_key(1000), 1000, None, 1.0)
+    p._slot(0, entry, p._fixed_candidate(entry))
+    assert loaded[-1].n_first == p.grid(0, n_items=1000) == 4 * 132
+    p._slot(0, entry, Candidate("uniform", 2))
+    assert loaded[-1].n_first == 2 * 132 and len(entry.slots) == len(loaded) == 2
+    p._slot(0, entry, Candidate("uniform", 4))  # the first plan again: nothing loaded
+    assert len(loaded) == 2
+    weighted = _h200(monkeypatch, Placement(policy="weighted", max_ctas_per_sm=4))
+    entry = weighted._entry(0, workload_key(1000), 1000, None, 1.0)
+    weighted._slot(0, entry, weighted._fixed_candidate(entry))
+    assert loaded[-1].n_first == 0 and loaded[-1].policy == "weighted"
+
+
 def test_workload_keys_hash_the_content_of_item_classes():
     import torch
 
