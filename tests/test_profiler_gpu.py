@@ -77,6 +77,33 @@ def test_recording_off_writes_nothing_and_compiles_nothing():
     torch.testing.assert_close(out, x.sum(dim=1), rtol=1e-5, atol=1e-4)
 
 
+def test_the_spool_hands_over_each_drain_and_no_more():
+    """Two launches, each drained into a slot right after it (nothing synchronized in between): each slot holds
+    exactly its launch's programs, the slots (in /dev/shm, the default) are page-locked, and an empty drain
+    loads empty."""
+    from torch_l2topo.profiler.spool import RecordSpool
+
+    x = torch.randn(ROWS, DIM, device="cuda")
+    sp = RecordSpool()
+    with recording.recording(devices=[0]):
+        rec = recording.active_recorder(0)
+        rec.drain()
+        row_sums(x, grid=GRID)
+        first = sp.drain(rec)
+        row_sums(x, grid=GRID // 2)
+        second = sp.drain(rec)
+        empty = sp.drain(rec)
+    got = [s.load(timeout_s=30) for s in (first, second, empty)]
+    for records, grid in zip(got[:2], (GRID, GRID // 2)):
+        order = np.argsort(records.program)
+        assert records.program[order].tolist() == list(range(grid)) and records.dropped == 0
+        assert records.items[order].tolist() == _expected_items(grid, ROWS).tolist()
+        assert records.kernel_names() == [KERNEL_NAME]
+    assert got[0].end_ns.max() <= got[1].start_ns.min()  # the second launch ran after the first
+    assert len(got[2]) == 0 and all(slot.registered for slot in sp._slots)
+    sp.close()
+
+
 def test_a_full_buffer_counts_its_drops():
     small = recording.CtaRecorder(0, capacity=100)
     from torch_l2topo.triton_kernels.recorder_demo import row_sum_kernel

@@ -1,6 +1,7 @@
 """The torch.profiler hook on the CPU: torch_l2topo.profile and trace_handler write one enriched trace per cycle
 (named by cycle), a failed enrichment still leaves the profiler's own trace, Proton merges into a written
 trace without losing its CTAs, and trace-summary and the timeline figure read an enriched trace back."""
+import contextlib
 import json
 import signal
 import subprocess
@@ -172,6 +173,78 @@ def test_a_dead_worker_leaves_its_jobs_to_this_process(tmp_path):
     with pytest.warns(UserWarning, match="exited"):
         worker.close()
     assert done == [(tmp_path / "t.json", None)] and load_trace(tmp_path / "t.json")["traceEvents"]
+
+
+def test_a_paused_worker_does_nothing_until_it_goes_on(tmp_path):
+    done = []
+    worker = _ready_worker(lambda path, problem: done.append((path, problem)))
+    worker.pause()
+    worker.submit(CycleJob(_export(tmp_path), tmp_path / "t.json", {}, {}, {}, ()))
+    time.sleep(1.0)
+    worker.harvest()
+    assert done == [] and not (tmp_path / "t.json").exists()  # stopped: the job waits
+    worker.close()  # lets it go on before waiting
+    assert done == [(tmp_path / "t.json", None)] and load_trace(tmp_path / "t.json")["traceEvents"]
+
+
+def test_profile_pauses_the_worker_while_a_cycle_is_collected(tmp_path):
+    sched = torch.profiler.schedule(wait=1, warmup=1, active=2, repeat=2)
+    model = torch.nn.Linear(16, 16)
+    paused = []
+    with torch_l2topo.profile(tmp_path, schedule=sched, activities=ACTIVITIES, topology=None) as prof:
+        for _ in range(8):
+            model(torch.randn(8, 16)).sum()
+            prof.step()
+            paused.append(prof.handler._worker._paused)
+    # prof.step() enters the next step: warmup (paused), active, active, then the trace is handed over and the
+    # next wait step runs with the worker going on; twice
+    assert paused == [True, True, True, False] * 2
+    assert len(prof.written) == 2 and not prof.handler._worker._paused
+
+
+ORPHAN = """
+import os, sys, time
+from pathlib import Path
+from torch_l2topo.profiler.cycle import CycleJob
+from torch_l2topo.profiler.worker import Worker
+export, out = Path(sys.argv[1]), Path(sys.argv[2])
+worker = Worker(lambda path, problem: None)
+worker.start()
+while not worker.ready():
+    time.sleep(0.05)
+worker.pause()
+worker.submit(CycleJob(export, out, {}, {}, {}, ()))
+print(worker._proc.pid, flush=True)
+os._exit(0)  # a crash: nothing resumes the worker, nothing waits for it
+"""
+
+
+def test_a_worker_stopped_by_a_parent_that_crashed_goes_on_and_writes(tmp_path):
+    import os
+
+    export = _export(tmp_path)
+    parent = subprocess.run([sys.executable, "-c", ORPHAN, str(export), str(tmp_path / "t.json")],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=120, check=True)
+    pid = int(parent.stdout.split()[-1])
+    deadline = time.monotonic() + 60
+    exited = False
+    try:
+        while not (tmp_path / "t.json").exists():
+            assert time.monotonic() < deadline, "the orphaned worker never wrote the trace"
+            time.sleep(0.1)
+        assert load_trace(tmp_path / "t.json")["traceEvents"]
+        while True:  # and it exits (its input ended with the parent)
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                exited = True
+                break
+            assert time.monotonic() < deadline, "the orphaned worker did not exit"
+            time.sleep(0.1)
+    finally:
+        if not exited:  # a failed test leaves no stopped worker behind
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_jobs_of_a_worker_that_died_run_here_and_later_ones_go_to_its_successor(tmp_path):

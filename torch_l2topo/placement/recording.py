@@ -214,6 +214,7 @@ class CtaRecorder:
         header = np.zeros(recorder_words(capacity), dtype=np.int64)
         header[REC_CAPACITY] = capacity
         self.buffer = torch.from_numpy(header).to(torch.device("cuda", self.device_index))
+        self._cursor = self.buffer[REC_CURSOR:REC_CURSOR + 1]  # made once: reset() runs in the training loop
         self.tags = KernelTags()
 
     @property
@@ -237,7 +238,7 @@ class CtaRecorder:
         if torch.cuda.is_current_stream_capturing():
             raise PlacementError("the recorder is reset outside CUDA graph capture (a captured reset would run "
                                  "on every replay)")
-        self.buffer[REC_CURSOR:REC_CURSOR + 1].zero_()
+        self._cursor.zero_()
 
     def drain(self) -> CtaRecords:
         """The records written since the last reset or drain, then reset. Waits for the GPU's work to finish:
@@ -320,9 +321,10 @@ def active_recorder(device_index: int) -> CtaRecorder | None:
     return recorder(device_index)
 
 
-def start_recording(devices=None, capacity: int | None = None) -> None:
+def start_recording(devices=None, capacity: int | None = None, reset: bool = True) -> None:
     """Turn recording on (nestable; stop_recording() turns one level off). devices: GPU indices whose
-    recorders are set up and reset now (default: the current GPU); other GPUs get theirs on first use."""
+    recorders are set up and (unless reset is false) reset now (default: the current GPU); other GPUs get
+    theirs on first use."""
     import torch
 
     if capacity is not None:
@@ -330,7 +332,9 @@ def start_recording(devices=None, capacity: int | None = None) -> None:
     if devices is None:
         devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
     for index in devices:
-        recorder(index, capacity).reset()
+        rec = recorder(index, capacity)
+        if reset:
+            rec.reset()
     with _switch.lock:
         _switch.depth += 1
 
@@ -346,9 +350,15 @@ def reset_all() -> None:
         rec.reset()
 
 
+def recorders() -> dict:
+    """{device index: CtaRecorder} of every recorder made so far, by device."""
+    with _switch.lock:
+        return dict(sorted(_switch.recorders.items()))
+
+
 def drain_all() -> dict:
     """{device index: CtaRecords} of every recorder made so far (each drained and reset)."""
-    return {index: rec.drain() for index, rec in sorted(_switch.recorders.items())}
+    return {index: rec.drain() for index, rec in recorders().items()}
 
 
 @contextmanager

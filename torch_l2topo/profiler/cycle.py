@@ -2,8 +2,8 @@
 runs itself, or hands to the background worker (worker.py) so that the training loop does not wait for it.
 
 A CycleJob carries everything the enrichment needs and nothing that needs the GPU: the exported trace's
-path, the CTA records already drained, and the calibrations already looked up, so the same job gives the
-same file wherever it runs.
+path, the CTA records already drained (or where the spool puts them: spool.py), and the calibrations already
+looked up, so the same job gives the same file wherever it runs.
 """
 from __future__ import annotations
 
@@ -12,14 +12,16 @@ from pathlib import Path
 
 from .enrich import enrichment
 from .kineto import kernels_by_device
+from .spool import load_records
 from .tracefile import dumps, is_ours, parse, read_text, splice, write_trace
 
 
 @dataclass
 class CycleJob:
     """export: the profiler's exported trace (a temporary file, removed once the job is done); path: where the
-    enriched trace goes; records: {device: CtaRecords}; maps: {device: SmMap or None}; notes: {device: why it
-    has no map}; given: devices whose calibration the caller gave (their map is shown even without kernels)."""
+    enriched trace goes; records: {device: CtaRecords or spool.SpooledRecords}; maps: {device: SmMap or None};
+    notes: {device: why it has no map}; given: devices whose calibration the caller gave (their map is shown
+    even without kernels)."""
 
     export: Path
     path: Path
@@ -47,7 +49,7 @@ def run(job: CycleJob) -> str | None:
     problem = None
     try:
         trace, end = parse(text, job.path.name)
-        added = enrich_with(trace, job.maps, job.notes, job.given, job.records)
+        added = enrich_with(trace, job.maps, job.notes, job.given, load_records(job.records))
         if any(is_ours(ev) for ev in trace["traceEvents"]):  # enriched before: rewritten whole
             data = dumps(added.trace())
         else:

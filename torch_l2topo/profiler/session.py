@@ -32,10 +32,12 @@ files written earlier.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import socket
 import tempfile
 import warnings
+import weakref
 from pathlib import Path
 
 import torch
@@ -47,6 +49,7 @@ from .cycle import CycleJob, enrich_with, run
 from .enrich import Enrichment
 from .proton_trace import load_proton, proton_records
 from .smmap import SmMap
+from .spool import SpooledRecords, close_shared_spool, shared_spool
 from .tracefile import load_trace, write_trace
 from .worker import DEFAULT_MAX_PENDING, Worker
 
@@ -59,9 +62,10 @@ class TraceHandler:
     path_or_dir: a file name ending in .json or .json.gz (cycle n > 0 goes to name.n.json[.gz]) or a
     directory (one file per cycle: <host>_<pid>.<cycle>.l2topo.pt.trace.json, .gz with use_gzip).
     topology, include_ids: module docstring and SmMap. record: switch CTA recording on while torch.profiler
-    collects. background: hand each cycle's enrichment and writing to a worker process (worker.py), so the
-    training loop waits only for the profiler's export and the recorders' drain; at most max_pending cycles
-    in flight; call wait() (or close()) before reading the traces. written: the paths written so far.
+    collects. background: hand each cycle's enrichment and writing to a worker process (worker.py), and its
+    records to it through shared memory (spool.py), so the training loop waits only for the profiler's export
+    and a few asynchronous copies; at most max_pending cycles in flight; call wait() (or close()) before
+    reading the traces. written: the paths written so far.
     """
 
     def __init__(self, path_or_dir, *, topology="cached", include_ids: bool = False, record: bool = True,
@@ -75,7 +79,13 @@ class TraceHandler:
         self.topology, self.include_ids = topology, include_ids
         self.written: list = []
         self._cycles = 0           # traces handed out (written, or in the worker's hands)
+        self.background = background
         self._worker = Worker(self._done, max_pending) if background else None
+        self._spooled: dict = {}   # trace path -> the SpooledRecords its job reads (released once it is written)
+        self._made_dirs: set = set()
+        self._calibrations: dict = {}  # (devices recorded, maps looked up) -> calibrations()
+        if background:
+            _open_handlers.add(self)
         self._maps: dict = {}      # device -> SmMap or None (looked up once)
         self._notes: dict = {}     # device -> why it has no map
         self._host = f"{socket.gethostname()}_{os.getpid()}"
@@ -135,12 +145,20 @@ class TraceHandler:
         return self.target / f"{self._host}.{n}.l2topo.pt.trace.json{'.gz' if self.use_gzip else ''}"
 
     def __call__(self, prof) -> None:
-        records = rec.drain_all() if torch.cuda.is_available() else {}
+        if not torch.cuda.is_available():
+            records = {}
+        elif self._worker is not None:
+            records = shared_spool().drain_all()
+        else:
+            records = rec.drain_all()
         path = self.next_path()
+        self._spooled[path] = [r for r in records.values() if isinstance(r, SpooledRecords)]
         self._cycles += 1
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, export = tempfile.mkstemp(prefix=".l2topo-export.", suffix=".json", dir=path.parent)
-        os.close(fd)
+        if path.parent not in self._made_dirs:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._made_dirs.add(path.parent)
+        # a name of this handler's own (not mkstemp: its random name and exclusive create cost the loop 0.1 ms)
+        export = str(path.parent / f".l2topo-export.{os.getpid()}.{id(self):x}.{self._cycles}.json")
         try:
             prof.export_chrome_trace(export)
         except BaseException:
@@ -149,6 +167,7 @@ class TraceHandler:
         job = CycleJob(Path(export), path, records, *self.calibrations(records))
         if self._worker is not None:
             self._worker.submit(job)
+            self._worker.resume()  # paused by profile() while the cycle was collected
         else:
             self._done(path, run(job))
 
@@ -156,16 +175,30 @@ class TraceHandler:
         """({device: SmMap or None}, {device: note}, given devices) for the GPUs a trace may hold: those given,
         looked up before, recorded, and, for cached calibrations (a file lookup each, once per handler), every
         visible GPU. enrich_with shows the maps of the GPUs the trace has kernels or records of, and the given."""
-        devices = set(self._given()) | set(self._maps) | set(records)
+        key = (frozenset(records), len(self._maps))
+        if key not in self._calibrations:
+            self._calibrations[key] = self._look_up(set(records))
+        return self._calibrations[key]
+
+    def _look_up(self, recorded: set) -> tuple:
+        devices = set(self._given()) | set(self._maps) | recorded
         if self.topology == "cached" and torch.cuda.is_available():
             devices |= set(range(torch.cuda.device_count()))
         maps = {d: self.smmap(d) for d in sorted(devices)}
         return maps, {d: self._notes[d] for d in maps if d in self._notes}, tuple(sorted(self._given()))
 
     def _done(self, path: Path, problem: str | None) -> None:
+        for spooled in self._spooled.pop(path, []):
+            shared_spool().release(spooled)
         if problem:
             warnings.warn(problem, stacklevel=3)
         self.written.append(path)
+
+    def pause_worker(self) -> None:
+        """Stop the background worker until this cycle's trace is handed over (profile() calls it when a cycle's
+        warmup starts: no enrichment next to the steps the profiler records; worker.py says why)."""
+        if self._worker is not None:
+            self._worker.pause()
 
     def wait(self) -> None:
         """Wait until every trace handed to the background worker is written (profile() does it when it stops)."""
@@ -176,6 +209,7 @@ class TraceHandler:
         """wait(), then end the background worker."""
         if self._worker is not None:
             self._worker.close()
+            _open_handlers.discard(self)
 
     def enrichment(self, trace: dict, records: dict, proton=None, proton_quantum_ns: float = 0.0) -> Enrichment:
         """What enriches `trace` with this handler's calibrations, `records` ({device: CtaRecords}) and Proton's."""
@@ -185,6 +219,17 @@ class TraceHandler:
         """Merge a Proton instrumentation trace into every trace this handler wrote (module docstring)."""
         for path in self.written:
             merge_proton(path, proton_path, topology=self._given() or None, include_ids=self.include_ids)
+
+
+_open_handlers: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """Nothing lost at exit: every background handler still open writes its traces, then the spool's slots go."""
+    for handler in list(_open_handlers):
+        handler.close()
+    close_shared_spool()
 
 
 def trace_handler(path_or_dir, **options) -> TraceHandler:
@@ -264,9 +309,14 @@ class profile(torch.profiler.profile):
             warnings.warn(f"Proton's CTAs were not merged: {exc}", stacklevel=3)
 
     def prepare_trace(self) -> None:
+        self.handler.pause_worker()
         if self.record and not self._recording and torch.cuda.is_available():
-            rec.start_recording(self._device_list(), self.capacity)
+            devices = self._device_list()
+            rec.start_recording(devices, self.capacity, reset=False)  # start_trace resets before the records count
             self._recording = True
+            if self.handler.background:  # slots for this cycle's records, page-locked before its steps
+                for d in devices:
+                    shared_spool().reserve(d, rec.recorder(d).capacity, 1)
         super().prepare_trace()
 
     def start_trace(self) -> None:

@@ -8,7 +8,8 @@ the machine.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import pickle
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -48,6 +49,15 @@ class SmMap:
             raise ValueError("chain_cycles and sm_clock_ghz must be finite (and clocks > 0)")
         for name, a in (("partition", part), ("chain_cycles", chain), ("sm_clock_ghz", clock)):
             object.__setattr__(self, name, a)
+
+    def __reduce__(self):
+        # a background trace handler sends its maps with every cycle's job (worker.py): the fields are pickled
+        # once per map (maps are not changed after they are made)
+        blob = self.__dict__.get("_pickled")
+        if blob is None:
+            blob = pickle.dumps(tuple(getattr(self, f.name) for f in fields(self)), protocol=pickle.HIGHEST_PROTOCOL)
+            object.__setattr__(self, "_pickled", blob)
+        return _unpickle, (blob,)
 
     @property
     def n_sm(self) -> int:
@@ -92,3 +102,7 @@ class SmMap:
         """The ceil(fraction x n_sm) SMs with the highest chain latency (ties: lower SM id first)."""
         k = int(np.ceil(fraction * self.n_sm))
         return np.sort(np.lexsort((np.arange(self.n_sm), -self.chain_cycles))[:k])
+
+
+def _unpickle(blob: bytes) -> SmMap:
+    return SmMap(*pickle.loads(blob))

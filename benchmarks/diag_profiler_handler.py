@@ -1,0 +1,150 @@
+"""Where a profiled cycle's extra time goes under torch_l2topo.profile (background worker) against plain
+torch.profiler, on the example model (the issue-17 overhead figure's diagnosis).
+
+Runs blocks of CYCLES cycles (wait 1, warmup 1, 5 active steps) of examples/profile_model.py under plain
+torch.profiler and torch_l2topo.profile (background worker; inline; background without recording), in rotating
+order, and times with wrappers: every step's model call and prof.step() separately (also by the
+step's place in its cycle, @0 the wait step .. @6 the last active step, whose prof.step() runs the trace
+handler), the profiler's phases (prepare, start and stop of a trace: torch's and ours around them), the
+handler as a whole, and inside ours the records' drain (spool.drain_all), the profiler's export, the hand-off
+to the worker (Worker.submit: its harvest of answers, the job's pickle and file) and the worker's pause and
+resume; the recorders' start and reset and the spool's reserve. Microseconds per cycle: the sum of a cycle's
+calls, averaged over cycles.
+
+    python benchmarks/diag_profiler_handler.py --device 0 --out benchmarks/results/diagnosis/profiler_handler_h200.json
+"""
+from __future__ import annotations
+
+import pickle
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import torch
+from bench_profiler import ACTIVE, CAPACITY, model_step
+from common import calibrated_device, gpu_parser, quantiles, write_result
+
+from torch_l2topo.placement import recording
+from torch_l2topo.profiler import session, spool, worker
+
+
+def _timed(owner, name, bucket):
+    original = getattr(owner, name)
+
+    def wrapper(*args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            bucket[name].append(time.perf_counter() - t)
+
+    setattr(owner, name, wrapper)
+    return original
+
+
+class _Named:
+    """A bucket view whose keys get a prefix (torch.<phase> for torch.profiler.profile's own, torch_l2topo.<phase>
+    for ours, which includes torch's)."""
+
+    def __init__(self, bucket, prefix: str):
+        self.bucket, self.prefix = bucket, prefix
+
+    def __getitem__(self, key):
+        return self.bucket[f"{self.prefix}.{key}"]
+
+
+def block(step, make, cycles: int, times: dict) -> None:
+    sched = torch.profiler.schedule(wait=1, warmup=1, active=ACTIVE, repeat=cycles)
+    torch.cuda.synchronize()
+    with make(sched) as prof:
+        for _ in range(cycles):
+            for i in range(2 + ACTIVE):
+                t = time.perf_counter()
+                step()
+                t1 = time.perf_counter()
+                prof.step()
+                t2 = time.perf_counter()
+                times["model_call"].append(t1 - t)
+                times["prof_step"].append(t2 - t1)
+                times[f"model_call@{i}"].append(t1 - t)
+                times[f"prof_step@{i}"].append(t2 - t1)
+
+
+def main(argv=None) -> dict:
+    parser = gpu_parser(__doc__, reps=6)
+    parser.add_argument("--cycles", type=int, default=8)
+    args = parser.parse_args(argv)
+    dev, _, _ = calibrated_device(args.device, "profiler")
+    step, which = model_step(dev)
+    work = Path(tempfile.mkdtemp(prefix="l2topo-diag-handler-"))
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    current = {}
+
+    def plain(sched):
+        def export(p):
+            t = time.perf_counter()
+            p.export_chrome_trace(str(work / "plain.json"))
+            current["t"]["handler"].append(time.perf_counter() - t)
+
+        return torch.profiler.profile(activities=acts, schedule=sched, on_trace_ready=export)
+
+    def ours(**options):
+        return lambda sched: session.profile(work / "ours", activities=acts, schedule=sched, devices=[dev.index],
+                                             capacity=CAPACITY, **options)
+
+    variants = {"plain": plain, "background": ours(), "inline": ours(background=False),
+                "background_no_record": ours(record=False)}
+
+    class Proxy(dict):  # the wrappers append to whichever variant runs now
+        def __getitem__(self, key):
+            return current["t"][key]
+
+    proxy = Proxy()
+    times = {name: defaultdict(list) for name in variants}
+    phases = [(cls, name) for cls in (torch.profiler.profile, session.profile)
+              for name in ("prepare_trace", "start_trace", "stop_trace")]
+    originals = [(cls, name, _timed(cls, name, _Named(proxy, cls.__module__.split(".")[0])))
+                 for cls, name in phases]
+    parts = [(session.TraceHandler, "__call__"), (session.TraceHandler, "calibrations"),
+             (spool.RecordSpool, "drain_all"), (spool.RecordSpool, "reserve"), (worker.Worker, "submit"),
+             (worker.Worker, "harvest"), (worker.Worker, "pause"), (worker.Worker, "resume"),
+             (torch.profiler.profile, "export_chrome_trace"), (recording, "start_recording"),
+             (recording, "reset_all"), (tempfile, "mkstemp"), (pickle, "dump")]
+    originals += [(owner, name, _timed(owner, name, proxy)) for owner, name in parts]
+    try:
+        with torch.no_grad():
+            for name, make in variants.items():  # warm
+                current["t"] = defaultdict(list)
+                block(step, make, args.cycles, current["t"])
+            names = list(variants)
+            for r in range(args.reps):
+                for name in names[r % len(names):] + names[:r % len(names)]:
+                    current["t"] = times[name]
+                    block(step, variants[name], args.cycles, times[name])
+    finally:
+        for owner, name, original in originals:
+            setattr(owner, name, original)
+    n_cycles = args.reps * args.cycles
+    figures = {"model": which, "cycles": n_cycles,
+               "unit": "us_per_cycle: the sum of a cycle's calls, averaged over cycles; per_call: quantiles"}
+    for variant, t in times.items():
+        row = {}
+        for key, values in t.items():
+            values = np.asarray(values) * 1e6
+            per_cycle = values.sum() / n_cycles
+            row[key] = {"us_per_cycle": float(per_cycle), "calls": len(values), "per_call": quantiles(values)}
+        figures[variant] = row
+    figures["extra_us_per_cycle"] = {
+        v: {k: figures[v][k]["us_per_cycle"] - figures["plain"][k]["us_per_cycle"] for k in figures["plain"]
+            if k in figures[v]} for v in variants if v != "plain"}
+    print({v: {k: round(x["us_per_cycle"], 1) for k, x in figures[v].items()} for v in times}, flush=True)
+    print("extra us per cycle:", figures["extra_us_per_cycle"], flush=True)
+    path = write_result(args.out, figures, args.device)
+    print(f"wrote {path}")
+    return figures
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,213 @@
+"""The record spool on the CPU: a cycle's CTA records reach the trace worker through a shared-memory slot and
+give the trace the same records would give in memory; the reader waits for the slot's flag and never reads a
+slot whose rows have not landed; slots are reused only once released. Here the test writes the rows and the
+flag where the GPU's copies would (tests/test_profiler_gpu.py drains real recorders)."""
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from torch_l2topo.layout import REC_CAPACITY, REC_CURSOR, REC_HEADER, REC_WORDS
+from torch_l2topo.placement.recording import COLUMNS, CtaRecords
+from torch_l2topo.profiler import cycle, session, spool
+from torch_l2topo.profiler.cycle import CycleJob
+from torch_l2topo.profiler.offline import load_raw
+from torch_l2topo.profiler.spool import BUFFER_WORD, FLAG_WORD, RecordSpool, SpooledRecords, SpoolError
+from torch_l2topo.profiler.tracefile import load_trace, write_trace
+from torch_l2topo.profiler.tracks import CTA_CATEGORY
+from torch_l2topo.profiler.worker import Worker
+
+DATA = Path(__file__).resolve().parent / "data" / "profiler"
+
+
+@pytest.fixture
+def unpinned(monkeypatch):
+    """Slots without page-locking (no GPU here): the spool's layout and protocol are the same."""
+    monkeypatch.setattr(spool, "_register", lambda words: False)
+
+
+def _words(records: CtaRecords) -> np.ndarray:
+    """The rows as the recorder holds them (layout.REC_*), independent of spool.py."""
+    from torch_l2topo.placement.recording import _WORD_OF
+
+    table = np.zeros((len(records), REC_WORDS), np.int64)
+    for name in COLUMNS:
+        table[:, _WORD_OF[name]] = getattr(records, name)
+    return table.ravel()
+
+
+def _spooled(sp: RecordSpool, records: CtaRecords, seq: int, device: int = 0, capacity: int | None = None):
+    """(SpooledRecords, slot) for `records` drained from a recorder of `capacity` records (default: just
+    enough), the slot taken but nothing landed in it yet."""
+    slot = sp._take(device, capacity or len(records))
+    return SpooledRecords(slot.path, seq, records.names, records.class_counts, device), slot
+
+
+def _land(slot, records: CtaRecords, seq: int, capacity: int | None = None) -> None:
+    """What the GPU's two copies do: the recorder's buffer (header, then rows), then the drain's number."""
+    import torch
+
+    buffer = np.zeros(REC_HEADER + slot.capacity * REC_WORDS, np.int64)
+    buffer[REC_CURSOR] = len(records) + records.dropped
+    buffer[REC_CAPACITY] = capacity or len(records)
+    rows = _words(records)
+    buffer[REC_HEADER:REC_HEADER + len(rows)] = rows
+    slot.words[BUFFER_WORD:BUFFER_WORD + len(buffer)] = torch.from_numpy(buffer)
+    slot.words[FLAG_WORD] = seq
+
+
+def _records(n: int, seed: int = 0) -> CtaRecords:
+    rng = np.random.default_rng(seed)
+    start = rng.integers(0, 1 << 40, n)
+    return CtaRecords(rng.integers(0, 3, n), rng.integers(0, 132, n), np.arange(n), start,
+                      start + rng.integers(1, 10_000, n), rng.integers(1, 9, n), rng.integers(-1, 9, n),
+                      names={0: "a", 1: "b", 2: "c"}, class_counts={1: [4, 5, 0]}, dropped=0, device=0)
+
+
+def _equal(a: CtaRecords, b: CtaRecords) -> bool:
+    return all(np.array_equal(getattr(a, c), getattr(b, c)) for c in COLUMNS) and \
+        (a.names, a.class_counts, a.dropped, a.device) == (b.names, b.class_counts, b.dropped, b.device)
+
+
+def test_a_reader_waits_for_the_flag_then_reads_the_rows(tmp_path, unpinned):
+    sp = RecordSpool(tmp_path)
+    records = _records(5000)
+    spooled, slot = _spooled(sp, records, seq=7)
+    landed = threading.Timer(0.2, _land, (slot, records, 7))
+    landed.start()
+    t0 = time.monotonic()
+    got = spooled.load(timeout_s=30)
+    assert time.monotonic() - t0 >= 0.19  # it waited for the flag, not for a timeout
+    assert _equal(got, records)
+    sp.close()
+    assert not list(tmp_path.iterdir())
+
+
+def test_only_the_rows_the_header_counts_are_read_and_drops_are_counted(tmp_path, unpinned):
+    import dataclasses
+
+    sp = RecordSpool(tmp_path)
+    records = _records(50)
+    spooled, slot = _spooled(sp, records, seq=1, capacity=64)
+    slot.words[:] = 7  # what an earlier, longer drain left in the slot
+    _land(slot, records, 1, capacity=64)
+    assert _equal(spooled.load(timeout_s=1), records)
+    full = dataclasses.replace(_records(64, seed=1), dropped=6)  # 70 CTAs recorded into 64 rows
+    spooled, slot = _spooled(sp, full, seq=2, capacity=64)
+    _land(slot, full, 2, capacity=64)
+    got = spooled.load(timeout_s=1)
+    assert len(got) == 64 and got.dropped == 6 and _equal(got, full)
+    sp.close()
+
+
+def test_a_flag_of_another_drain_is_not_taken_for_this_one(tmp_path, unpinned):
+    sp = RecordSpool(tmp_path)
+    records = _records(100)
+    spooled, slot = _spooled(sp, records, seq=3)
+    _land(slot, records, 2)  # an earlier drain's number: its rows are not this drain's
+    with pytest.raises(SpoolError, match="never arrived"):
+        spooled.load(timeout_s=0.05)
+    sp.close()
+
+
+def test_a_job_whose_records_never_arrive_writes_the_plain_trace(tmp_path, unpinned, monkeypatch):
+    monkeypatch.setattr(spool, "DEFAULT_LOAD_TIMEOUT_S", 0.05)
+    sp = RecordSpool(tmp_path / "spool")
+    (tmp_path / "spool").mkdir()
+    spooled, _ = _spooled(sp, _records(10), seq=1)
+    export = tmp_path / "export.json"
+    write_trace(load_raw(DATA)["trace"], export)
+    plain = load_trace(export)
+    problem = cycle.run(CycleJob(export, tmp_path / "t.json", {0: spooled}, {}, {}, ()))
+    assert "could not enrich" in problem and "never arrived" in problem and load_trace(tmp_path / "t.json") == plain
+    sp.close()
+
+
+def test_slots_are_reused_only_once_released(tmp_path, unpinned):
+    sp = RecordSpool(tmp_path)
+    small = _records(10)
+    a, slot_a = _spooled(sp, small, seq=1)
+    b, slot_b = _spooled(sp, small, seq=2)
+    assert slot_a is not slot_b  # a is busy
+    sp.release(a)
+    c, slot_c = _spooled(sp, small, seq=3)
+    assert slot_c is slot_a and int(slot_c.words[FLAG_WORD]) == -1  # reused, its old flag cleared
+    sp.release(b)
+    big, slot_big = _spooled(sp, _records(11), seq=4)
+    assert slot_big is not slot_b and slot_big.capacity == 11  # b is too small
+    other, slot_other = _spooled(sp, small, seq=5, device=1)
+    assert slot_other.device == 1 and slot_other is not slot_b  # a slot belongs to one GPU
+    assert sp.busy() == 3  # c, big and other; a and b were released
+    sp.close()
+    assert not list(tmp_path.iterdir())
+
+
+def test_reserve_makes_free_slots_before_profiling(tmp_path, unpinned):
+    sp = RecordSpool(tmp_path)
+    sp.reserve(0, 1000, 2)
+    assert sp.busy() == 0 and len(sp._slots) == 2
+    sp.reserve(0, 1000, 2)
+    assert len(sp._slots) == 2  # already there
+    sp.close()
+
+
+def test_the_worker_writes_from_a_slot_what_records_in_memory_give(tmp_path, unpinned):
+    """The H200 fixture's records, spooled: the worker process reads the slot (landed after the job was
+    submitted) and writes the same file as the inline job that had the records in memory."""
+    raw = load_raw(DATA)
+    (device, records), = raw["records"].items()
+    for name in ("a", "b"):
+        write_trace(raw["trace"], tmp_path / f"export-{name}.json")
+    inline = CycleJob(tmp_path / "export-a.json", tmp_path / "inline.json", {device: records}, raw["smmaps"], {},
+                      ())
+    assert cycle.run(inline) is None
+    sp = RecordSpool(tmp_path / "spool")
+    (tmp_path / "spool").mkdir()
+    spooled, slot = _spooled(sp, records, seq=1, device=device)
+    done = []
+    worker = Worker(lambda path, problem: done.append((path, problem)))
+    worker.submit(CycleJob(tmp_path / "export-b.json", tmp_path / "spooled.json", {device: spooled},
+                           raw["smmaps"], {}, ()))
+    time.sleep(0.1)
+    _land(slot, records, 1)
+    worker.close()
+    assert done == [(tmp_path / "spooled.json", None)]
+    written = load_trace(tmp_path / "spooled.json")
+    assert written == load_trace(tmp_path / "inline.json")
+    assert sum(ev.get("cat") == CTA_CATEGORY for ev in written["traceEvents"]) == len(records) > 0
+    sp.close()
+
+
+def test_the_handler_releases_a_traces_slots_once_it_is_written(tmp_path, unpinned, monkeypatch):
+    sp = RecordSpool(tmp_path)
+    monkeypatch.setattr(session, "shared_spool", lambda: sp)
+    handler = session.TraceHandler(tmp_path / "t.json", topology=None, record=False)
+    spooled, _ = _spooled(sp, _records(10), seq=1)
+    handler._spooled[tmp_path / "t.json"] = [spooled]
+    assert sp.busy() == 1
+    handler._done(tmp_path / "t.json", None)
+    assert sp.busy() == 0 and handler.written == [tmp_path / "t.json"]
+    sp.close()
+
+
+def test_slots_go_to_shared_memory_where_there_is_some():
+    expected = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
+    if expected is None:
+        pytest.skip("no /dev/shm here")
+    assert spool.spool_directory() == expected and shutil.disk_usage(expected).total > 0
+
+
+def test_a_map_pickles_to_the_same_map_and_its_fields_are_pickled_once():
+    import pickle
+
+    import torch_l2topo
+    from torch_l2topo.profiler.smmap import SmMap
+
+    smmap = SmMap.from_topology(torch_l2topo.load_example())
+    first = pickle.dumps(smmap)
+    back = pickle.loads(first)
+    assert back.to_json() == smmap.to_json() and back is not smmap
+    assert pickle.dumps(smmap) == first and smmap.__dict__["_pickled"] in first  # the cached fields, reused

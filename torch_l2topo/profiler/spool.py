@@ -1,0 +1,266 @@
+"""Each cycle's CTA records, handed from the training process to the trace worker without a copy on the host.
+
+Drained the plain way (recording.CtaRecorder.drain), a cycle's records cost the training loop a synchronous copy
+to pageable memory, numpy columns and a pickle of them to the worker's job file, milliseconds for 65,536 CTAs,
+while 2% of the example model's profiled cycle is about 0.14 ms on the H200 (docs/profiler.md, Costs). Here the
+loop reads nothing back and enqueues three asynchronous operations per GPU:
+
+1. the recorder's whole buffer (header and every row it can hold), copied into a *slot*: a file in shared
+   memory (/dev/shm) that both processes map and that is page-locked for the GPU (cudaHostRegister), so the
+   copy engine writes it directly;
+2. the drain's number, copied into the slot's first word from a table of numbers kept on the GPU;
+3. the recorder's reset (the next cycle's records start at row 0).
+
+They run in stream order, and a copy starts only once the one before it has completed, so the sequence number
+lands after the rows: the same ordering that makes an event recorded after a copy safe to wait on. The worker
+(SpooledRecords.load) waits until the slot's first word holds its job's number, then reads the header's record
+count and that many rows. Copying the whole buffer costs copy-engine time (7.3 MB for 131,072 records; at 50
+GB/s, an assumed rate, 0.15 ms, while the GPU is idle between cycles) instead of a read back of the count, which
+would make the loop wait for the GPU. A slot is busy from its drain until the trace holding its records is
+written (RecordSpool.release); a drain that finds no free slot large enough maps a new one. One spool serves the
+whole process (shared_spool()), so a later profiler block reuses the slots of an earlier one instead of
+page-locking new ones; close() unmaps and deletes every slot (at exit, after the handlers have waited for their
+traces). A process killed outright (SIGKILL) leaves its slot files behind: /dev/shm/l2topo-records-<pid>-*.bin.
+
+Where page-locking is refused the slot still works: the copy is then synchronous (pageable memory), which costs
+the loop the copy's time but loses nothing.
+
+This module imports torch only inside RecordSpool: the worker process reads slots with numpy alone.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import tempfile
+import threading
+import time
+import warnings
+from contextlib import nullcontext as _nothing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..layout import REC_CAPACITY, REC_CURSOR, REC_HEADER, REC_WORDS, recorder_words
+from ..placement.recording import CtaRecords
+
+FLAG_WORD = 0          # slot word 0: the number of the drain whose copy is complete
+BUFFER_WORD = 1        # then the recorder's buffer as it was: REC_HEADER header words, then the rows
+SEQ_PERIOD = 256       # drain numbers cycle through 0 .. SEQ_PERIOD-1 (a cleared flag holds -1, and a slot is
+                       # not taken again before its job has read it, so a number is never mistaken for a later one)
+DEFAULT_LOAD_TIMEOUT_S = 60.0
+_POLL_S = 0.0002
+
+
+class SpoolError(RuntimeError):
+    """A slot's records never arrived (the GPU copy failed or the slot was reused)."""
+
+
+@dataclass(frozen=True)
+class SpooledRecords:
+    """One GPU's records of one cycle, in a spool slot (picklable: the worker's job carries it). seq: the number
+    the slot's flag word holds once the copy is there; names, class_counts, device: as CtaRecords."""
+
+    path: str
+    seq: int
+    names: dict = field(default_factory=dict)
+    class_counts: dict = field(default_factory=dict)
+    device: int | None = None
+
+    def load(self, timeout_s: float | None = None) -> CtaRecords:
+        """The records, once the slot's flag says the GPU's copy is complete (polled every 0.2 ms, up to
+        timeout_s, default DEFAULT_LOAD_TIMEOUT_S; SpoolError after that)."""
+        timeout_s = DEFAULT_LOAD_TIMEOUT_S if timeout_s is None else timeout_s
+        with open(self.path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            deadline = time.monotonic() + timeout_s
+            while (seen := _word(mm, FLAG_WORD)) != self.seq:
+                if time.monotonic() > deadline:
+                    raise SpoolError(f"the records of drain {self.seq} never arrived in {self.path} (its flag word "
+                                     f"holds {seen})")
+                time.sleep(_POLL_S)
+            header = np.array([_word(mm, BUFFER_WORD + i) for i in range(REC_HEADER)], dtype=np.int64)
+            n = min(int(header[REC_CURSOR]), int(header[REC_CAPACITY]))
+            first = (BUFFER_WORD + REC_HEADER) * 8
+            if first + n * REC_WORDS * 8 > len(mm):
+                raise SpoolError(f"{self.path} holds fewer than the {n} records its header counts")
+            rows = np.frombuffer(mm[first:first + n * REC_WORDS * 8], dtype=np.int64)  # a copy: slots are reused
+        return CtaRecords.from_words(header, rows, self.names, self.class_counts, self.device)
+
+
+def _word(mm, index: int) -> int:
+    return int.from_bytes(mm[index * 8:index * 8 + 8], "little", signed=True)
+
+
+def load_records(records: dict) -> dict:
+    """{device: CtaRecords} from a job's records, each a CtaRecords or SpooledRecords."""
+    return {d: r.load() if isinstance(r, SpooledRecords) else r for d, r in records.items()}
+
+
+def spool_directory() -> Path:
+    """Where slots (and the worker's job files) go: /dev/shm where it is writable, else the temporary directory."""
+    shm = Path("/dev/shm")
+    return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+
+
+class _Slot:
+    """A mapped, page-locked (where allowed) file: the flag word, then room for a recorder buffer of `capacity`
+    records."""
+
+    def __init__(self, directory: Path, device: int, capacity: int):
+        import torch
+
+        self.capacity, self.device, self.busy = capacity, device, False
+        fd, name = tempfile.mkstemp(prefix=f"l2topo-records-{os.getpid()}-{device}-", suffix=".bin", dir=directory)
+        self.path = name
+        # whole pages: cudaHostRegister refused a size that ends inside a page on the H200 machine
+        # (benchmarks/diag_host_register.py registers page multiples of every kind of memory there)
+        n_bytes = -(-(BUFFER_WORD + recorder_words(capacity)) * 8 // mmap.PAGESIZE) * mmap.PAGESIZE
+        try:
+            os.ftruncate(fd, n_bytes)
+            self._mm = mmap.mmap(fd, n_bytes)
+        finally:
+            os.close(fd)
+        self._host = np.frombuffer(self._mm, dtype=np.int64)
+        self.words = torch.from_numpy(self._host)
+        self.registered = _register(self.words)
+        # the views a drain copies into, made once: slicing per drain costs the loop
+        self.flag = self.words[FLAG_WORD:FLAG_WORD + 1]
+        self.buffer = self.words[BUFFER_WORD:BUFFER_WORD + recorder_words(capacity)]
+
+    def clear_flag(self) -> None:
+        self._host[FLAG_WORD] = -1
+
+    def close(self) -> None:
+        import torch
+
+        if self.registered:
+            torch.cuda.cudart().cudaHostUnregister(self.words.data_ptr())
+        del self.words, self.flag, self.buffer, self._host  # the buffer exports must go before the mapping closes
+        self._mm.close()
+        Path(self.path).unlink(missing_ok=True)
+
+
+_register_warned = []
+
+
+def _register(words) -> bool:
+    """Page-lock `words` for every GPU (cudaHostRegisterPortable); False, warned once, where that is refused."""
+    import torch
+
+    try:
+        cudart = torch.cuda.cudart()
+        err = cudart.cudaHostRegister(words.data_ptr(), words.numel() * 8, 1)
+        ok = int(err) == 0
+        why = "" if ok else f"cudaHostRegister returned error {int(err)}"
+    except Exception as exc:  # no CUDA runtime here, or a torch without the binding: the slot stays pageable
+        ok, why = False, f"{type(exc).__name__}: {exc}"
+    if not ok:
+        _consume_error()
+    if not ok and not _register_warned:
+        _register_warned.append(why)
+        warnings.warn(f"torch_l2topo could not page-lock its record slots ({why}): each cycle's records are copied "
+                      f"synchronously", stacklevel=4)
+    return ok
+
+
+def _consume_error() -> None:
+    """A failed runtime call leaves its error for the next one to report (cudaGetLastError): the next kernel
+    launch check would raise it against an innocent kernel. Let a launch of ours take it instead."""
+    import torch
+
+    try:
+        torch.zeros(1, device="cuda")
+    except Exception:  # the stale error itself, now consumed
+        pass
+
+
+class RecordSpool:
+    """The slots of one TraceHandler (module docstring). drain_all() drains every recorder into slots;
+    release() frees a drain's slot once its trace is written; close() deletes every slot."""
+
+    def __init__(self, directory=None):
+        self.directory = Path(directory) if directory is not None else spool_directory()
+        self._lock = threading.Lock()
+        self._slots: list = []
+        self._by_path: dict = {}
+        self._seq = 0
+        self._numbers: dict = {}   # device -> one-word views of a GPU tensor 0 .. SEQ_PERIOD-1 (flag sources)
+
+    def _take(self, device: int, capacity: int) -> _Slot:
+        with self._lock:
+            free = [s for s in self._slots if not s.busy and s.device == device and s.capacity >= capacity]
+            slot = min(free, key=lambda s: s.capacity) if free else None
+            if slot is None:
+                slot = _Slot(self.directory, device, capacity)
+                self._slots.append(slot)
+                self._by_path[slot.path] = slot
+            slot.busy = True
+        slot.clear_flag()
+        return slot
+
+    def reserve(self, device: int, capacity: int, count: int) -> None:
+        """Make sure `count` free slots for a recorder of `capacity` records exist for GPU `device` (done before
+        profiling, so that the first cycles do not page-lock memory in the loop)."""
+        free = sum(not s.busy and s.device == device and s.capacity >= capacity for s in self._slots)
+        if free >= count:
+            return
+        taken = [self._take(device, capacity) for _ in range(count)]
+        for slot in taken:
+            slot.busy = False
+
+    def drain(self, recorder) -> SpooledRecords:
+        """Hand `recorder`'s records since its last reset to a slot and reset it (module docstring: three
+        operations queued on the current stream, nothing read back)."""
+        import torch
+
+        device = recorder.device_index
+        slot = self._take(device, recorder.capacity)
+        self._seq = seq = (self._seq + 1) % SEQ_PERIOD
+        numbers = self._numbers.get(device)
+        if numbers is None:
+            table = torch.arange(SEQ_PERIOD, dtype=torch.int64, device=recorder.buffer.device)
+            numbers = self._numbers[device] = [table[i:i + 1] for i in range(SEQ_PERIOD)]
+        with torch.cuda.device(device) if device != torch.cuda.current_device() else _nothing():
+            slot.buffer[:recorder.buffer.numel()].copy_(recorder.buffer, non_blocking=True)
+            slot.flag.copy_(numbers[seq], non_blocking=True)
+            recorder.reset()
+        return SpooledRecords(slot.path, seq, recorder.names, dict(recorder.tags.class_counts), device)
+
+    def drain_all(self) -> dict:
+        """{device: SpooledRecords} of every recorder made so far (recording.recorders())."""
+        from ..placement.recording import recorders
+
+        return {index: self.drain(r) for index, r in recorders().items()}
+
+    def release(self, spooled: SpooledRecords) -> None:
+        with self._lock:
+            slot = self._by_path.get(spooled.path)
+            if slot is not None:
+                slot.busy = False
+
+    def busy(self) -> int:
+        return sum(s.busy for s in self._slots)
+
+    def close(self) -> None:
+        """Unmap and delete every slot (call it once no job reads them)."""
+        with self._lock:
+            for slot in self._slots:
+                slot.close()
+            self._slots.clear()
+            self._by_path.clear()
+
+
+_shared: list = []
+
+
+def shared_spool() -> RecordSpool:
+    """The process's spool, made on first use (module docstring)."""
+    if not _shared:
+        _shared.append(RecordSpool())
+    return _shared[0]
+
+
+def close_shared_spool() -> None:
+    """Delete the process's slots (session.py calls it at exit, once every handler has waited for its traces)."""
+    while _shared:
+        _shared.pop().close()
