@@ -79,7 +79,6 @@ class TraceHandler:
         self.topology, self.include_ids = topology, include_ids
         self.written: list = []
         self._cycles = 0           # traces handed out (written, or in the worker's hands)
-        self.background = background
         self._worker = Worker(self._done, max_pending) if background else None
         self._spooled: dict = {}   # trace path -> the SpooledRecords its job reads (released once it is written)
         self._made_dirs: set = set()
@@ -91,6 +90,11 @@ class TraceHandler:
         self._host = f"{socket.gethostname()}_{os.getpid()}"
         if record:
             rec.follow_profiler()
+
+    @property
+    def background(self) -> bool:
+        """Whether a worker process enriches and writes the traces (the background option)."""
+        return self._worker is not None
 
     # ---- calibrations --------------------------------------------------------------------------------------
     def _given(self) -> dict:

@@ -156,10 +156,10 @@ def _register(words) -> bool:
         ok, why = False, f"{type(exc).__name__}: {exc}"
     if not ok:
         _consume_error()
-    if not ok and not _register_warned:
-        _register_warned.append(why)
-        warnings.warn(f"torch_l2topo could not page-lock its record slots ({why}): each cycle's records are copied "
-                      f"synchronously", stacklevel=4)
+        if not _register_warned:
+            _register_warned.append(why)
+            warnings.warn(f"torch_l2topo could not page-lock its record slots ({why}): each cycle's records are "
+                          f"copied synchronously", stacklevel=4)
     return ok
 
 
@@ -175,8 +175,9 @@ def _consume_error() -> None:
 
 
 class RecordSpool:
-    """The slots of one TraceHandler (module docstring). drain_all() drains every recorder into slots;
-    release() frees a drain's slot once its trace is written; close() deletes every slot."""
+    """Slots for the records of every background TraceHandler of the process (shared_spool(); module docstring).
+    drain_all() drains every recorder into slots; release() frees a drain's slot once its trace is written;
+    close() deletes every slot."""
 
     def __init__(self, directory=None):
         self.directory = Path(directory) if directory is not None else spool_directory()

@@ -22,10 +22,11 @@ model by about 3 ms per cycle on the H200 machine (mostly inside torch.profiler'
 nice 19 under SCHED_IDLE (benchmarks/diag_profiler_handler.py). torch_l2topo.profile therefore stops the worker
 (SIGSTOP) when a cycle's warmup starts and lets it go on (SIGCONT) once the cycle's trace is handed over, so it
 works during the steps the profiler does not record and after the block. Anything that waits for the worker
-lets it go on first. The worker still runs at nice 19 under SCHED_IDLE: woken by SIGCONT at normal priority,
-it took the training thread's CPU for a time slice (3.4 ms per cycle). It asks the kernel for a SIGCONT if its
-parent dies (PR_SET_PDEATHSIG), so a crashed training process never leaves it stopped: it writes what it holds
-and exits. Job files go to the spool's directory (shared memory where there is some).
+lets it go on first. That SIGCONT costs the training loop about 5 ms per call on the H200 machine (20 us on a
+2-core development machine), with the worker at nice 19 under SCHED_IDLE and with one BLAS thread alike; why
+is not known (docs/profiler.md, Costs). The worker asks the kernel for a SIGCONT if its parent dies
+(PR_SET_PDEATHSIG), so a crashed training process never leaves it stopped: it writes what it holds and exits.
+Job files go to the spool's directory (shared memory where there is some).
 """
 from __future__ import annotations
 
@@ -43,8 +44,8 @@ from pathlib import Path
 from .cycle import CycleJob, run
 from .spool import spool_directory
 
-# The worker is one thread of JSON work. Without these, numpy's BLAS starts a thread per core (16 on the H200
-# machine), and SIGCONT must wake every one of them: resume() then took the training loop 3.6 ms per cycle.
+# The worker is one thread of JSON work: without these, numpy's BLAS would start a thread per core (16 on the H200
+# machine) that it never uses. (They did not make SIGCONT cheaper there: worker.py's docstring.)
 ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 RESULT = "l2topo-cycle-done "
 READY = "l2topo-worker-ready"
@@ -198,7 +199,9 @@ def _continue_if_orphaned() -> None:
 
 
 def _yield_the_cpu() -> None:
-    """Run at the lowest priority (nice 19, SCHED_IDLE where Linux has it): the training process comes first."""
+    """Run at the lowest priority (nice 19, SCHED_IDLE where Linux has it): the training process comes first
+    for the CPU. On the H200 machine that alone did not keep a running worker from slowing the profiled steps
+    (module docstring): profile() also pauses it."""
     try:
         os.nice(19)
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
