@@ -7,16 +7,23 @@ order, and times with wrappers: every step's model call and prof.step() separate
 step's place in its cycle, @0 the wait step .. @6 the last active step, whose prof.step() runs the trace
 handler), the profiler's phases (prepare, start and stop of a trace: torch's and ours around them), the
 handler as a whole, and inside ours the records' drain (spool.drain_all), the profiler's export, the hand-off
-to the worker (Worker.submit: its harvest of answers, the job's pickle and file) and the worker's pause and
-resume; the recorders' start and reset and the spool's reserve. Microseconds per cycle: the sum of a cycle's
-calls, averaged over cycles.
+to the worker (Worker.submit: its harvest of answers and the job's pickle down the worker's pipe) and, where
+something waits for the worker, the jobs this process runs itself (Worker._progress); the recorders' start and
+reset and the spool's reserve. Microseconds per cycle: the sum of a cycle's calls, averaged over cycles. Also
+the process's threads (Python's, and every OS thread with the CPU time it used in each variant's timed blocks:
+the diagnosis of issue 17 found 15 BLAS threads spinning next to the loop), its SIGCHLD handler and the
+interpreter's GIL switch interval (--switch-interval sets it).
 
     python benchmarks/diag_profiler_handler.py --device 0 --out benchmarks/results/diagnosis/profiler_handler_h200.json
 """
 from __future__ import annotations
 
+import os
 import pickle
+import signal
+import sys
 import tempfile
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -72,10 +79,44 @@ def block(step, make, cycles: int, times: dict) -> None:
                 times[f"prof_step@{i}"].append(t2 - t1)
 
 
+def task_cpu() -> dict:
+    """{OS thread id: (its name, CPU ticks used so far)} of this process (Linux /proc; empty elsewhere)."""
+    out = {}
+    for task in Path("/proc/self/task").glob("*"):
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            out[task.name] = (name, int(fields[11]) + int(fields[12]))  # utime + stime
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
+def thread_cpu_used(before: dict, after: dict, into: dict) -> None:
+    """Adds each OS thread's CPU ticks between two task_cpu()s to into["<tid> <name>"]."""
+    for tid, (name, ticks) in after.items():
+        key = f"{tid} {name}"
+        into[key] = into.get(key, 0) + ticks - before.get(tid, (name, 0))[1]
+
+
+def process_context(cpu_ticks: dict) -> dict:
+    """The process's threads (Python's by name; the OS threads that used CPU in each variant's timed blocks),
+    its SIGCHLD handler and the GIL switch interval."""
+    return {"python_threads": [t.name for t in threading.enumerate()], "os_threads": len(task_cpu()),
+            "os_thread_cpu_ticks": {v: {k: n for k, n in sorted(t.items(), key=lambda kv: -kv[1]) if n > 0}
+                                    for v, t in cpu_ticks.items()},
+            "clock_ticks_per_s": os.sysconf("SC_CLK_TCK"), "sigchld_handler": repr(signal.getsignal(signal.SIGCHLD)),
+            "switch_interval_s": sys.getswitchinterval()}
+
+
 def main(argv=None) -> dict:
     parser = gpu_parser(__doc__, reps=6)
     parser.add_argument("--cycles", type=int, default=8)
+    parser.add_argument("--switch-interval", type=float, default=None,
+                        help="the interpreter's GIL switch interval in seconds (default: leave it, 0.005)")
     args = parser.parse_args(argv)
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval)
     dev, _, _ = calibrated_device(args.device, "profiler")
     step, which = model_step(dev)
     work = Path(tempfile.mkdtemp(prefix="l2topo-diag-handler-"))
@@ -109,9 +150,9 @@ def main(argv=None) -> dict:
                  for cls, name in phases]
     parts = [(session.TraceHandler, "__call__"), (session.TraceHandler, "calibrations"),
              (spool.RecordSpool, "drain_all"), (spool.RecordSpool, "reserve"), (worker.Worker, "submit"),
-             (worker.Worker, "harvest"), (worker.Worker, "pause"), (worker.Worker, "resume"),
-             (torch.profiler.profile, "export_chrome_trace"), (recording, "start_recording"),
-             (recording, "reset_all"), (tempfile, "mkstemp"), (pickle, "dump")]
+             (worker.Worker, "harvest"), (worker.Worker, "_hand_over"), (worker.Worker, "_progress"),
+             (torch.profiler.profile, "export_chrome_trace"),
+             (recording, "start_recording"), (recording, "reset_all"), (tempfile, "mkstemp"), (pickle, "dump")]
     originals += [(owner, name, _timed(owner, name, proxy)) for owner, name in parts]
     try:
         with torch.no_grad():
@@ -119,15 +160,20 @@ def main(argv=None) -> dict:
                 current["t"] = defaultdict(list)
                 block(step, make, args.cycles, current["t"])
             names = list(variants)
+            cpu_ticks = {name: {} for name in variants}
             for r in range(args.reps):
                 for name in names[r % len(names):] + names[:r % len(names)]:
                     current["t"] = times[name]
+                    before = task_cpu()
                     block(step, variants[name], args.cycles, times[name])
+                    thread_cpu_used(before, task_cpu(), cpu_ticks[name])
     finally:
         for owner, name, original in originals:
             setattr(owner, name, original)
+    context = process_context(cpu_ticks)
+    print("threads:", context, flush=True)
     n_cycles = args.reps * args.cycles
-    figures = {"model": which, "cycles": n_cycles,
+    figures = {"model": which, "cycles": n_cycles, "process": context,
                "unit": "us_per_cycle: the sum of a cycle's calls, averaged over cycles; per_call: quantiles"}
     for variant, t in times.items():
         row = {}

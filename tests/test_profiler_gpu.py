@@ -80,7 +80,7 @@ def test_recording_off_writes_nothing_and_compiles_nothing():
 def test_the_spool_hands_over_each_drain_and_no_more():
     """Two launches, each drained into a slot right after it (nothing synchronized in between): each slot holds
     exactly its launch's programs, the slots (in /dev/shm, the default) are page-locked, and an empty drain
-    loads empty."""
+    loads empty; a slot released and taken again (its drain graph replayed) holds its new launch's programs."""
     from torch_l2topo.profiler.spool import RecordSpool
 
     x = torch.randn(ROWS, DIM, device="cuda")
@@ -94,6 +94,14 @@ def test_the_spool_hands_over_each_drain_and_no_more():
         second = sp.drain(rec)
         empty = sp.drain(rec)
     got = [s.load(timeout_s=30) for s in (first, second, empty)]
+    assert all(slot.graph is not None for slot in sp._slots)  # each drain one graph launch
+    sp.release(first)  # its slot is free again: the next drain replays that slot's graph
+    with recording.recording(devices=[0]):
+        row_sums(x, grid=GRID // 4)
+        again = sp.drain(rec)
+    assert again.path == first.path and len(sp._slots) == 3
+    got.append(again.load(timeout_s=30))
+    assert sorted(got[3].program.tolist()) == list(range(GRID // 4))
     for records, grid in zip(got[:2], (GRID, GRID // 2)):
         order = np.argsort(records.program)
         assert records.program[order].tolist() == list(range(grid)) and records.dropped == 0

@@ -1,17 +1,14 @@
 """The torch.profiler hook on the CPU: torch_l2topo.profile and trace_handler write one enriched trace per cycle
 (named by cycle), a failed enrichment still leaves the profiler's own trace, Proton merges into a written
 trace without losing its CTAs, and trace-summary and the timeline figure read an enriched trace back."""
-import contextlib
+import copy
 import json
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from profiler_workers import ACTIVITIES
+from profiler_workers import steps as _steps
 from synthetic_traces import (
     KINETO_MINUS_GLOBALTIMER,
     add_kernels,
@@ -24,24 +21,13 @@ from synthetic_traces import (
 import torch_l2topo
 from torch_l2topo.cli import main as cli
 from torch_l2topo.errors import TraceFormatError
-from torch_l2topo.profiler import cycle, session
-from torch_l2topo.profiler.cycle import CycleJob
+from torch_l2topo.profiler import cycle, session, smmap
 from torch_l2topo.profiler.enrich import enrich
 from torch_l2topo.profiler.readback import calibrations, launches, recorded_ctas
 from torch_l2topo.profiler.smmap import SmMap
 from torch_l2topo.profiler.summary import summarize
 from torch_l2topo.profiler.timeline import pick_launch, render_timeline, timeline_rows
 from torch_l2topo.profiler.tracefile import load_trace, write_trace
-from torch_l2topo.profiler.worker import Worker
-
-ACTIVITIES = [torch.profiler.ProfilerActivity.CPU]
-
-
-def _steps(prof, n):
-    model = torch.nn.Linear(16, 16)
-    for _ in range(n):
-        model(torch.randn(8, 16)).sum()
-        prof.step()
 
 
 def test_profile_writes_one_enriched_trace_per_cycle(tmp_path):
@@ -80,188 +66,6 @@ def test_a_failed_enrichment_still_writes_the_profilers_trace(tmp_path, monkeypa
     trace = load_trace(tmp_path / "t.json")
     assert "l2topo" not in trace and any(ev.get("ph") == "X" for ev in trace["traceEvents"])
     assert not list(tmp_path.glob(".l2topo-*"))  # no export or job file left behind
-
-
-def _export(tmp_path, name="export.json") -> Path:
-    with torch.profiler.profile(activities=ACTIVITIES) as prof:
-        _steps(prof, 1)
-    prof.export_chrome_trace(str(tmp_path / name))
-    return tmp_path / name
-
-
-def _ready_worker(on_done, **options) -> Worker:
-    worker = Worker(on_done, **options)
-    worker.start()
-    deadline = time.monotonic() + 120
-    while not worker.ready():
-        assert time.monotonic() < deadline, "the worker did not start"
-        time.sleep(0.05)
-    return worker
-
-
-def test_a_job_submitted_while_the_worker_starts_waits_for_it(tmp_path):
-    done = []
-    worker = Worker(lambda path, problem: done.append((path, problem)))
-    worker.submit(CycleJob(_export(tmp_path), tmp_path / "t.json", {}, {}, {}, ()))
-    assert done == [] and worker._proc is not None  # queued in the starting worker's pipe, not run here
-    deadline = time.monotonic() + 120
-    while not worker.ready():
-        assert time.monotonic() < deadline, "the worker did not start"
-        time.sleep(0.05)
-    worker.close()
-    assert done == [(tmp_path / "t.json", None)] and "traceEvents" in load_trace(tmp_path / "t.json")
-
-
-def test_a_block_that_ends_before_the_worker_is_ready_enriches_here(tmp_path, monkeypatch):
-    def never_ready(self):  # a worker stuck in its imports: it never says READY
-        self._proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-
-    monkeypatch.setattr(Worker, "_start", never_ready)
-    done = []
-    worker = Worker(lambda path, problem: done.append((path, problem)))
-    worker.submit(CycleJob(_export(tmp_path), tmp_path / "t.json", {}, {}, {}, ()))
-    stuck = worker._proc
-    t0 = time.monotonic()
-    worker.close()  # no warning: stopping a worker that is not ready is deliberate
-    assert time.monotonic() - t0 < 30 and stuck.poll() is not None
-    assert done == [(tmp_path / "t.json", None)] and "traceEvents" in load_trace(tmp_path / "t.json")
-    assert not list(tmp_path.glob(".l2topo-job*"))
-
-
-def test_the_worker_writes_what_the_handler_would(tmp_path):
-    topo = torch_l2topo.load_example()
-    done = []
-    worker = _ready_worker(lambda path, problem: done.append((path, problem)), max_pending=1)
-    jobs = []
-    for i in range(3):  # max_pending 1: every submit after the first waits for the one before
-        export = _export(tmp_path, f"e{i}.json")
-        text = export.read_text()
-        (tmp_path / f"copy{i}.json").write_text(text)
-        maps = {0: SmMap.from_topology(topo)}
-        jobs.append(CycleJob(export, tmp_path / f"bg{i}.json", {}, maps, {}, (0,)))
-        worker.submit(jobs[-1])
-        assert len(done) == i  # the submit returned before this job was done
-    worker.close()
-    assert [p for p, _ in done] == [j.path for j in jobs] and all(problem is None for _, problem in done)
-    for i, job in enumerate(jobs):  # the same job run here gives the same file
-        assert not job.export.exists()
-        here = CycleJob(tmp_path / f"copy{i}.json", tmp_path / f"fg{i}.json", {}, job.maps, {}, (0,))
-        assert cycle.run(here) is None
-        assert load_trace(job.path) == load_trace(here.path) and "l2topo" in load_trace(job.path)
-    assert not list(tmp_path.glob(".l2topo-job*"))
-
-
-def test_a_job_that_fails_in_the_worker_writes_the_plain_trace(tmp_path):
-    done = []
-    worker = _ready_worker(lambda path, problem: done.append((path, problem)))
-    export = _export(tmp_path)
-    plain = load_trace(export)
-    worker.submit(CycleJob(export, tmp_path / "t.json", {}, {0: "not a calibration"}, {}, (0,)))
-    worker.close()
-    (path, problem), = done
-    assert "could not enrich" in problem and load_trace(path) == plain
-
-
-def test_a_dead_worker_leaves_its_jobs_to_this_process(tmp_path):
-    done = []
-    worker = _ready_worker(lambda path, problem: done.append((path, problem)))
-    export = _export(tmp_path)
-    worker._proc.send_signal(signal.SIGSTOP)  # paused: the job cannot run there before the kill
-    worker.submit(CycleJob(export, tmp_path / "t.json", {}, {}, {}, ()))
-    worker._proc.kill()
-    with pytest.warns(UserWarning, match="exited"):
-        worker.close()
-    assert done == [(tmp_path / "t.json", None)] and load_trace(tmp_path / "t.json")["traceEvents"]
-
-
-def test_a_paused_worker_does_nothing_until_it_goes_on(tmp_path):
-    done = []
-    worker = _ready_worker(lambda path, problem: done.append((path, problem)))
-    worker.pause()
-    worker.submit(CycleJob(_export(tmp_path), tmp_path / "t.json", {}, {}, {}, ()))
-    time.sleep(1.0)
-    worker.harvest()
-    assert done == [] and not (tmp_path / "t.json").exists()  # stopped: the job waits
-    worker.close()  # lets it go on before waiting
-    assert done == [(tmp_path / "t.json", None)] and load_trace(tmp_path / "t.json")["traceEvents"]
-
-
-def test_profile_pauses_the_worker_while_a_cycle_is_collected(tmp_path):
-    sched = torch.profiler.schedule(wait=1, warmup=1, active=2, repeat=2)
-    model = torch.nn.Linear(16, 16)
-    paused = []
-    with torch_l2topo.profile(tmp_path, schedule=sched, activities=ACTIVITIES, topology=None) as prof:
-        for _ in range(8):
-            model(torch.randn(8, 16)).sum()
-            prof.step()
-            paused.append(prof.handler._worker._paused)
-    # prof.step() enters the next step: warmup (paused), active, active, then the trace is handed over and the
-    # next wait step runs with the worker going on; twice
-    assert paused == [True, True, True, False] * 2
-    assert len(prof.written) == 2 and not prof.handler._worker._paused
-
-
-ORPHAN = """
-import os, sys, time
-from pathlib import Path
-from torch_l2topo.profiler.cycle import CycleJob
-from torch_l2topo.profiler.worker import Worker
-export, out = Path(sys.argv[1]), Path(sys.argv[2])
-worker = Worker(lambda path, problem: None)
-worker.start()
-while not worker.ready():
-    time.sleep(0.05)
-worker.pause()
-worker.submit(CycleJob(export, out, {}, {}, {}, ()))
-print(worker._proc.pid, flush=True)
-os._exit(0)  # a crash: nothing resumes the worker, nothing waits for it
-"""
-
-
-def test_a_worker_stopped_by_a_parent_that_crashed_goes_on_and_writes(tmp_path):
-    import os
-
-    export = _export(tmp_path)
-    parent = subprocess.run([sys.executable, "-c", ORPHAN, str(export), str(tmp_path / "t.json")],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=120, check=True)
-    pid = int(parent.stdout.split()[-1])
-    deadline = time.monotonic() + 60
-    exited = False
-    try:
-        while not (tmp_path / "t.json").exists():
-            assert time.monotonic() < deadline, "the orphaned worker never wrote the trace"
-            time.sleep(0.1)
-        assert load_trace(tmp_path / "t.json")["traceEvents"]
-        while True:  # and it exits (its input ended with the parent)
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                exited = True
-                break
-            assert time.monotonic() < deadline, "the orphaned worker did not exit"
-            time.sleep(0.1)
-    finally:
-        if not exited:  # a failed test leaves no stopped worker behind
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-
-
-def test_jobs_of_a_worker_that_died_run_here_and_later_ones_go_to_its_successor(tmp_path):
-    done = []
-    worker = _ready_worker(lambda path, problem: done.append((path, problem)))
-    first = worker._proc
-    first.send_signal(signal.SIGSTOP)
-    worker.submit(CycleJob(_export(tmp_path, "a.json"), tmp_path / "a.trace.json", {}, {}, {}, ()))
-    first.kill()
-    first.wait()
-    worker.submit(CycleJob(_export(tmp_path, "b.json"), tmp_path / "b.trace.json", {}, {}, {}, ()))
-    assert worker._proc is not first  # a new worker took the second job
-    with pytest.warns(UserWarning, match="exited"):
-        worker.close()
-    assert done == [(tmp_path / "a.trace.json", None), (tmp_path / "b.trace.json", None)]
-    assert all(load_trace(path)["traceEvents"] for path, _ in done)
-    assert not list(tmp_path.glob(".l2topo-job*")) and not (tmp_path / "a.json").exists()
 
 
 def test_the_lazy_names_are_the_exported_ones():
@@ -377,3 +181,28 @@ def test_trace_summary_draws_the_timeline(tmp_path, capsys):
     path, _ = _enriched_with_kernels(tmp_path, torch_l2topo.load_example())
     assert cli(["trace-summary", str(path), "--timeline", str(tmp_path / "t.png"), "--kernel", "row_sum_kernel"]) == 0
     assert (tmp_path / "t.png").stat().st_size > 10_000 and "wrote" in capsys.readouterr().out
+
+
+def test_each_calibration_is_analysed_once_per_process(tmp_path, monkeypatch):
+    """A profiler block after the first reuses the map of the same calibration (its analysis costs milliseconds
+    and leaves BLAS threads spinning next to the training loop); a changed calibration gets its own."""
+    made = []
+    original = SmMap.from_topology
+    monkeypatch.setattr(SmMap, "from_topology",
+                        classmethod(lambda cls, topo, include_ids=False: made.append(topo) or original(topo,
+                                                                                                        include_ids)))
+    monkeypatch.setattr(smmap, "_MADE", {})
+    topo = torch_l2topo.load_example()
+    first = session.TraceHandler(tmp_path, topology={0: topo}).smmap(0)
+    assert session.TraceHandler(tmp_path, topology={0: copy.deepcopy(topo)}).smmap(0) is first
+    assert len(made) == 1
+    assert session.TraceHandler(tmp_path, topology={0: topo}, include_ids=True).smmap(0) is not first
+    changed = copy.deepcopy(topo)
+    changed.chain_cycles[0] += 1.0
+    other = session.TraceHandler(tmp_path, topology={0: changed}).smmap(0)
+    assert other is not first and other.chain_cycles[0] == first.chain_cycles[0] + 1.0 and len(made) == 3
+    path = topo.save(tmp_path / "cal.npz")
+    assert smmap.map_of_file(path) is smmap.map_of_file(path)
+    reads = len(made)
+    changed.save(path)  # rewritten: read again
+    assert smmap.map_of_file(path).chain_cycles[0] == changed.chain_cycles[0] and len(made) == reads + 1

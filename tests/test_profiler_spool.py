@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from profiler_workers import ready_worker
 
 from torch_l2topo.layout import REC_CAPACITY, REC_CURSOR, REC_HEADER, REC_WORDS
 from torch_l2topo.placement.recording import COLUMNS, CtaRecords
@@ -18,7 +19,6 @@ from torch_l2topo.profiler.offline import load_raw
 from torch_l2topo.profiler.spool import BUFFER_WORD, FLAG_WORD, RecordSpool, SpooledRecords, SpoolError
 from torch_l2topo.profiler.tracefile import load_trace, write_trace
 from torch_l2topo.profiler.tracks import CTA_CATEGORY
-from torch_l2topo.profiler.worker import Worker
 
 DATA = Path(__file__).resolve().parent / "data" / "profiler"
 
@@ -168,9 +168,10 @@ def test_the_worker_writes_from_a_slot_what_records_in_memory_give(tmp_path, unp
     (tmp_path / "spool").mkdir()
     spooled, slot = _spooled(sp, records, seq=1, device=device)
     done = []
-    worker = Worker(lambda path, problem: done.append((path, problem)))
+    worker = ready_worker()
     worker.submit(CycleJob(tmp_path / "export-b.json", tmp_path / "spooled.json", {device: spooled},
-                           raw["smmaps"], {}, ()))
+                           raw["smmaps"], {}, ()), lambda path, problem: done.append((path, problem)))
+    assert not worker._waiting  # handed to the worker process, which waits for the slot
     time.sleep(0.1)
     _land(slot, records, 1)
     worker.close()

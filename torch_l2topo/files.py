@@ -40,8 +40,10 @@ def exclusive(path: Path, timeout_s: float, what: str):
         os.close(fd)
 
 
-def atomic_write(path: Path, data: bytes) -> Path:
-    """Write `data` to `path` atomically (temp file in the same directory, fsync, rename)."""
+def atomic_write(path: Path, data: bytes, durable: bool = True) -> Path:
+    """Write `data` to `path` atomically (temp file in the same directory, fsync unless not durable, rename):
+    a reader sees the old file or the whole new one. durable=False skips the fsync: the file may then be lost
+    (not torn) if the machine goes down soon after."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -49,7 +51,8 @@ def atomic_write(path: Path, data: bytes) -> Path:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -71,10 +71,15 @@ def load_cached(key: dict, quiet: bool = False) -> Topology | None:
     return topo
 
 
+def calibration_files(uuid: str) -> list:
+    """The cache's calibration files of this GPU, under any key, most recently written first."""
+    return sorted(cache_dir().glob(f"{_safe(uuid)}-*.npz"), key=lambda p: p.stat().st_mtime, reverse=True)
+
+
 def latest_for_gpu(uuid: str) -> Topology | None:
     """The most recently written readable calibration of this GPU, under any key (None if there is none):
     what a new calibration is compared with, to say when the clock or the map moved."""
-    for path in sorted(cache_dir().glob(f"{_safe(uuid)}-*.npz"), key=lambda p: p.stat().st_mtime, reverse=True):
+    for path in calibration_files(uuid):
         try:
             return Topology.load(path)
         except (TopologyFormatError, OSError):

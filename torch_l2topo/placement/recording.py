@@ -214,7 +214,8 @@ class CtaRecorder:
         header = np.zeros(recorder_words(capacity), dtype=np.int64)
         header[REC_CAPACITY] = capacity
         self.buffer = torch.from_numpy(header).to(torch.device("cuda", self.device_index))
-        self._cursor = self.buffer[REC_CURSOR:REC_CURSOR + 1]  # made once: reset() runs in the training loop
+        # the record count, a one-word view made once: reset() and the profiler's drain run in the training loop
+        self.cursor = self.buffer[REC_CURSOR:REC_CURSOR + 1]
         self.tags = KernelTags()
 
     @property
@@ -238,7 +239,7 @@ class CtaRecorder:
         if torch.cuda.is_current_stream_capturing():
             raise PlacementError("the recorder is reset outside CUDA graph capture (a captured reset would run "
                                  "on every replay)")
-        self._cursor.zero_()
+        self.cursor.zero_()
 
     def drain(self) -> CtaRecords:
         """The records written since the last reset or drain, then reset. Waits for the GPU's work to finish:

@@ -37,21 +37,20 @@ import os
 import socket
 import tempfile
 import warnings
-import weakref
 from pathlib import Path
 
 import torch
 
-from ..errors import L2TopoError
+from ..errors import L2TopoError, TopologyFormatError
 from ..placement import recording as rec
 from . import readback
 from .cycle import CycleJob, enrich_with, run
 from .enrich import Enrichment
 from .proton_trace import load_proton, proton_records
-from .smmap import SmMap
+from .smmap import map_of, map_of_file
 from .spool import SpooledRecords, close_shared_spool, shared_spool
 from .tracefile import load_trace, write_trace
-from .worker import DEFAULT_MAX_PENDING, Worker
+from .worker import DEFAULT_MAX_PENDING, check_max_pending, close_shared_worker, shared_worker
 
 TOPOLOGY_MODES = ("cached", "calibrate")
 
@@ -62,10 +61,10 @@ class TraceHandler:
     path_or_dir: a file name ending in .json or .json.gz (cycle n > 0 goes to name.n.json[.gz]) or a
     directory (one file per cycle: <host>_<pid>.<cycle>.l2topo.pt.trace.json, .gz with use_gzip).
     topology, include_ids: module docstring and SmMap. record: switch CTA recording on while torch.profiler
-    collects. background: hand each cycle's enrichment and writing to a worker process (worker.py), and its
-    records to it through shared memory (spool.py), so the training loop waits only for the profiler's export
-    and a few asynchronous copies; at most max_pending cycles in flight; call wait() (or close()) before
-    reading the traces. written: the paths written so far.
+    collects. background: hand each cycle's enrichment and writing to the process's worker (worker.py), and
+    its records to it through shared memory (spool.py), so the training loop waits only for the profiler's
+    export and a few asynchronous copies; at most max_pending cycles in flight; call wait() (or close())
+    before reading the traces. written: the paths written so far.
     """
 
     def __init__(self, path_or_dir, *, topology="cached", include_ids: bool = False, record: bool = True,
@@ -79,12 +78,11 @@ class TraceHandler:
         self.topology, self.include_ids = topology, include_ids
         self.written: list = []
         self._cycles = 0           # traces handed out (written, or in the worker's hands)
-        self._worker = Worker(self._done, max_pending) if background else None
+        self.max_pending = check_max_pending(max_pending)
+        self._worker = shared_worker() if background else None
         self._spooled: dict = {}   # trace path -> the SpooledRecords its job reads (released once it is written)
         self._made_dirs: set = set()
         self._calibrations: dict = {}  # (devices recorded, maps looked up) -> calibrations()
-        if background:
-            _open_handlers.add(self)
         self._maps: dict = {}      # device -> SmMap or None (looked up once)
         self._notes: dict = {}     # device -> why it has no map
         self._host = f"{socket.gethostname()}_{os.getpid()}"
@@ -105,15 +103,19 @@ class TraceHandler:
         return {int(self.topology.meta.get("device", {}).get("index", 0)): self.topology}
 
     def smmap(self, device: int):
-        """The SmMap of GPU `device` (None when there is no calibration), looked up once per handler."""
+        """The SmMap of GPU `device` (None when there is no calibration), looked up once per handler (and each
+        calibration analysed once per process: smmap.map_of)."""
         if device not in self._maps:
             topo = self._given().get(device)
-            if topo is None and isinstance(self.topology, str):
-                topo = self._calibration(device)
-            self._maps[device] = None if topo is None else SmMap.from_topology(topo, self.include_ids)
+            if topo is not None:
+                self._maps[device] = map_of(topo, self.include_ids)
+            elif isinstance(self.topology, str):
+                self._maps[device] = self._looked_up(device)
+            else:
+                self._maps[device] = None
         return self._maps[device]
 
-    def _calibration(self, device: int):
+    def _looked_up(self, device: int):
         from ..device import device_uuid
         from ..measure import cache
         from ..measure.calibration import calibrate
@@ -122,12 +124,15 @@ class TraceHandler:
             self._notes[device] = f"GPU {device}: not visible to this process, no calibration looked up"
             return None
         if self.topology == "calibrate":
-            return calibrate(device)
-        topo = cache.latest_for_gpu(device_uuid(device))
-        if topo is None:
-            self._notes[device] = (f"GPU {device}: no cached calibration, so no L2 map; run "
-                                   f"torch_l2topo.calibrate({device}) once, or pass topology='calibrate'")
-        return topo
+            return map_of(calibrate(device), self.include_ids)
+        for path in cache.calibration_files(device_uuid(device)):
+            try:
+                return map_of_file(path, self.include_ids)
+            except (TopologyFormatError, OSError):
+                continue
+        self._notes[device] = (f"GPU {device}: no cached calibration, so no L2 map; run "
+                               f"torch_l2topo.calibrate({device}) once, or pass topology='calibrate'")
+        return None
 
     def prepare(self, devices) -> None:
         """Look up (or measure) the calibrations of `devices` now, and start the background worker, before
@@ -170,8 +175,7 @@ class TraceHandler:
             raise
         job = CycleJob(Path(export), path, records, *self.calibrations(records))
         if self._worker is not None:
-            self._worker.submit(job)
-            self._worker.resume()  # paused by profile() while the cycle was collected
+            self._worker.submit(job, self._done, self.max_pending)
         else:
             self._done(path, run(job))
 
@@ -198,22 +202,15 @@ class TraceHandler:
             warnings.warn(problem, stacklevel=3)
         self.written.append(path)
 
-    def pause_worker(self) -> None:
-        """Stop the background worker until this cycle's trace is handed over (profile() calls it when a cycle's
-        warmup starts: no enrichment next to the steps the profiler records; worker.py says why)."""
-        if self._worker is not None:
-            self._worker.pause()
-
     def wait(self) -> None:
-        """Wait until every trace handed to the background worker is written (profile() does it when it stops)."""
+        """Wait until every trace handed to the background worker is written (profile() does it when it stops;
+        this process helps with the traces the worker has not started)."""
         if self._worker is not None:
             self._worker.drain()
 
     def close(self) -> None:
-        """wait(), then end the background worker."""
-        if self._worker is not None:
-            self._worker.close()
-            _open_handlers.discard(self)
+        """wait(). The worker process stays for the process's later handlers; it ends at exit."""
+        self.wait()
 
     def enrichment(self, trace: dict, records: dict, proton=None, proton_quantum_ns: float = 0.0) -> Enrichment:
         """What enriches `trace` with this handler's calibrations, `records` ({device: CtaRecords}) and Proton's."""
@@ -225,14 +222,10 @@ class TraceHandler:
             merge_proton(path, proton_path, topology=self._given() or None, include_ids=self.include_ids)
 
 
-_open_handlers: weakref.WeakSet = weakref.WeakSet()
-
-
 @atexit.register
 def _close_at_exit() -> None:
-    """Nothing lost at exit: every background handler still open writes its traces, then the spool's slots go."""
-    for handler in list(_open_handlers):
-        handler.close()
+    """Nothing lost at exit: the worker writes every trace still in flight and ends, then the spool's slots go."""
+    close_shared_worker()
     close_shared_spool()
 
 
@@ -313,7 +306,6 @@ class profile(torch.profiler.profile):
             warnings.warn(f"Proton's CTAs were not merged: {exc}", stacklevel=3)
 
     def prepare_trace(self) -> None:
-        self.handler.pause_worker()
         if self.record and not self._recording and torch.cuda.is_available():
             devices = self._device_list()
             rec.start_recording(devices, self.capacity, reset=False)  # start_trace resets before the records count

@@ -8,6 +8,9 @@ the machine.
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import pickle
 from dataclasses import dataclass, field, fields
 
@@ -102,6 +105,37 @@ class SmMap:
         """The ceil(fraction x n_sm) SMs with the highest chain latency (ties: lower SM id first)."""
         k = int(np.ceil(fraction * self.n_sm))
         return np.sort(np.lexsort((np.arange(self.n_sm), -self.chain_cycles))[:k])
+
+
+# The maps made so far in this process, so that a profiler block does not redo a calibration's analysis that an
+# earlier block did: sm_labels' linear algebra costs milliseconds and leaves numpy's BLAS threads (one per core)
+# spinning for a while next to the training loop. Keys: a calibration's content, or a cache file as last written.
+_MADE: dict = {}
+
+
+def map_of(topo, include_ids: bool = False) -> SmMap:
+    """SmMap.from_topology(topo, include_ids), made once per calibration content in this process."""
+    digest = hashlib.blake2b(digest_size=16)
+    for a in (topo.line_cycles, topo.line_noise, topo.chain_cycles, topo.sm_clock_ghz,
+              topo.extras.get("gpc_truth", np.zeros(0))):
+        digest.update(np.ascontiguousarray(a).tobytes())
+    digest.update(json.dumps([topo.meta, topo.source], sort_keys=True, default=str).encode())
+    key = ("content", digest.hexdigest(), include_ids)
+    if key not in _MADE:
+        _MADE[key] = SmMap.from_topology(topo, include_ids)
+    return _MADE[key]
+
+
+def map_of_file(path, include_ids: bool = False) -> SmMap:
+    """The SmMap of the calibration saved at `path`, read once per version of the file in this process
+    (TopologyFormatError or OSError if it cannot be read)."""
+    from ..topology import Topology
+
+    st = os.stat(path)
+    key = ("file", os.fspath(path), st.st_mtime_ns, st.st_size, include_ids)
+    if key not in _MADE:
+        _MADE[key] = map_of(Topology.load(path), include_ids)
+    return _MADE[key]
 
 
 def _unpickle(blob: bytes) -> SmMap:

@@ -2,28 +2,30 @@
 
 Drained the plain way (recording.CtaRecorder.drain), a cycle's records cost the training loop a synchronous copy
 to pageable memory, numpy columns and a pickle of them to the worker's job file, milliseconds for 65,536 CTAs,
-while 2% of the example model's profiled cycle is about 0.14 ms on the H200 (docs/profiler.md, Costs). Here the
-loop reads nothing back and enqueues three asynchronous operations per GPU:
+while 2% of the example model's profiled cycle is about 0.1 ms on the H200 (docs/profiler.md, Costs). Here the
+loop reads nothing back; it launches one CUDA graph per GPU, which holds, in stream order:
 
-1. the recorder's whole buffer (header and every row it can hold), copied into a *slot*: a file in shared
+1. a copy of the recorder's whole buffer (header and every row it can hold) into a *slot*: a file in shared
    memory (/dev/shm) that both processes map and that is page-locked for the GPU (cudaHostRegister), so the
    copy engine writes it directly;
-2. the drain's number, copied into the slot's first word from a table of numbers kept on the GPU;
+2. one more on the GPU's drain counter, copied into the slot's first word (the flag);
 3. the recorder's reset (the next cycle's records start at row 0).
 
-They run in stream order, and a copy starts only once the one before it has completed, so the sequence number
-lands after the rows: the same ordering that makes an event recorded after a copy safe to wait on. The worker
-(SpooledRecords.load) waits until the slot's first word holds its job's number, then reads the header's record
-count and that many rows. Copying the whole buffer costs copy-engine time (7.3 MB for 131,072 records; at 50
-GB/s, an assumed rate, 0.15 ms, while the GPU is idle between cycles) instead of a read back of the count, which
-would make the loop wait for the GPU. A slot is busy from its drain until the trace holding its records is
-written (RecordSpool.release); a drain that finds no free slot large enough maps a new one. One spool serves the
-whole process (shared_spool()), so a later profiler block reuses the slots of an earlier one instead of
-page-locking new ones; close() unmaps and deletes every slot (at exit, after the handlers have waited for their
-traces). A process killed outright (SIGKILL) leaves its slot files behind: /dev/shm/l2topo-records-<pid>-*.bin.
+A copy starts only once the one before it has completed, so the flag lands after the rows: the same ordering
+that makes an event recorded after a copy safe to wait on. This process counts the drains of each GPU as it
+launches them, so each job knows the number its slot's flag will hold; the worker (SpooledRecords.load) waits
+until the flag holds it, then reads the header's record count and that many rows. The graph is captured once
+per slot (slots are reused) and replayed for each drain: one launch instead of four operations from Python
+(~0.2 ms a cycle on the H200 machine). Copying the whole buffer costs copy-engine time (7.3 MB for 131,072
+records; at 50 GB/s, an assumed rate, 0.15 ms, while the GPU is idle between cycles) instead of a read back of
+the count, which would make the loop wait for the GPU. A slot is busy from its drain until the trace holding its
+records is written (RecordSpool.release); a drain that finds no free slot large enough maps a new one. One spool
+serves the whole process (shared_spool()), so a later profiler block reuses the slots of an earlier one instead
+of page-locking new ones; close() unmaps and deletes every slot (at exit, after the worker has written every
+trace). A process killed outright (SIGKILL) leaves its slot files behind: /dev/shm/l2topo-records-<pid>-*.bin.
 
-Where page-locking is refused the slot still works: the copy is then synchronous (pageable memory), which costs
-the loop the copy's time but loses nothing.
+Where page-locking is refused the slot still works: the same operations run one by one (a graph cannot copy to
+pageable memory) and the copy is synchronous, which costs the loop the copy's time but loses nothing.
 
 This module imports torch only inside RecordSpool: the worker process reads slots with numpy alone.
 """
@@ -44,10 +46,8 @@ import numpy as np
 from ..layout import REC_CAPACITY, REC_CURSOR, REC_HEADER, REC_WORDS, recorder_words
 from ..placement.recording import CtaRecords
 
-FLAG_WORD = 0          # slot word 0: the number of the drain whose copy is complete
+FLAG_WORD = 0          # slot word 0: the number of the GPU's drain whose copy is complete (1, 2, ...; cleared: -1)
 BUFFER_WORD = 1        # then the recorder's buffer as it was: REC_HEADER header words, then the rows
-SEQ_PERIOD = 256       # drain numbers cycle through 0 .. SEQ_PERIOD-1 (a cleared flag holds -1, and a slot is
-                       # not taken again before its job has read it, so a number is never mistaken for a later one)
 DEFAULT_LOAD_TIMEOUT_S = 60.0
 _POLL_S = 0.0002
 
@@ -59,7 +59,8 @@ class SpoolError(RuntimeError):
 @dataclass(frozen=True)
 class SpooledRecords:
     """One GPU's records of one cycle, in a spool slot (picklable: the worker's job carries it). seq: the number
-    the slot's flag word holds once the copy is there; names, class_counts, device: as CtaRecords."""
+    the slot's flag word holds once the copy is there (the GPU's drain count); names, class_counts, device: as
+    CtaRecords."""
 
     path: str
     seq: int
@@ -126,13 +127,33 @@ class _Slot:
         # the views a drain copies into, made once: slicing per drain costs the loop
         self.flag = self.words[FLAG_WORD:FLAG_WORD + 1]
         self.buffer = self.words[BUFFER_WORD:BUFFER_WORD + recorder_words(capacity)]
+        self.graph = None       # the drain into this slot, captured (module docstring)
+        self._graph_of = None   # the recorder it drains
 
     def clear_flag(self) -> None:
         self._host[FLAG_WORD] = -1
 
+    def drain(self, recorder, counter) -> None:
+        """Queue the drain of `recorder` into this slot on the current stream (module docstring): the captured
+        graph, captured now on first use; the operations one by one where a graph cannot hold them."""
+        if self.graph is None or self._graph_of is not recorder:
+            self.graph, self._graph_of = (_capture(lambda: self._drain_ops(recorder, counter), self.device)
+                                          if self.registered and not _capture_warned else None), recorder
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self._drain_ops(recorder, counter)
+
+    def _drain_ops(self, recorder, counter) -> None:
+        self.buffer[:recorder.buffer.numel()].copy_(recorder.buffer, non_blocking=True)
+        counter.add_(1)
+        self.flag.copy_(counter, non_blocking=True)
+        recorder.cursor.zero_()
+
     def close(self) -> None:
         import torch
 
+        self.graph = self._graph_of = None  # the graph holds the slot's address: it goes first
         if self.registered:
             torch.cuda.cudart().cudaHostUnregister(self.words.data_ptr())
         del self.words, self.flag, self.buffer, self._host  # the buffer exports must go before the mapping closes
@@ -163,6 +184,36 @@ def _register(words) -> bool:
     return ok
 
 
+def _capture(ops, device: int):
+    """`ops` (CUDA operations on GPU `device`) captured as a CUDA graph on a side stream, ordered after the work
+    queued so far; None, warned once, where capture fails (the caller then runs them one by one)."""
+    import torch
+
+    current = torch.cuda.current_stream(device)
+    side = torch.cuda.Stream(device)
+    side.wait_stream(current)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.stream(side):
+            graph.capture_begin(capture_error_mode="thread_local")  # other threads may use CUDA meanwhile
+            try:
+                ops()
+            finally:
+                graph.capture_end()
+    except RuntimeError as exc:
+        _consume_error()
+        if not _capture_warned:
+            _capture_warned.append(str(exc))
+            warnings.warn(f"torch_l2topo drains its CTA records without a CUDA graph ({exc}): four launches a cycle "
+                          f"instead of one", stacklevel=5)
+        return None
+    current.wait_stream(side)
+    return graph
+
+
+_capture_warned = []
+
+
 def _consume_error() -> None:
     """A failed runtime call leaves its error for the next one to report (cudaGetLastError): the next kernel
     launch check would raise it against an innocent kernel. Let a launch of ours take it instead."""
@@ -184,8 +235,8 @@ class RecordSpool:
         self._lock = threading.Lock()
         self._slots: list = []
         self._by_path: dict = {}
-        self._seq = 0
-        self._numbers: dict = {}   # device -> one-word views of a GPU tensor 0 .. SEQ_PERIOD-1 (flag sources)
+        self._drains: dict = {}    # device -> drains launched so far (the number the last one's flag holds)
+        self._counters: dict = {}  # device -> the same count on the GPU, one int64 word (the flags' source)
 
     def _take(self, device: int, capacity: int) -> _Slot:
         with self._lock:
@@ -210,21 +261,18 @@ class RecordSpool:
             slot.busy = False
 
     def drain(self, recorder) -> SpooledRecords:
-        """Hand `recorder`'s records since its last reset to a slot and reset it (module docstring: three
-        operations queued on the current stream, nothing read back)."""
+        """Hand `recorder`'s records since its last reset to a slot and reset it (module docstring: one graph
+        launched on the current stream, nothing read back)."""
         import torch
 
         device = recorder.device_index
         slot = self._take(device, recorder.capacity)
-        self._seq = seq = (self._seq + 1) % SEQ_PERIOD
-        numbers = self._numbers.get(device)
-        if numbers is None:
-            table = torch.arange(SEQ_PERIOD, dtype=torch.int64, device=recorder.buffer.device)
-            numbers = self._numbers[device] = [table[i:i + 1] for i in range(SEQ_PERIOD)]
+        counter = self._counters.get(device)
+        if counter is None:
+            counter = self._counters[device] = torch.zeros(1, dtype=torch.int64, device=recorder.buffer.device)
+        seq = self._drains[device] = self._drains.get(device, 0) + 1
         with torch.cuda.device(device) if device != torch.cuda.current_device() else _nothing():
-            slot.buffer[:recorder.buffer.numel()].copy_(recorder.buffer, non_blocking=True)
-            slot.flag.copy_(numbers[seq], non_blocking=True)
-            recorder.reset()
+            slot.drain(recorder, counter)
         return SpooledRecords(slot.path, seq, recorder.names, dict(recorder.tags.class_counts), device)
 
     def drain_all(self) -> dict:

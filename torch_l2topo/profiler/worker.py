@@ -1,32 +1,27 @@
-"""Trace enrichment off the training loop: one worker process that runs the cycle jobs (cycle.py) that
-torch_l2topo.profile exports, so a profiled step waits for the profiler's own export and the recorders'
-drain, not for the enrichment (0.1-0.2 s for 65,536 CTAs).
+"""Trace enrichment off the training loop: one worker process per training process, which runs the cycle jobs
+(cycle.py) that the background trace handlers export, so a profiled step waits for the profiler's own export
+and the recorders' drain, not for the enrichment (0.2-0.3 s for 81,920 CTAs).
 
 The worker is a plain `python -m torch_l2topo.profiler.worker` subprocess, not a multiprocessing child: those
-re-import the user's main script, which a training script without a __main__ guard would run again.
-Protocol: the worker says READY once its imports are done. Jobs submitted before that wait in its stdin pipe
-(profile() starts the worker before profiling, so by a cycle's end it is usually ready and no cycle is
-enriched inline: on the H200 an inline first cycle cost each 4-cycle block 0.29 s); a block that ends before
-the worker is ready does not wait for its imports: the parent stops it and runs the jobs itself. The parent
-pickles each job to a file beside its
-trace and writes the file's path as one line on the worker's stdin; the worker answers one line on stdout,
-RESULT followed by JSON {"job", "problem", "written"}; the parent reads the answers already sent at each
-submit, without waiting. A job is small: its records stay in the spool's shared-memory slots (spool.py), not in
-the pickle. At most `max_pending` jobs are in flight (each holds its exported trace on disk and its records'
-slots in page-locked memory): submitting one more waits for the oldest, so a worker that cannot keep up slows
-the loop rather than piling them up. A worker that dies leaves its jobs to the parent, which runs them itself:
-nothing is lost.
+re-import the user's main script, which a training script without a __main__ guard would run again. One serves
+the whole process (shared_worker()): it is started by the first background handler and lives until exit, so its
+imports (seconds) are paid once and later profiler blocks find it ready.
 
-Paused while the profiler collects: a second process busy with JSON slowed the profiled steps of the example
-model by about 3 ms per cycle on the H200 machine (mostly inside torch.profiler's own start and stop), even at
-nice 19 under SCHED_IDLE (benchmarks/diag_profiler_handler.py). torch_l2topo.profile therefore stops the worker
-(SIGSTOP) when a cycle's warmup starts and lets it go on (SIGCONT) once the cycle's trace is handed over, so it
-works during the steps the profiler does not record and after the block. Anything that waits for the worker
-lets it go on first. That SIGCONT costs the training loop about 5 ms per call on the H200 machine (20 us on a
-2-core development machine), with the worker at nice 19 under SCHED_IDLE and with one BLAS thread alike; why
-is not known (docs/profiler.md, Costs). The worker asks the kernel for a SIGCONT if its parent dies
-(PR_SET_PDEATHSIG), so a crashed training process never leaves it stopped: it writes what it holds and exits.
-Job files go to the spool's directory (shared memory where there is some).
+It runs at the lowest priority from its first instruction on: the parent sets nice 19 and SCHED_IDLE on it as
+soon as it exists, so that it only takes CPU time nobody else wants. On the H200 machine (16 vCPUs) a worker
+that still ran at nice 0 while importing, next to the 15 BLAS threads a calibration's analysis leaves spinning
+in the parent, took the CPU of the training loop: every wake-up cost the loop a scheduler tick, ~5 ms
+(benchmarks/results/diagnosis/, issue 17). A busy idle-class child costs the parent's own work nothing measurable
+there (diag_signal_cost.py).
+
+Protocol: the worker writes READY on stdout once its imports are done. The parent hands it a job only then, as
+a length-prefixed pickle on its stdin, and never more than IN_PIPE unanswered at a time; the worker answers each
+job, in order, with one line RESULT + JSON {"problem", "written"}. A job is small: its records stay in the spool's
+shared-memory slots (spool.py). The jobs not handed over yet stay with the parent, which can therefore always take
+work back without a race: when it has to wait (drain(), or max_pending jobs in flight) it runs the newest
+waiting job itself while the worker goes on with the oldest, and a worker that is not ready yet (still importing
+at a block's end) leaves every job to the parent. Finished jobs are reported (on_done) in submission order. A
+worker that dies leaves its unanswered jobs to the parent (or to its successor): nothing is lost.
 """
 from __future__ import annotations
 
@@ -34,194 +29,238 @@ import json
 import os
 import pickle
 import select
-import signal
 import subprocess
 import sys
 import warnings
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from .cycle import CycleJob, run
-from .spool import spool_directory
 
-# The worker is one thread of JSON work: without these, numpy's BLAS would start a thread per core (16 on the H200
-# machine) that it never uses. (They did not make SIGCONT cheaper there: worker.py's docstring.)
-ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-RESULT = "l2topo-cycle-done "
-READY = "l2topo-worker-ready"
+RESULT = b"l2topo-cycle-done "
+READY = b"l2topo-worker-ready"
 DEFAULT_MAX_PENDING = 16
+IN_PIPE = 2  # jobs the worker holds unanswered: one to work on, the next waiting, so it never idles for a hand-off
+_LENGTH = 8  # bytes of a job's length prefix
+# The worker is one thread of JSON work: without these, numpy's BLAS would start a thread per core that it never
+# uses.
+ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+@dataclass
+class _Entry:
+    """A submitted job until it is reported: its callback and, once finished, what went wrong (None: nothing)."""
+
+    job: CycleJob
+    on_done: Callable
+    finished: bool = False
+    problem: str | None = None
 
 
 class Worker:
-    """The parent's side: submit(job) returns at once; drain() waits for every job; close() ends the worker.
-    Each finished job's (path, problem) goes to on_done, in submission order."""
+    """The parent's side. submit(job, on_done) returns at once unless max_pending jobs are in flight; drain() waits
+    for every job; close() ends the worker process. on_done(path, problem) is called for each job, in submission
+    order, from whichever of these calls finishes it."""
 
-    def __init__(self, on_done, max_pending: int = DEFAULT_MAX_PENDING):
-        if max_pending < 1:
-            raise ValueError(f"max_pending must be >= 1, got {max_pending!r}")
-        self.on_done, self.max_pending = on_done, max_pending
+    def __init__(self, max_pending: int = DEFAULT_MAX_PENDING):
         self._proc = None
+        self.max_pending = check_max_pending(max_pending)
         self._ready = False
-        self._paused = False
-        self._jobs = 0
-        self._pending: deque = deque()  # (job, its pickle file, the worker process it went to)
+        self._inbox = bytearray()  # what the worker wrote that is not a whole line yet
+        self._entries: deque = deque()  # every job not reported yet, in submission order
+        self._waiting: deque = deque()  # jobs not handed to the worker yet
+        self._handed: deque = deque()   # jobs the worker holds, unanswered (it answers in order)
 
     def start(self) -> None:
-        """Start the worker process now (submit starts it otherwise): its imports take seconds, best spent
-        while the first steps run."""
+        """Start the worker process now if it is not running (submit does otherwise): its imports take seconds,
+        best spent while the first steps run."""
         if self._proc is None or self._proc.poll() is not None:
             self._start()
-            self._ready = False
 
     def _start(self) -> None:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), **ONE_THREAD}
         self._proc = subprocess.Popen([sys.executable, "-m", "torch_l2topo.profiler.worker"], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, text=True, env=env)
+                                      stdout=subprocess.PIPE, env=env)
+        _run_idle(self._proc.pid)
+        self._ready = False
+        self._inbox.clear()
 
     def ready(self) -> bool:
-        """Whether the worker has started and imported what it needs (it says READY once; never blocks)."""
-        if self._proc is None or self._proc.poll() is not None:
-            self._ready = False
-            return False
-        while not self._ready and select.select([self._proc.stdout], [], [], 0)[0]:
-            line = self._proc.stdout.readline()
-            if not line:
-                return False
-            self._ready = line.strip() == READY
+        """Whether the worker has started and imported what it needs (never blocks)."""
+        if not self._ready and self._proc is not None:
+            self._read(wait=False)
         return self._ready
 
-    def submit(self, job: CycleJob) -> None:
-        """Hand `job` to the worker (started now if it is not running; the job waits in its pipe until it is
-        ready). Returns at once unless max_pending jobs are in flight. Jobs the worker has answered by now are
-        finished first (on_done), without waiting for the others."""
+    def submit(self, job: CycleJob, on_done: Callable, max_pending: int | None = None) -> None:
+        """Queue `job`; it goes to the worker as soon as the worker can take it. Returns at once unless
+        `max_pending` (default: this worker's) jobs are in flight: then it first finishes the oldest work (module
+        docstring). Jobs the worker has answered by now are reported first, without waiting for the others."""
+        limit = self.max_pending if max_pending is None else check_max_pending(max_pending)
         self.harvest()
-        while len(self._pending) >= self.max_pending:
-            self._finish_oldest()
-        self._jobs += 1
-        name = str(spool_directory() / f".l2topo-job.{os.getpid()}.{id(self):x}.{self._jobs}.pkl")
-        with open(name, "xb") as f:
-            pickle.dump(job, f, protocol=pickle.HIGHEST_PROTOCOL)
+        while len(self._entries) >= limit:
+            self._progress()
+        entry = _Entry(job, on_done)
+        self._entries.append(entry)
+        self._waiting.append(entry)
         self.start()
-        self._pending.append((job, name, self._proc))
-        try:
-            self._proc.stdin.write(name + "\n")
-            self._proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            pass  # the worker is gone: _finish_oldest runs the job here
-
-    def pause(self) -> None:
-        """Stop the worker process until resume() (module docstring); nothing if it is not running."""
-        if self._proc is not None and self._proc.returncode is None and not self._paused:
-            self._signal(signal.SIGSTOP)
-            self._paused = True
-
-    def resume(self) -> None:
-        if self._paused:
-            self._paused = False
-            self._signal(signal.SIGCONT)
-
-    def _signal(self, sig) -> None:
-        try:
-            os.kill(self._proc.pid, sig)  # not Popen.send_signal: its poll() per call costs the loop
-        except ProcessLookupError:  # gone: whoever waits for it finds out
-            pass
+        self._hand_over()
 
     def harvest(self) -> None:
-        """Finish the jobs the worker has already answered (never blocks: it reads only lines already sent; the
-        jobs of a worker that died wait for whoever waits for them)."""
-        if not self._pending or self._proc is None or self._proc.poll() is not None:
-            return
-        while self._pending and (self._ready or self.ready()) and \
-                select.select([self._proc.stdout], [], [], 0)[0]:
-            self._finish_oldest()
-
-    def _answer(self, proc, name: str) -> dict | None:
-        """The worker's answer for job file `name`, or None if that worker exited first (warned once)."""
-        while True:
-            line = proc.stdout.readline()
-            if not line:
-                if not getattr(proc, "l2topo_warned", False):
-                    proc.l2topo_warned = True
-                    warnings.warn("torch_l2topo's trace worker exited; enriching its remaining traces in this "
-                                  "process", stacklevel=4)
-                if proc is self._proc:
-                    self._proc = None
-                return None
-            if line.startswith(RESULT):
-                answer = json.loads(line[len(RESULT):])
-                if answer["job"] == name:
-                    return answer
-
-    def _finish_oldest(self) -> None:
-        self.resume()  # about to wait for it
-        job, name, proc = self._pending.popleft()
-        answer = self._answer(proc, name)
-        if answer is not None and answer["written"]:
-            problem = answer["problem"]
-        elif answer is None and not Path(job.export).exists():  # written (run removes the export last), unanswered
-            problem = None
-        else:  # the worker exited or failed before writing: the export is still there
-            problem = run(job)
-        Path(name).unlink(missing_ok=True)
-        self.on_done(job.path, problem)
+        """Take the answers already written, hand the worker more jobs, report what is finished (never blocks)."""
+        if self._proc is not None:
+            self._read(wait=False)
+        self._hand_over()
+        self._report()
 
     def drain(self) -> None:
-        self.resume()
-        if self._pending and self._proc is not None and self._proc.poll() is None and not self.ready():
-            # still importing: stopping it and enriching here is faster than waiting for its imports
-            self._proc.l2topo_warned = True  # stopped on purpose: no "worker exited" warning
-            self._proc.kill()
-            self._proc.wait()
-        while self._pending:
-            self._finish_oldest()
+        """Wait until every job submitted is finished and reported."""
+        while self._entries:
+            self._progress()
 
     def close(self) -> None:
+        """drain(), then end the worker process: at the end of its input, or at once if it is still importing
+        (it holds no job then)."""
         self.drain()
         if self._proc is not None:
-            self._proc.stdin.close()
-            self._proc.wait()
-            self._proc = None
+            _end(self._proc, kill=not self.ready())
+            self._proc, self._ready = None, False
 
     def __del__(self):
         if self._proc is not None and self._proc.poll() is None:
             self._proc.kill()
 
+    # ---- internals -----------------------------------------------------------------------------------------
+    def _progress(self) -> None:
+        """Finish at least one job, waiting if need be: the newest job not handed over runs here (the worker goes
+        on with the oldest), else wait for the worker's next answer."""
+        self.harvest()
+        if self._waiting:
+            entry = self._waiting.pop()
+            entry.problem, entry.finished = run(entry.job), True
+        elif self._handed:
+            self._read(wait=True)
+        self._report()
 
-def _continue_if_orphaned() -> None:
-    """Ask Linux for a SIGCONT when the parent dies (prctl PR_SET_PDEATHSIG): a worker stopped by a parent that
-    crashed goes on, writes the traces it holds and exits at the end of its input."""
+    def _hand_over(self) -> None:
+        while self._waiting and len(self._handed) < IN_PIPE and self._proc is not None and self.ready():
+            entry = self._waiting.popleft()
+            blob = pickle.dumps(entry.job, protocol=pickle.HIGHEST_PROTOCOL)
+            try:
+                self._proc.stdin.write(len(blob).to_bytes(_LENGTH, "little") + blob)
+                self._proc.stdin.flush()
+            except (BrokenPipeError, OSError):  # the worker is gone: the job stays here
+                self._waiting.appendleft(entry)
+                self._lost()
+                return
+            self._handed.append(entry)
+
+    def _read(self, wait: bool) -> None:
+        """Take the worker's lines (READY, answers): those already written, or (wait) at least one more."""
+        fd = self._proc.stdout.fileno()
+        while True:
+            if not wait and not select.select([fd], [], [], 0)[0]:
+                return
+            data = os.read(fd, 1 << 16)
+            if not data:
+                self._lost()
+                return
+            self._inbox += data
+            got_line = False
+            while (end := self._inbox.find(b"\n")) >= 0:
+                line = bytes(self._inbox[:end])
+                del self._inbox[:end + 1]
+                got_line = True
+                if line == READY:
+                    self._ready = True
+                elif line.startswith(RESULT) and self._handed:
+                    self._answered(self._handed.popleft(), json.loads(line[len(RESULT):]))
+            if wait and got_line:
+                return
+
+    def _answered(self, entry: _Entry, answer: dict) -> None:
+        if answer["written"]:
+            entry.problem, entry.finished = answer["problem"], True
+        else:  # the worker failed before writing (the export is still there): the job runs here
+            self._waiting.appendleft(entry)
+
+    def _lost(self) -> None:
+        """The worker exited: warn once; the jobs it held run here (or in its successor), except those it wrote
+        (run() removes the export last, once the trace is written)."""
+        warnings.warn("torch_l2topo's trace worker exited; its remaining traces are enriched in this process",
+                      stacklevel=4)
+        for entry in reversed(self._handed):
+            if Path(entry.job.export).exists():
+                self._waiting.appendleft(entry)
+            else:
+                entry.finished = True
+        self._handed.clear()
+        _end(self._proc, kill=True)  # it closed its output: it is exiting, if it has not exited yet
+        self._proc, self._ready = None, False
+
+    def _report(self) -> None:
+        while self._entries and self._entries[0].finished:
+            entry = self._entries.popleft()
+            entry.on_done(entry.job.path, entry.problem)
+
+
+def _end(proc, kill: bool) -> None:
+    """End the worker process `proc`: killed, or (kill false) at the end of its input; its pipes closed."""
+    if kill:
+        proc.kill()
+    for stream in (proc.stdin, proc.stdout):
+        try:
+            stream.close()
+        except OSError:  # a write the dead worker never took: nothing to flush it to
+            pass
+    proc.wait()
+
+
+def check_max_pending(max_pending) -> int:
+    if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
+        raise ValueError(f"max_pending must be an integer >= 1, got {max_pending!r}")
+    return max_pending
+
+
+def _run_idle(pid: int) -> None:
+    """Give process `pid` the lowest priority (nice 19, SCHED_IDLE where Linux has it): module docstring. Where
+    that is not allowed or not there, it runs as it is."""
     try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGCONT), 0, 0, 0)  # 1: PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: the parent resumes it before it waits, and at exit
+        os.setpriority(os.PRIO_PROCESS, pid, 19)
+        os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
         pass
 
 
-def _yield_the_cpu() -> None:
-    """Run at the lowest priority (nice 19, SCHED_IDLE where Linux has it): the training process comes first
-    for the CPU. On the H200 machine that alone did not keep a running worker from slowing the profiled steps
-    (module docstring): profile() also pauses it."""
-    try:
-        os.nice(19)
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    except (AttributeError, OSError):  # not Linux, or not allowed: the worker runs as it is
-        pass
+_shared: list = []
+
+
+def shared_worker() -> Worker:
+    """The process's worker (module docstring), made on first use."""
+    if not _shared:
+        _shared.append(Worker())
+    return _shared[0]
+
+
+def close_shared_worker() -> None:
+    """Finish every job of the process's worker and end it (session.py calls it at exit)."""
+    while _shared:
+        _shared.pop().close()
 
 
 def main() -> None:
-    _continue_if_orphaned()
-    _yield_the_cpu()
-    print(READY, flush=True)
-    for line in sys.stdin:
-        name = line.strip()
+    out, jobs = sys.stdout.buffer, sys.stdin.buffer
+    out.write(READY + b"\n")
+    out.flush()
+    while len(head := jobs.read(_LENGTH)) == _LENGTH:
+        blob = jobs.read(int.from_bytes(head, "little"))
         try:
-            with open(name, "rb") as f:
-                job = pickle.load(f)
-            problem, written = run(job), True
+            problem, written = run(pickle.loads(blob)), True
         except Exception as exc:  # answered, never raised: the parent runs the job itself (the export stays)
             problem, written = f"{type(exc).__name__}: {exc}", False
-        print(RESULT + json.dumps({"job": name, "problem": problem, "written": written}), flush=True)
+        out.write(RESULT + json.dumps({"problem": problem, "written": written}).encode() + b"\n")
+        out.flush()
 
 
 if __name__ == "__main__":

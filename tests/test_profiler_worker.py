@@ -1,0 +1,238 @@
+"""The trace worker on the CPU (worker.py): jobs wait in this process until the worker process is ready, then go
+to it a few at a time and come back in order; whoever waits runs the newest waiting job itself; a worker that is
+not ready, fails or dies leaves its jobs to this process, and nothing is lost or written twice; one worker
+process serves every profiler block of a process, at the lowest priority."""
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from profiler_workers import ACTIVITIES, export, ready_worker, steps
+
+import torch_l2topo
+from torch_l2topo.profiler import cycle, session, worker
+from torch_l2topo.profiler.cycle import CycleJob
+from torch_l2topo.profiler.smmap import SmMap
+from torch_l2topo.profiler.tracefile import load_trace
+from torch_l2topo.profiler.worker import IN_PIPE, Worker
+
+
+def _job(tmp_path, name: str, **maps) -> CycleJob:
+    return CycleJob(export(tmp_path, f"{name}.export.json"), tmp_path / f"{name}.json", {}, maps, {}, ())
+
+
+def _not_here(job):
+    raise AssertionError(f"{job.path.name} ran in the parent, not in the worker")
+
+
+def test_a_job_submitted_while_the_worker_starts_waits_here_then_goes_to_it(tmp_path, monkeypatch):
+    done = []
+    w = Worker()
+    w.submit(_job(tmp_path, "t"), lambda path, problem: done.append((path, problem)))
+    assert done == [] and len(w._waiting) == 1 and w._proc is not None  # kept here: the worker is importing
+    deadline = time.monotonic() + 120
+    while not w.ready():
+        assert time.monotonic() < deadline, "the worker did not start"
+        time.sleep(0.05)
+    monkeypatch.setattr(worker, "run", _not_here)
+    w.harvest()
+    assert not w._waiting and len(w._handed) == 1
+    w.close()
+    assert done == [(tmp_path / "t.json", None)] and "traceEvents" in load_trace(tmp_path / "t.json")
+
+
+def _never_ready(self):  # a worker stuck in its imports: it never says READY
+    self._proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE)
+    self._ready = False
+
+
+def test_a_block_that_ends_before_the_worker_is_ready_enriches_here_and_keeps_the_worker(tmp_path, monkeypatch):
+    monkeypatch.setattr(Worker, "_start", _never_ready)
+    done = []
+    w = Worker()
+    w.submit(_job(tmp_path, "t"), lambda path, problem: done.append((path, problem)))
+    importing = w._proc
+    t0 = time.monotonic()
+    w.drain()  # what a block's end does
+    assert time.monotonic() - t0 < 30
+    assert done == [(tmp_path / "t.json", None)] and "traceEvents" in load_trace(tmp_path / "t.json")
+    assert importing.poll() is None and w._proc is importing  # kept for the next block
+    w.close()  # no warning: ending a worker that holds no job is deliberate
+    assert importing.poll() is not None
+
+
+def test_the_worker_writes_what_this_process_would(tmp_path):
+    topo = torch_l2topo.load_example()
+    done = []
+    w = ready_worker(max_pending=1)
+    jobs = []
+    for i in range(3):  # max_pending 1: every submit after the first waits for the one before
+        text = export(tmp_path, f"e{i}.json").read_text()
+        (tmp_path / f"copy{i}.json").write_text(text)
+        jobs.append(CycleJob(tmp_path / f"e{i}.json", tmp_path / f"bg{i}.json", {}, {0: SmMap.from_topology(topo)},
+                             {}, (0,)))
+        w.submit(jobs[-1], lambda path, problem: done.append((path, problem)))
+        assert len(done) == i  # the submit returned before this job was done
+    w.close()
+    assert [p for p, _ in done] == [j.path for j in jobs] and all(problem is None for _, problem in done)
+    for i, job in enumerate(jobs):  # the same job run here gives the same file
+        assert not job.export.exists()
+        here = CycleJob(tmp_path / f"copy{i}.json", tmp_path / f"fg{i}.json", {}, job.maps, {}, (0,))
+        assert cycle.run(here) is None
+        assert load_trace(job.path) == load_trace(here.path) and "l2topo" in load_trace(job.path)
+
+
+def test_a_job_that_fails_in_the_worker_writes_the_plain_trace(tmp_path):
+    done = []
+    w = ready_worker()
+    job = CycleJob(export(tmp_path), tmp_path / "t.json", {}, {0: "not a calibration"}, {}, (0,))
+    plain = load_trace(job.export)
+    w.submit(job, lambda path, problem: done.append((path, problem)))
+    w.close()
+    (path, problem), = done
+    assert "could not enrich" in problem and load_trace(path) == plain
+
+
+def test_whoever_waits_runs_the_newest_waiting_job_and_reports_in_order(tmp_path):
+    done = []
+    w = ready_worker()
+    os.kill(w._proc.pid, signal.SIGSTOP)  # the worker holds its jobs without doing them
+    try:
+        jobs = [_job(tmp_path, f"j{i}") for i in range(IN_PIPE + 2)]
+        for job in jobs:
+            w.submit(job, lambda path, problem: done.append((path, problem)))
+        assert [e.job for e in w._handed] == jobs[:IN_PIPE] and [e.job for e in w._waiting] == jobs[IN_PIPE:]
+        w._progress()
+        assert jobs[-1].path.exists() and not jobs[-2].path.exists()  # the newest ran here
+        w._progress()
+        assert jobs[-2].path.exists() and not any(j.path.exists() for j in jobs[:IN_PIPE])
+        assert done == []  # the oldest are not finished: nothing is reported out of order
+    finally:
+        os.kill(w._proc.pid, signal.SIGCONT)
+    w.close()
+    assert done == [(j.path, None) for j in jobs]
+
+
+def test_a_dead_worker_leaves_its_jobs_to_this_process(tmp_path):
+    done = []
+    w = ready_worker()
+    os.kill(w._proc.pid, signal.SIGSTOP)  # stopped: the job cannot run there before the kill
+    w.submit(_job(tmp_path, "t"), lambda path, problem: done.append((path, problem)))
+    assert len(w._handed) == 1
+    w._proc.kill()
+    with pytest.warns(UserWarning, match="exited"):
+        w.close()
+    assert done == [(tmp_path / "t.json", None)] and load_trace(tmp_path / "t.json")["traceEvents"]
+
+
+def test_jobs_of_a_worker_that_died_run_here_and_later_ones_go_to_its_successor(tmp_path):
+    done = []
+    w = ready_worker()
+    first = w._proc
+    os.kill(first.pid, signal.SIGSTOP)
+    w.submit(_job(tmp_path, "a"), lambda path, problem: done.append((path, problem)))
+    first.kill()
+    first.wait()
+    with pytest.warns(UserWarning, match="exited"):
+        w.submit(_job(tmp_path, "b"), lambda path, problem: done.append((path, problem)))
+    assert w._proc is not None and w._proc is not first  # a new worker was started for what comes next
+    w.close()
+    assert done == [(tmp_path / "a.json", None), (tmp_path / "b.json", None)]
+    assert all(load_trace(path)["traceEvents"] for path, _ in done)
+    assert not (tmp_path / "a.export.json").exists() and not (tmp_path / "b.export.json").exists()
+
+
+ORPHAN = """
+import os, sys
+from pathlib import Path
+from torch_l2topo.profiler.cycle import CycleJob
+sys.path.insert(0, sys.argv[3])
+from profiler_workers import ready_worker
+w = ready_worker()
+w.submit(CycleJob(Path(sys.argv[1]), Path(sys.argv[2]), {}, {}, {}, ()), lambda path, problem: None)
+print(w._proc.pid, flush=True)
+os._exit(0)  # a crash: nothing waits for the worker
+"""
+
+
+def test_a_worker_whose_parent_crashed_writes_what_it_holds_and_exits(tmp_path):
+    job = export(tmp_path)
+    parent = subprocess.run([sys.executable, "-c", ORPHAN, str(job), str(tmp_path / "t.json"),
+                             os.path.dirname(__file__)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True, timeout=120, check=True)
+    pid = int(parent.stdout.split()[-1])
+    deadline = time.monotonic() + 60
+    exited = False
+    try:
+        while not (tmp_path / "t.json").exists():
+            assert time.monotonic() < deadline, "the orphaned worker never wrote the trace"
+            time.sleep(0.1)
+        assert load_trace(tmp_path / "t.json")["traceEvents"]
+        while True:  # and it exits (its input ended with the parent)
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                exited = True
+                break
+            assert time.monotonic() < deadline, "the orphaned worker did not exit"
+            time.sleep(0.1)
+    finally:
+        if not exited:  # a failed test leaves no worker behind
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+def test_the_worker_runs_at_the_lowest_priority_from_the_start():
+    w = Worker()
+    w.start()  # checked before its imports are done: that is when it used to take the training loop's CPU
+    try:
+        assert os.sched_getscheduler(w._proc.pid) == os.SCHED_IDLE
+        assert os.getpriority(os.PRIO_PROCESS, w._proc.pid) == 19
+    finally:
+        w.close()
+
+
+def test_profiler_blocks_share_one_worker_process_that_outlives_them(tmp_path, monkeypatch):
+    monkeypatch.setattr(worker, "_shared", [])  # this test's own process-wide worker
+    sched = torch.profiler.schedule(wait=0, warmup=1, active=1, repeat=1)
+    pids = []
+    for block in range(2):
+        with torch_l2topo.profile(tmp_path / str(block), schedule=sched, activities=ACTIVITIES,
+                                  topology=None) as prof:
+            steps(prof, 2)
+            pids.append(prof.handler._worker._proc.pid)
+        assert len(prof.written) == 1 and load_trace(prof.written[0])["traceEvents"]
+        assert prof.handler._worker._proc.poll() is None  # still there for the next block
+    assert pids[0] == pids[1]
+    worker.close_shared_worker()
+    assert worker._shared == []
+
+
+def test_options_are_checked():
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="max_pending"):
+            Worker(max_pending=bad)
+        with pytest.raises(ValueError, match="max_pending"):
+            session.TraceHandler("x.json", background=True, max_pending=bad)
+
+
+def test_traces_are_written_whole_without_waiting_for_the_disk(tmp_path, monkeypatch):
+    """write_trace replaces the file atomically but does not fsync (the worker writes while the training loop
+    runs: an fsync held up torch.profiler's own export behind the journal); a calibration still syncs."""
+    from torch_l2topo import files
+    from torch_l2topo.profiler.tracefile import write_trace
+
+    synced = []
+    monkeypatch.setattr(files.os, "fsync", lambda fd: synced.append(fd))
+    trace = {"schemaVersion": 1, "traceEvents": []}
+    write_trace(trace, tmp_path / "t.json")
+    assert load_trace(tmp_path / "t.json") == trace and synced == []
+    assert [p.name for p in tmp_path.iterdir()] == ["t.json"]  # no temporary file left
+    torch_l2topo.load_example().save(tmp_path / "cal.npz")
+    assert len(synced) == 1
