@@ -212,3 +212,30 @@ def test_a_map_pickles_to_the_same_map_and_its_fields_are_pickled_once():
     back = pickle.loads(first)
     assert back.to_json() == smmap.to_json() and back is not smmap
     assert pickle.dumps(smmap) == first and smmap.__dict__["_pickled"] in first  # the cached fields, reused
+
+
+def test_a_slot_that_shared_memory_has_no_room_for_goes_to_the_temporary_directory(tmp_path, unpinned, monkeypatch):
+    """Blocks are allocated when a slot is made (a full tmpfs would otherwise kill the process with SIGBUS at the
+    GPU's copy): where that fails, the slot is made in the temporary directory instead, with a warning."""
+    import errno
+    import os
+    import tempfile
+
+    allocated = []
+
+    def full_once(fd, offset, length):
+        if not allocated:
+            allocated.append("refused")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        allocated.append(length)
+
+    monkeypatch.setattr(spool, "_room_warned", [])
+    monkeypatch.setattr(os, "posix_fallocate", full_once, raising=False)
+    sp = RecordSpool(tmp_path)
+    with pytest.warns(UserWarning, match="no room"):
+        sp.reserve(0, 1000, 1)
+    (slot,) = sp._slots
+    assert Path(slot.path).parent == Path(tempfile.gettempdir()) and not list(tmp_path.iterdir())
+    assert allocated[1] == Path(slot.path).stat().st_size >= (1 + 1000 * REC_WORDS) * 8
+    sp.close()
+    assert not Path(slot.path).exists()

@@ -16,6 +16,7 @@ from profiler_workers import ACTIVITIES, export, ready_worker, steps
 import torch_l2topo
 from torch_l2topo.profiler import cycle, session, worker
 from torch_l2topo.profiler.cycle import CycleJob
+from torch_l2topo.profiler.perprocess import PerProcess
 from torch_l2topo.profiler.smmap import SmMap
 from torch_l2topo.profiler.tracefile import load_trace
 from torch_l2topo.profiler.worker import IN_PIPE, Worker
@@ -199,7 +200,7 @@ def test_the_worker_runs_at_the_lowest_priority_from_the_start():
 
 
 def test_profiler_blocks_share_one_worker_process_that_outlives_them(tmp_path, monkeypatch):
-    monkeypatch.setattr(worker, "_shared", [])  # this test's own process-wide worker
+    monkeypatch.setattr(worker, "_shared", PerProcess(Worker))  # this test's own process-wide worker
     sched = torch.profiler.schedule(wait=0, warmup=1, active=1, repeat=1)
     pids = []
     for block in range(2):
@@ -210,8 +211,9 @@ def test_profiler_blocks_share_one_worker_process_that_outlives_them(tmp_path, m
         assert len(prof.written) == 1 and load_trace(prof.written[0])["traceEvents"]
         assert prof.handler._worker._proc.poll() is None  # still there for the next block
     assert pids[0] == pids[1]
+    w = worker.shared_worker()
     worker.close_shared_worker()
-    assert worker._shared == []
+    assert w._proc is None and worker.shared_worker() is not w
 
 
 def test_options_are_checked():
@@ -236,3 +238,26 @@ def test_traces_are_written_whole_without_waiting_for_the_disk(tmp_path, monkeyp
     assert [p.name for p in tmp_path.iterdir()] == ["t.json"]  # no temporary file left
     torch_l2topo.load_example().save(tmp_path / "cal.npz")
     assert len(synced) == 1
+
+
+class _Closable:
+    def __init__(self):
+        self.closed = False
+
+    def close(self):
+        self.closed = True
+
+
+def test_a_forked_process_gets_its_own_and_closes_only_its_own(monkeypatch):
+    shared = PerProcess(_Closable)
+    parents = shared.get()
+    assert shared.get() is parents
+    monkeypatch.setattr(os, "getpid", lambda: -1)  # now "in" a forked child
+    childs = shared.get()
+    assert childs is not parents
+    shared.close()
+    assert childs.closed and not parents.closed
+    monkeypatch.undo()
+    assert shared.get() is parents
+    shared.close()
+    assert parents.closed

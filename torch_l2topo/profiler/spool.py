@@ -1,7 +1,7 @@
 """Each cycle's CTA records, handed from the training process to the trace worker without a copy on the host.
 
 Drained the plain way (recording.CtaRecorder.drain), a cycle's records cost the training loop a synchronous copy
-to pageable memory, numpy columns and a pickle of them to the worker's job file, milliseconds for 65,536 CTAs,
+to pageable memory, numpy columns and a pickle of them to the worker, milliseconds for 65,536 CTAs,
 while 2% of the example model's profiled cycle is about 0.1 ms on the H200 (docs/profiler.md, Costs). Here the
 loop reads nothing back; it launches one CUDA graph per GPU, which holds, in stream order:
 
@@ -25,7 +25,10 @@ of page-locking new ones; close() unmaps and deletes every slot (at exit, after 
 trace). A process killed outright (SIGKILL) leaves its slot files behind: /dev/shm/l2topo-records-<pid>-*.bin.
 
 Where page-locking is refused the slot still works: the same operations run one by one (a graph cannot copy to
-pageable memory) and the copy is synchronous, which costs the loop the copy's time but loses nothing.
+pageable memory) and the copy is synchronous, which costs the loop the copy's time but loses nothing. That is
+also the case where /dev/shm has no room for a slot (a container's is often 64 MB; each slot's pages are
+allocated when it is made, so a full tmpfs is found then and not by a GPU copy): it goes to the temporary
+directory, a file on disk, which the H200 machine refused to page-lock.
 
 This module imports torch only inside RecordSpool: the worker process reads slots with numpy alone.
 """
@@ -45,6 +48,7 @@ import numpy as np
 
 from ..layout import REC_CAPACITY, REC_CURSOR, REC_HEADER, REC_WORDS, recorder_words
 from ..placement.recording import CtaRecords
+from .perprocess import PerProcess
 
 FLAG_WORD = 0          # slot word 0: the number of the GPU's drain whose copy is complete (1, 2, ...; cleared: -1)
 BUFFER_WORD = 1        # then the recorder's buffer as it was: REC_HEADER header words, then the rows
@@ -98,7 +102,7 @@ def load_records(records: dict) -> dict:
 
 
 def spool_directory() -> Path:
-    """Where slots (and the worker's job files) go: /dev/shm where it is writable, else the temporary directory."""
+    """Where slots go: /dev/shm where it is writable, else the temporary directory."""
     shm = Path("/dev/shm")
     return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
 
@@ -111,13 +115,11 @@ class _Slot:
         import torch
 
         self.capacity, self.device, self.busy = capacity, device, False
-        fd, name = tempfile.mkstemp(prefix=f"l2topo-records-{os.getpid()}-{device}-", suffix=".bin", dir=directory)
-        self.path = name
         # whole pages: cudaHostRegister refused a size that ends inside a page on the H200 machine
         # (benchmarks/diag_host_register.py registers page multiples of every kind of memory there)
         n_bytes = -(-(BUFFER_WORD + recorder_words(capacity)) * 8 // mmap.PAGESIZE) * mmap.PAGESIZE
+        fd, self.path = _backed_file(directory, f"l2topo-records-{os.getpid()}-{device}-", n_bytes)
         try:
-            os.ftruncate(fd, n_bytes)
             self._mm = mmap.mmap(fd, n_bytes)
         finally:
             os.close(fd)
@@ -161,6 +163,30 @@ class _Slot:
         Path(self.path).unlink(missing_ok=True)
 
 
+def _backed_file(directory: Path, prefix: str, n_bytes: int) -> tuple:
+    """(fd, path) of a new file of n_bytes whose blocks are allocated: in `directory`, else in the temporary
+    directory, warned once. Allocated up front because a container's /dev/shm is often 64 MB, and a copy into a
+    page that a full tmpfs cannot back kills the process (SIGBUS) instead of failing."""
+    for where in (Path(directory), Path(tempfile.gettempdir())):
+        fd, name = tempfile.mkstemp(prefix=prefix, suffix=".bin", dir=where)
+        try:
+            os.ftruncate(fd, n_bytes)
+            if hasattr(os, "posix_fallocate"):  # Linux; elsewhere the size alone
+                os.posix_fallocate(fd, 0, n_bytes)
+            return fd, name
+        except OSError as exc:
+            os.close(fd)
+            os.unlink(name)
+            if where == Path(tempfile.gettempdir()):
+                raise
+            if not _room_warned:
+                _room_warned.append(str(exc))
+                warnings.warn(f"no room in {where} for a record slot of {n_bytes / 2**20:.1f} MiB ({exc}): slots go "
+                              f"to {tempfile.gettempdir()}, where the GPU copies into them synchronously",
+                              stacklevel=5)
+
+
+_room_warned = []
 _register_warned = []
 
 
@@ -299,17 +325,14 @@ class RecordSpool:
             self._by_path.clear()
 
 
-_shared: list = []
+_shared = PerProcess(RecordSpool)
 
 
 def shared_spool() -> RecordSpool:
-    """The process's spool, made on first use (module docstring)."""
-    if not _shared:
-        _shared.append(RecordSpool())
-    return _shared[0]
+    """The process's spool, made on first use (module docstring; perprocess.py)."""
+    return _shared.get()
 
 
 def close_shared_spool() -> None:
-    """Delete the process's slots (session.py calls it at exit, once every handler has waited for its traces)."""
-    while _shared:
-        _shared.pop().close()
+    """Delete the process's slots (session.py calls it at exit, once the worker has written every trace)."""
+    _shared.close()

@@ -11,8 +11,8 @@ It runs at the lowest priority from its first instruction on: the parent sets ni
 soon as it exists, so that it only takes CPU time nobody else wants. On the H200 machine (16 vCPUs) a worker
 that still ran at nice 0 while importing, next to the 15 BLAS threads a calibration's analysis leaves spinning
 in the parent, took the CPU of the training loop: every wake-up cost the loop a scheduler tick, ~5 ms
-(benchmarks/results/diagnosis/, issue 17). A busy idle-class child costs the parent's own work nothing measurable
-there (diag_signal_cost.py).
+(benchmarks/results/diagnosis/profiler_handler_spinning_threads_h200.json). A busy child, at either priority,
+showed no consistent effect on the parent's own work there (benchmarks/diag_signal_cost.py).
 
 Protocol: the worker writes READY on stdout once its imports are done. The parent hands it a job only then, as
 a length-prefixed pickle on its stdin, and never more than IN_PIPE unanswered at a time; the worker answers each
@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Callable
 
 from .cycle import CycleJob, run
+from .perprocess import PerProcess
 
 RESULT = b"l2topo-cycle-done "
 READY = b"l2topo-worker-ready"
@@ -233,20 +234,17 @@ def _run_idle(pid: int) -> None:
         pass
 
 
-_shared: list = []
+_shared = PerProcess(Worker)
 
 
 def shared_worker() -> Worker:
-    """The process's worker (module docstring), made on first use."""
-    if not _shared:
-        _shared.append(Worker())
-    return _shared[0]
+    """The process's worker (module docstring; perprocess.py), made on first use."""
+    return _shared.get()
 
 
 def close_shared_worker() -> None:
     """Finish every job of the process's worker and end it (session.py calls it at exit)."""
-    while _shared:
-        _shared.pop().close()
+    _shared.close()
 
 
 def main() -> None:

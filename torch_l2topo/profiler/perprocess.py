@@ -1,0 +1,28 @@
+"""One object per process for the profiler's process-wide resources (the record spool, the trace worker), made on
+first use. A process forked from ours (a data loader's worker, say) inherits the parent's objects but gets its own
+on first use, and closing at exit closes only its own: never the parent's slots, nor the parent's worker (whose
+answers it would otherwise read from the shared pipe)."""
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+
+class PerProcess:
+    """get(): this process's object, made by make() on first use; close(): close it (if made) and forget it."""
+
+    def __init__(self, make: Callable):
+        self._make = make
+        self._objects: dict = {}  # pid -> object
+
+    def get(self):
+        pid = os.getpid()
+        obj = self._objects.get(pid)
+        if obj is None:
+            obj = self._objects[pid] = self._make()
+        return obj
+
+    def close(self) -> None:
+        obj = self._objects.pop(os.getpid(), None)
+        if obj is not None:
+            obj.close()
