@@ -63,8 +63,9 @@ class TraceHandler:
     topology, include_ids: module docstring and SmMap. record: switch CTA recording on while torch.profiler
     collects. background: hand each cycle's enrichment and writing to the process's worker (worker.py), and
     its records to it through shared memory (spool.py), so the training loop waits only for the profiler's
-    export and a few asynchronous copies; at most max_pending cycles in flight; call wait() (or close())
-    before reading the traces. written: the paths written so far.
+    export and a few asynchronous copies; at most max_pending cycles in flight (in the process's worker, every
+    background handler's together); call wait() (or close()) before reading the traces. written: the paths
+    written so far.
     """
 
     def __init__(self, path_or_dir, *, topology="cached", include_ids: bool = False, record: bool = True,
