@@ -13,7 +13,7 @@
    torch_l2topo.profile(background=False) (enriched inline); the variants rotate order between rounds, after
    one untimed block of each (compilation, first exports, the worker's imports, the spool's slots). The
    target (<= 2% more than plain) is on the profiled steps: the loop's wall time per cycle, every step and the
-   trace handler included (loop_overhead, and paired per round). Also: the block's end alone (it waits for
+   trace handler included (loop_overhead, and paired per round; each round's value is kept). Also: the block's end alone (it waits for
    the worker to write the traces still in flight) and per cycle with it, every cycle after a block's first,
    the GPU time of the active steps (the recorder's device-side cost), the enrichment's own time per trace,
    the time the loop spends in the on_trace_ready handler (plain: its export; ours: drain, export, hand-off
@@ -222,6 +222,9 @@ def overhead(dev, reps: int, work: Path, cycles: int, step, which: str) -> tuple
     figures = {"model": which, "active_steps": ACTIVE, "cycles_per_block": cycles,
                "cycle_wall_s": {k: quantiles(v) for k, v in per_cycle.items()},
                "loop_s_per_cycle": {k: quantiles(v) for k, v in loop.items()},
+               # every round's value, in round order (variants rotate; round r runs names[r % 3:] first): a machine
+               # whose rounds fall into modes shows here what quantiles hide
+               "loop_s_per_cycle_by_round": loop,
                "exit_s": {k: quantiles(v) for k, v in exit_s.items()},
                "later_cycle_s": {k: quantiles(v) for k, v in later.items()},
                "later_cycle_overhead": {k: float(np.median(later[k]) / np.median(later["plain"]) - 1)
