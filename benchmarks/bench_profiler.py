@@ -13,11 +13,12 @@
    torch_l2topo.profile(background=False) (enriched inline); the variants rotate order between rounds, after
    one untimed block of each (compilation, first exports, the worker's imports, the spool's slots). The
    target (<= 2% more than plain) is on the profiled steps: the loop's wall time per cycle, every step and the
-   trace handler included (loop_overhead, and paired per round; each round's value is kept). Also: the block's end alone (it waits for
-   the worker to write the traces still in flight) and per cycle with it, every cycle after a block's first,
-   the GPU time of the active steps (the recorder's device-side cost), the enrichment's own time per trace,
-   the time the loop spends in the on_trace_ready handler (plain: its export; ours: drain, export, hand-off
-   or inline enrichment), and a floor: writing the enriched trace's bytes alone. The profile() variants
+   trace handler included (loop_overhead, and paired per round; each round's value is kept). Also: the
+   block's end alone (it waits for the worker to write the traces still in flight) and per cycle with it,
+   every cycle after a block's first, the GPU time of the active steps (the recorder's device-side cost), the
+   enrichment's own time per trace, the time the loop spends in the on_trace_ready handler (plain: its
+   export; ours: drain, export, hand-off or inline enrichment), and a floor: writing the enriched trace's
+   bytes alone. The profile() variants
    record up to CAPACITY CTAs per cycle, so no CTA of the active steps is dropped. --heavy-ms repeats it with
    a larger step (the same instrumented op plus matmuls), where a cycle outlasts the enrichment.
 3. Coverage: in the last enriched trace, every CTA of every instrumented launch appears once, on an SM of
