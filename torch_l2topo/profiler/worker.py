@@ -187,8 +187,8 @@ class Worker:
             self._waiting.appendleft(entry)
 
     def _lost(self) -> None:
-        """The worker exited: warn once; the jobs it held run here (or in its successor), except those it wrote
-        (run() removes the export last, once the trace is written)."""
+        """The worker exited: warn (Python shows a warning once per place); the jobs it held run here (or in its
+        successor), except those it wrote (run() removes the export last, once the trace is written)."""
         warnings.warn("torch_l2topo's trace worker exited; its remaining traces are enriched in this process",
                       stacklevel=4)
         for entry in reversed(self._handed):
