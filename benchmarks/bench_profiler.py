@@ -10,7 +10,8 @@
    (wait 1, warmup 1, ACTIVE active steps each) in one profiler block under each of: torch.profiler.profile
    exporting its trace (what a user runs instead), torch_l2topo.profile (recording CTAs, each cycle's trace
    enriched and written by the background worker, its records handed over in shared memory: the default) and
-   torch_l2topo.profile(background=False) (enriched inline); the variants rotate order between rounds, after
+   torch_l2topo.profile(background=False) (enriched inline; in the first --inline-reps rounds only); the
+   variants rotate order between rounds, after
    one untimed block of each (compilation, first exports, the worker's imports, the spool's slots). The
    target (<= 2% more than plain) is on the profiled steps: the loop's wall time per cycle, every step and the
    trace handler included (loop_overhead, and paired per round; each round's value is kept). Also: the
@@ -21,6 +22,12 @@
    bytes alone. The profile() variants
    record up to CAPACITY CTAs per cycle, so no CTA of the active steps is dropped. --heavy-ms repeats it with
    a larger step (the same instrumented op plus matmuls), where a cycle outlasts the enrichment.
+   Adjacent cycles (--adjacent-blocks): the same target read cycle by cycle, which the machine's drift does not
+   blur (the H200 machine's loop speed wanders by +-25% from one second to the next, so blocks timed one after
+   another resolve a 2% difference only over hundreds of rounds): torch_l2topo.profile blocks of 100 cycles in
+   which every other cycle is plain (no recording; its handler only exports to disk), each of our cycles against
+   the mean of the plain cycles on either side (benchmarks/diag_profiler_components.py, part 1; that script also
+   measured what the worker's concurrent work costs a plain cycle: nothing resolvable).
 3. Coverage: in the last enriched trace, every CTA of every instrumented launch appears once, on an SM of
    the GPU, inside its kernel's event (max misalignment in ns; %globaltimer ticks every 32 ns on Hopper).
 4. HolisticTraceAnalysis (where importable: carry its wheels, docs/profiler.md): the kernel breakdown of
@@ -53,6 +60,7 @@ ROWS, DIM, GRID = 65_536, 64, 528
 ACTIVE = 5
 CAPACITY = 1 << 17  # records per cycle: 5 active steps of the example's 16,384-CTA gather fit
 ROOT = Path(__file__).resolve().parents[1]
+ADJACENT_CYCLES = 100  # per block of the adjacent-cycle comparison
 
 
 def compiled_out(dev, reps: int) -> dict:
@@ -102,16 +110,16 @@ def model_step(dev):
     return step, "demo model (row_sums + nn.Linear): placement contract v2 not merged, no @sm_aware gather yet"
 
 
-def _loop(step, make_profiler, cycles: int, gpu_ms: list, later_cycles: list) -> tuple:
+def _loop(step, make_profiler, cycles: int, gpu_ms: list, later_cycles: list, loop_cpu: list | None = None) -> tuple:
     """(loop seconds, exit seconds) of `cycles` profiled cycles in one profiler block (each: wait 1, warmup 1,
     ACTIVE active steps, then its trace handler); the loop ends after the last step, the exit is the block's
     end (for torch_l2topo.profile: waiting for the traces still in the worker). Appends each cycle's active
-    steps' CUDA-event ms to gpu_ms, and the wall seconds of every cycle after the first (the steady state of
-    a long run: the worker has started) to later_cycles."""
+    steps' CUDA-event ms to gpu_ms, the wall seconds of every cycle after the first (the steady state of a long
+    run: the worker has started) to later_cycles, and the loop's main-thread CPU seconds to loop_cpu."""
     sched = torch.profiler.schedule(wait=1, warmup=1, active=ACTIVE, repeat=cycles)
     events, starts = [], []
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.thread_time()
     with make_profiler(sched) as prof:
         for c in range(cycles):
             starts.append(time.perf_counter())
@@ -124,11 +132,13 @@ def _loop(step, make_profiler, cycles: int, gpu_ms: list, later_cycles: list) ->
                     events.append(torch.cuda.Event(enable_timing=True))
                     events[-1].record()
                 prof.step()
-        t_loop = time.perf_counter()
+        t_loop, c_loop = time.perf_counter(), time.thread_time()
     t_exit = time.perf_counter()
     torch.cuda.synchronize()
     gpu_ms += [a.elapsed_time(b) for a, b in zip(events[::2], events[1::2])]
     later_cycles += np.diff(starts[1:] + [t_loop]).tolist()
+    if loop_cpu is not None:
+        loop_cpu.append(c_loop - c0)
     return t_loop - t0, t_exit - t_loop
 
 
@@ -154,11 +164,11 @@ def heavy_step(step, dev, extra_ms: float):
     return step2
 
 
-def overhead(dev, reps: int, work: Path, cycles: int, step, which: str) -> tuple:
+def overhead(dev, reps: int, work: Path, cycles: int, step, which: str, inline_reps: int) -> tuple:
     """Per-cycle wall time of `cycles` cycles in one block, under torch.profiler.profile exporting its trace
     (what a user runs instead), torch_l2topo.profile (background worker, the default) and
-    torch_l2topo.profile(background=False); rounds in rotating order. Also the enrichment's own time per
-    trace (cycle.run, timed inline)."""
+    torch_l2topo.profile(background=False) (in the first inline_reps rounds only: its blocks take seconds);
+    rounds in rotating order. Also the enrichment's own time per trace (cycle.run, timed inline)."""
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     post = []
     original = session.run
@@ -208,9 +218,9 @@ def overhead(dev, reps: int, work: Path, cycles: int, step, which: str) -> tuple
             post.clear()
             for v in handler_s.values():
                 v.clear()
-            names = list(variants)
             for r in range(reps):
-                for name in names[r % 3:] + names[:r % 3]:
+                names = [n for n in variants if n != "inline" or r < inline_reps]  # inline: its first rounds only
+                for name in names[r % len(names):] + names[:r % len(names)]:
                     a, b = _loop(step, variants[name], cycles, gpu[name], later[name])
                     loop[name].append(a / cycles)
                     exit_s[name].append(b)
@@ -223,8 +233,8 @@ def overhead(dev, reps: int, work: Path, cycles: int, step, which: str) -> tuple
     figures = {"model": which, "active_steps": ACTIVE, "cycles_per_block": cycles,
                "cycle_wall_s": {k: quantiles(v) for k, v in per_cycle.items()},
                "loop_s_per_cycle": {k: quantiles(v) for k, v in loop.items()},
-               # every round's value, in round order (variants rotate; round r runs names[r % 3:] first): a machine
-               # whose rounds fall into modes shows here what quantiles hide
+               # every round's value, in round order (variants rotate: round r starts with its r % n-th variant): a
+               # machine whose rounds fall into modes shows here what quantiles hide
                "loop_s_per_cycle_by_round": loop,
                "exit_s": {k: quantiles(v) for k, v in exit_s.items()},
                "later_cycle_s": {k: quantiles(v) for k, v in later.items()},
@@ -234,6 +244,7 @@ def overhead(dev, reps: int, work: Path, cycles: int, step, which: str) -> tuple
                "post_processing_s": quantiles(post),
                "handler_s": {k: quantiles(v) for k, v in handler_s.items()},
                "loop_overhead": {k: loop_med[k] / loop_med["plain"] - 1 for k in ("background", "inline")},
+               "loop_overhead_ci90": bootstrap_ci90(loop["background"], loop["plain"]),
                "loop_ratio_paired": {k: quantiles(v) for k, v in paired.items()},
                "cycle_overhead": {k: med[k] / med["plain"] - 1 for k in ("background", "inline")},
                "active_gpu_overhead": float(np.median(gpu["background"]) / np.median(gpu["plain"]) - 1),
@@ -246,6 +257,18 @@ def overhead(dev, reps: int, work: Path, cycles: int, step, which: str) -> tuple
     last = sorted((work / "bg").glob("*.json"), key=lambda p: p.stat().st_mtime)[-1]
     figures["bound"] = write_bound(last, work, med["plain"])
     return figures, last
+
+
+def bootstrap_ci90(ours: list, plain: list, resamples: int = 2000) -> dict:
+    """90% bootstrap intervals (rounds resampled with replacement, seeded) of the loop overhead two ways: the ratio
+    of medians minus 1, and the median of the per-round ratios minus 1 (rounds paired as they ran)."""
+    a, b = np.asarray(ours), np.asarray(plain[:len(ours)])
+    rng = np.random.default_rng(0)
+    picks = rng.integers(0, len(a), size=(resamples, len(a)))
+    of_medians = np.median(a[picks], axis=1) / np.median(b[picks], axis=1) - 1
+    paired = np.median(a[picks] / b[picks], axis=1) - 1
+    return {k: [float(np.percentile(v, 5)), float(np.percentile(v, 95))]
+            for k, v in (("ratio_of_medians", of_medians), ("paired", paired))}
 
 
 def write_bound(trace_path: Path, work: Path, plain_cycle_s: float) -> dict:
@@ -318,6 +341,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--heavy-ms", type=float, default=100.0,
                         help="also time a larger step: the model plus this many ms of matmuls (0: skip)")
     parser.add_argument("--heavy-reps", type=int, default=4, help="rounds of the larger step")
+    parser.add_argument("--adjacent-blocks", type=int, default=6,
+                        help=f"blocks of {ADJACENT_CYCLES} cycles, ours and plain by turns (0: skip)")
+    parser.add_argument("--inline-reps", type=int, default=4,
+                        help="rounds that also time the inline variant (the first ones; each of its blocks takes s)")
     parser.add_argument("--keep-trace", default=None, help="directory to keep the last enriched trace in (gzipped)")
     args = parser.parse_args(argv)
     dev, topo, ident = calibrated_device(args.device, "profiler")
@@ -326,13 +353,29 @@ def main(argv=None) -> dict:
     figures = {"calibration": ident, "compiled_out": compiled_out(dev, args.reps)}
     print("compiled out:", {k: v for k, v in figures["compiled_out"].items() if k != "ms"}, flush=True)
     step, which = model_step(dev)
-    figures["overhead"], last = overhead(dev, args.reps, work, args.cycles, step, which)
-    print("overhead:", {k: figures["overhead"][k] for k in ("model", "loop_overhead", "cycle_overhead",
-                                                            "post_processing_s", "meets_target")}, flush=True)
+    figures["overhead"], last = overhead(dev, args.reps, work, args.cycles, step, which, args.inline_reps)
+    print("overhead:", {k: figures["overhead"][k] for k in ("model", "loop_overhead", "loop_overhead_ci90",
+                                                            "cycle_overhead", "post_processing_s", "meets_target")},
+          flush=True)
+    if args.adjacent_blocks > 0:
+        from diag_profiler_components import ours_against_plain  # here: that module imports this one
+
+        with torch.no_grad():
+            adjacent = ours_against_plain(step, dev, work / "adjacent", args.adjacent_blocks, ADJACENT_CYCLES,
+                                          ("ours",))
+        figures["overhead_adjacent_cycles"] = {
+            "what": "torch_l2topo.profile cycles against the plain cycles on either side of each, in the same "
+                    "blocks (benchmarks/diag_profiler_components.py, part 1): the loop's drift cancels",
+            "cycles_per_block": ADJACENT_CYCLES, "blocks": args.adjacent_blocks, **adjacent["ours"],
+            "exit_s": adjacent["exit_s"], "target_overhead": 0.02}
+        figures["overhead_adjacent_cycles"]["meets_target"] = \
+            figures["overhead_adjacent_cycles"]["diff_over_b_median"] <= 0.02
+        print("overhead, adjacent cycles:", figures["overhead_adjacent_cycles"]["diff_over_b_median"],
+              figures["overhead_adjacent_cycles"]["diff_us"], flush=True)
     if args.heavy_ms > 0:
         figures["overhead_larger_step"], _ = overhead(
             dev, args.heavy_reps, work / "heavy", args.cycles, heavy_step(step, dev, args.heavy_ms),
-            f"{which} + about {args.heavy_ms:g} ms of 8192^2 bf16 matmuls per step")
+            f"{which} + about {args.heavy_ms:g} ms of 8192^2 bf16 matmuls per step", args.inline_reps)
         print("overhead, larger step:", {k: figures["overhead_larger_step"][k] for k in (
             "loop_overhead", "cycle_overhead", "meets_target")}, flush=True)
     figures["coverage"] = coverage(last, topo.n_sm)

@@ -2,7 +2,8 @@
 torch.profiler, on the example model (the issue-17 overhead figure's diagnosis).
 
 Runs blocks of CYCLES cycles (wait 1, warmup 1, 5 active steps) of examples/profile_model.py under plain
-torch.profiler and torch_l2topo.profile (background worker; inline; background without recording), in rotating
+torch.profiler and torch_l2topo.profile (background worker; the same with the profiler's export written beside the
+traces instead of in shared memory; inline; background without recording), in rotating
 order, and times with wrappers: every step's model call and prof.step() separately (also by the
 step's place in its cycle, @0 the wait step .. @6 the last active step, whose prof.step() runs the trace
 handler), the profiler's phases (prepare, start and stop of a trace: torch's and ours around them), the
@@ -99,6 +100,51 @@ def thread_cpu_used(before: dict, after: dict, into: dict) -> None:
         into[key] = into.get(key, 0) + ticks - before.get(tid, (name, 0))[1]
 
 
+def launch_costs(dev, n: int) -> dict:
+    """Host microseconds (quantiles of n calls) of the loop's own CUDA calls, alone: a recorder's reset (one
+    zero_ launch), a spool drain (one graph replay and its bookkeeping) and a one-word torch fill for
+    comparison, with no profiler and inside torch.profiler's warmup and active steps (CUPTI on)."""
+    rec = recording.recorder(dev.index)
+    spooled = spool.shared_spool()
+    word = torch.zeros(1, dtype=torch.int64, device=dev)
+    calls = {"reset": rec.reset, "fill": lambda: word.fill_(3),
+             "spool_drain": lambda: spooled.release(spooled.drain(rec))}
+    out = {}
+
+    def timed(where: str) -> None:
+        for name, call in calls.items():
+            call()
+            t = []
+            for _ in range(n):
+                a = time.perf_counter()
+                call()
+                t.append(time.perf_counter() - a)
+            torch.cuda.synchronize()
+            out[f"{name}@{where}"] = quantiles(np.asarray(t) * 1e6)
+
+    timed("no_profiler")
+    sched = torch.profiler.schedule(wait=0, warmup=1, active=1, repeat=1)
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts, schedule=sched) as prof:
+        timed("profiler_warmup")
+        prof.step()
+        timed("profiler_active")
+        prof.step()
+    return out
+
+
+def cpu_topology() -> dict:
+    """The CPUs this process may run on and which of them share a core (Linux sysfs; empty elsewhere)."""
+    siblings = set()
+    for path in Path("/sys/devices/system/cpu").glob("cpu[0-9]*/topology/thread_siblings_list"):
+        try:
+            siblings.add(path.read_text().strip())
+        except OSError:
+            continue
+    return {"affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+            "thread_siblings": sorted(siblings)}
+
+
 def process_context(cpu_ticks: dict) -> dict:
     """The process's threads (Python's by name; the OS threads that used CPU in each variant's timed blocks),
     its SIGCHLD handler and the GIL switch interval."""
@@ -106,7 +152,7 @@ def process_context(cpu_ticks: dict) -> dict:
             "os_thread_cpu_ticks": {v: {k: n for k, n in sorted(t.items(), key=lambda kv: -kv[1]) if n > 0}
                                     for v, t in cpu_ticks.items()},
             "clock_ticks_per_s": os.sysconf("SC_CLK_TCK"), "sigchld_handler": repr(signal.getsignal(signal.SIGCHLD)),
-            "switch_interval_s": sys.getswitchinterval()}
+            "switch_interval_s": sys.getswitchinterval(), "cpus": cpu_topology()}
 
 
 def main(argv=None) -> dict:
@@ -135,8 +181,13 @@ def main(argv=None) -> dict:
         return lambda sched: session.profile(work / "ours", activities=acts, schedule=sched, devices=[dev.index],
                                              capacity=CAPACITY, **options)
 
-    variants = {"plain": plain, "background": ours(), "inline": ours(background=False),
-                "background_no_record": ours(record=False)}
+    def export_beside(sched):  # the export written beside the traces, not in shared memory (before 2026-12-02)
+        prof = ours()(sched)
+        prof.handler._export_dir = None
+        return prof
+
+    variants = {"plain": plain, "background": ours(), "background_export_beside": export_beside,
+                "inline": ours(background=False), "background_no_record": ours(record=False)}
 
     class Proxy(dict):  # the wrappers append to whichever variant runs now
         def __getitem__(self, key):
@@ -152,7 +203,11 @@ def main(argv=None) -> dict:
              (spool.RecordSpool, "drain_all"), (spool.RecordSpool, "reserve"), (worker.Worker, "submit"),
              (worker.Worker, "harvest"), (worker.Worker, "_hand_over"), (worker.Worker, "_progress"),
              (torch.profiler.profile, "export_chrome_trace"),
-             (recording, "start_recording"), (recording, "reset_all"), (tempfile, "mkstemp"), (pickle, "dump")]
+             (recording, "start_recording"), (recording, "reset_all"), (tempfile, "mkstemp"), (pickle, "dump"),
+             # inside the parts above: where the drain, the reset and the handler's own lines spend their time
+             (spool._Slot, "drain"), (spool.RecordSpool, "_take"), (torch.cuda.CUDAGraph, "replay"),
+             (recording.CtaRecorder, "reset"), (session.TraceHandler, "_path_of"), (session.TraceHandler, "_done"),
+             (worker.Worker, "_read"), (worker.Worker, "_report")]
     originals += [(owner, name, _timed(owner, name, proxy)) for owner, name in parts]
     try:
         with torch.no_grad():
@@ -171,6 +226,7 @@ def main(argv=None) -> dict:
         for owner, name, original in originals:
             setattr(owner, name, original)
     context = process_context(cpu_ticks)
+    context["launch_costs_us"] = launch_costs(dev, args.reps * 100)
     print("threads:", context, flush=True)
     n_cycles = args.reps * args.cycles
     figures = {"model": which, "cycles": n_cycles, "process": context,

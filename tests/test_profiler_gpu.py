@@ -133,6 +133,7 @@ def _check_trace(path, launches_per_cycle, grid):
     meta = trace["l2topo"]["devices"]["0"]
     a = meta["alignment"]["recorder"]
     assert a["matched"] == launches_per_cycle * grid and a["launches"] == launches_per_cycle
+    assert a["records"] == a["matched"]  # nothing from outside the cycle's active steps (a warmup, a replay)
     assert a["outside"] == 0 and a["max_misalignment_ns"] <= TICK_NS
     ls = [launch for launch in launches(trace) if launch["kernel"] == KERNEL_NAME]
     assert len(ls) == launches_per_cycle
@@ -159,6 +160,7 @@ def test_profile_two_cycles_every_cta_inside_its_kernel(tmp_path, graph):
         row_sums(x, grid=GRID, out=out)
         x @ w
 
+    recording.recorder(0).in_graphs = False  # no graph of an earlier test replays here
     if graph:
         with recording.recording(devices=[0]):  # captured while recording: replays record
             step()  # compiles the recording variant outside the capture
@@ -167,17 +169,49 @@ def test_profile_two_cycles_every_cta_inside_its_kernel(tmp_path, graph):
             with torch.cuda.graph(g):
                 step()
         step = g.replay
-    sched = torch.profiler.schedule(wait=1, warmup=1, active=2, repeat=2)
+    sched = torch.profiler.schedule(wait=1, warmup=1, active=2, repeat=3)
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    with torch_l2topo.profile(tmp_path, schedule=sched, activities=acts) as prof:
-        for _ in range(8):
-            step()
-            prof.step()
-    assert len(prof.written) == 2
+    resets = []
+    reset = recording.CtaRecorder.reset
+
+    def counted(self):
+        resets.append(self.device_index)
+        reset(self)
+
+    recording.CtaRecorder.reset = counted
+    try:
+        with torch_l2topo.profile(tmp_path, schedule=sched, activities=acts) as prof:
+            for _ in range(12):
+                step()
+                prof.step()
+    finally:
+        recording.CtaRecorder.reset = reset
+    # a recorder is reset when a cycle starts only if something recorded since its last drain: the first
+    # cycle's warmup (later warmups do not record), or, when a graph was captured with it, every cycle
+    assert len(resets) == (3 if graph else 1)
+    assert len(prof.written) == 3
     for path in prof.written:
         trace = _check_trace(path, launches_per_cycle=2, grid=GRID)
         assert trace["l2topo"]["devices"]["0"]["calibration"]["device"]["sm_count"] == _n_sm()
     torch.testing.assert_close(out, x.sum(dim=1), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("wait", [0, 1], ids=["back-to-back", "one-wait-step"])
+def test_each_cycle_keeps_its_own_records_when_the_drain_is_deferred(tmp_path, wait):
+    """profile() launches each cycle's drain after its handler: after the next step (a wait step here), or, with
+    cycles back to back (no wait, no warmup), when the next cycle starts; either way before the next cycle's first
+    record. Each trace holds exactly its own cycle's launches, and every trace of the block is written."""
+    x = torch.randn(ROWS, DIM, device="cuda")
+    recording.recorder(0).in_graphs = False  # no graph of an earlier test replays here
+    sched = torch.profiler.schedule(wait=wait, warmup=0, active=2, repeat=3)
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch_l2topo.profile(tmp_path, schedule=sched, activities=acts) as prof:
+        for _ in range(3 * (wait + 2)):
+            row_sums(x, grid=GRID)
+            prof.step()
+    assert prof.handler.defer_drain and len(prof.written) == 3
+    for path in prof.written:
+        _check_trace(path, launches_per_cycle=2, grid=GRID)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")

@@ -124,3 +124,21 @@ def test_register_checks_classes_and_keeps_tags_stable():
         tags.register("c", np.array([0, 3]))
     with pytest.raises(ValueError):
         tags.register("")
+
+
+def test_a_snapshot_is_copied_once_per_change():
+    """What each profiling cycle's job carries: the same copies while nothing registers, new ones after a new name
+    or new class counts, never the live dicts."""
+    tags = recording.KernelTags()
+    tags.register("a")
+    first = tags.snapshot()
+    assert first == ({0: "a"}, {}) and tags.snapshot()[0] is first[0]
+    tags.register("a")  # nothing new
+    assert tags.snapshot()[0] is first[0]
+    tags.register("a", np.array([0, 0, 1]))
+    names, classes = tags.snapshot()
+    assert classes == {0: [2, 1, 0]} and first[1] == {} and classes is not tags.class_counts
+    tags.register("a", np.array([0, 0, 1]))  # the same counts again
+    assert tags.snapshot()[1] is classes
+    tags.register("b")
+    assert tags.snapshot()[0] == {0: "a", 1: "b"} and names == {0: "a"}

@@ -2,7 +2,10 @@
 (named by cycle), a failed enrichment still leaves the profiler's own trace, Proton merges into a written
 trace without losing its CTAs, and trace-summary and the timeline figure read an enriched trace back."""
 import copy
+import glob
 import json
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -65,7 +68,52 @@ def test_a_failed_enrichment_still_writes_the_profilers_trace(tmp_path, monkeypa
             _steps(prof, 1)
     trace = load_trace(tmp_path / "t.json")
     assert "l2topo" not in trace and any(ev.get("ph") == "X" for ev in trace["traceEvents"])
-    assert not list(tmp_path.glob(".l2topo-*"))  # no export or job file left behind
+    assert not list(tmp_path.glob(".l2topo-*"))  # no export left behind, here or in shared memory
+    assert not glob.glob(f"/dev/shm/l2topo-export-{os.getpid()}-*")
+
+
+def test_exports_go_to_shared_memory_only_while_it_has_room(tmp_path, monkeypatch):
+    """The loop's export goes to tmpfs when it has room for a margin over the largest export, else beside the
+    trace; the enriched trace lands where it was asked for either way."""
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    handler = session.TraceHandler(tmp_path / "traces", topology=None, record=False)
+    handler._export_dir = str(shm)
+    free = {"bytes": 10 << 30}
+
+    class Stat:  # statvfs of a tmpfs with free["bytes"] available
+        f_frsize = 1
+
+        @property
+        def f_bavail(self):
+            return free["bytes"]
+
+    monkeypatch.setattr(session.os, "statvfs", lambda path: Stat())
+    seen, text = [], json.dumps(cpu_trace(tmp_path))
+
+    class Prof:
+        def export_chrome_trace(self, path):
+            seen.append(path)
+            Path(path).write_text(text)
+
+    handler(Prof())
+    assert Path(seen[0]).parent == shm and handler._largest_export > 0
+    free["bytes"] = session.EXPORT_ROOM_MIN - 1  # below the floor
+    handler(Prof())
+    assert Path(seen[1]).parent == tmp_path / "traces"
+    monkeypatch.setattr(session, "EXPORT_ROOM_MIN", 1)  # the margin over the largest export decides
+    free["bytes"] = session.EXPORT_ROOM_FACTOR * handler._largest_export - 1
+    handler(Prof())
+    assert Path(seen[2]).parent == tmp_path / "traces"
+    free["bytes"] = session.EXPORT_ROOM_FACTOR * handler._largest_export
+    handler(Prof())
+    assert Path(seen[3]).parent == shm
+    handler._export_dir = None  # no shared memory on this machine
+    handler(Prof())
+    assert Path(seen[4]).parent == tmp_path / "traces"
+    assert [p.name.split(".")[1] for p in handler.written] == ["0", "1", "2", "3", "4"]
+    assert all("l2topo" in load_trace(p) for p in handler.written)
+    assert not any(Path(p).exists() for p in seen)  # every export removed once its trace is written
 
 
 def test_the_lazy_names_are_the_exported_ones():

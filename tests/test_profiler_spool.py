@@ -187,9 +187,9 @@ def test_the_handler_releases_a_traces_slots_once_it_is_written(tmp_path, unpinn
     monkeypatch.setattr(session, "shared_spool", lambda: sp)
     handler = session.TraceHandler(tmp_path / "t.json", topology=None, record=False)
     spooled, _ = _spooled(sp, _records(10), seq=1)
-    handler._spooled[tmp_path / "t.json"] = [spooled]
+    handler._spooled[str(tmp_path / "t.json")] = [spooled]  # the handler keys its traces by path string
     assert sp.busy() == 1
-    handler._done(tmp_path / "t.json", None)
+    handler._done(str(tmp_path / "t.json"), None)
     assert sp.busy() == 0 and handler.written == [tmp_path / "t.json"]
     sp.close()
 
@@ -239,3 +239,95 @@ def test_a_slot_that_shared_memory_has_no_room_for_goes_to_the_temporary_directo
     assert allocated[1] == Path(slot.path).stat().st_size >= (1 + 1000 * REC_WORDS) * 8
     sp.close()
     assert not Path(slot.path).exists()
+
+
+class _FakeRecorder:
+    """What RecordSpool.drain reads of a CtaRecorder, on the CPU."""
+
+    def __init__(self, device=0, capacity=10, in_graphs=False):
+        import torch
+
+        from torch_l2topo.placement.recording import KernelTags
+
+        self.device_index, self.capacity, self.in_graphs = device, capacity, in_graphs
+        self.buffer = torch.zeros(4, dtype=torch.int64)
+        self.tags = KernelTags()
+        self.tags.register(f"kernel{device}")
+        self.dirty, self.before_record = True, None
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """RecordSpool's drain launches, recorded instead of run (no GPU here): (slot, recorder) in launch order; each
+    lands the records it was given in the slot, numbered as the GPU's counter would (one per launch per device)."""
+    done, counts = [], {}
+
+    def launch(slot, recorder, counter):
+        counts[recorder.device_index] = counts.get(recorder.device_index, 0) + 1
+        _land(slot, _records(3), counts[recorder.device_index])
+        recorder.dirty = recorder.in_graphs
+        done.append((slot, recorder))
+
+    monkeypatch.setattr(RecordSpool, "_launch", staticmethod(launch))
+    return done
+
+
+def test_a_deferred_drain_launches_on_flush_in_the_order_drains_were_taken(tmp_path, unpinned, launches):
+    """The profiler defers each cycle's drain out of its trace handler: nothing launches until flush (or the
+    recorder's hook), drains launch in the order their numbers were given, and a new drain launches the ones
+    before it first, so every slot's flag gets the number its job waits for."""
+    sp = RecordSpool(tmp_path)
+    a, b = _FakeRecorder(0), _FakeRecorder(1)
+    first = sp.drain(a, defer=True)
+    assert launches == [] and a.before_record is not None and a.dirty  # its records are still on the GPU
+    second = sp.drain(a, defer=True)  # a second cycle before any flush: the first launches now
+    assert [r for _, r in launches] == [a] and (first.seq, second.seq) == (1, 2)
+    other = sp.drain(b, defer=True)
+    assert [r for _, r in launches] == [a, a]
+    sp.flush()
+    assert [r for _, r in launches] == [a, a, b] and other.seq == 1 and a.before_record is None
+    assert not a.dirty and [len(s.load(timeout_s=1)) for s in (first, second, other)] == [3, 3, 3]
+    sp.flush()  # nothing pending: nothing launches
+    assert len(launches) == 3
+    sp.close()
+
+
+def test_a_deferred_drain_launches_before_the_recorder_is_used_or_read(tmp_path, unpinned, launches):
+    sp = RecordSpool(tmp_path)
+    rec = _FakeRecorder()
+    sp.drain(rec, defer=True)
+    rec.before_record()  # what CtaRecorder.settle calls before a launch, reset or drain
+    assert len(launches) == 1 and not sp._pending
+    spooled = sp.drain(rec, defer=True)
+    assert spooled.load(timeout_s=1).tag.size == 3 and len(launches) == 2  # read here: launched first
+    sp.close()
+
+
+def test_a_recorder_that_graphs_hold_is_drained_at_once(tmp_path, unpinned, launches):
+    """A graph captured while recording records whenever it replays, so its recorder's drain cannot wait."""
+    sp = RecordSpool(tmp_path)
+    rec = _FakeRecorder(in_graphs=True)
+    sp.drain(rec, defer=True)
+    assert len(launches) == 1 and rec.before_record is None and not sp._pending
+    sp.close()
+
+
+def test_waiting_for_the_worker_launches_the_deferred_drains_first(tmp_path, unpinned, launches, monkeypatch):
+    """A job in the worker process waits for its slot's flag: the parent launches what it deferred before it
+    waits for the worker (else both would wait until the load times out)."""
+    raw = load_raw(DATA)
+    (device, records), = raw["records"].items()
+    write_trace(raw["trace"], tmp_path / "export.json")
+    sp = RecordSpool(tmp_path / "spool")
+    (tmp_path / "spool").mkdir()
+    monkeypatch.setattr(spool._shared, "existing", lambda: sp)
+    spooled = sp.drain(_FakeRecorder(device, capacity=len(records)), defer=True)
+    done = []
+    worker = ready_worker()
+    worker.submit(CycleJob(tmp_path / "export.json", tmp_path / "t.json", {device: spooled}, raw["smmaps"], {}, ()),
+                  lambda path, problem: done.append(problem))
+    assert not worker._waiting and not launches  # handed over; its drain still deferred
+    worker.drain()
+    assert len(launches) == 1 and done == [None]
+    worker.close()
+    sp.close()

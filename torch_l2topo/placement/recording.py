@@ -175,6 +175,8 @@ class KernelTags:
         self._tags: dict = {}
         self.class_counts: dict = {}
         self._lock = threading.Lock()
+        self._version = 0          # changes with every registration that changes the names or the class counts
+        self._snapshot = (-1, {}, {})
 
     @property
     def names(self) -> dict:
@@ -187,13 +189,29 @@ class KernelTags:
         if not isinstance(name, str) or not name:
             raise ValueError(f"a kernel name must be a non-empty string, got {name!r}")
         with self._lock:
-            tag = self._tags.setdefault(name, len(self._tags))
+            if name not in self._tags:
+                self._tags[name] = len(self._tags)
+                self._version += 1
+            tag = self._tags[name]
         if item_class is not None:
             classes = np.asarray(item_class.detach().cpu() if hasattr(item_class, "detach") else item_class)
             if classes.size and (classes.dtype.kind not in "iu" or not np.isin(classes, (0, 1, 2)).all()):
                 raise ValueError("item_class values must be 0, 1 (home partition) or 2 (unknown)")
-            self.class_counts[tag] = np.bincount(classes.ravel().astype(np.int64), minlength=3).tolist()
+            counts = np.bincount(classes.ravel().astype(np.int64), minlength=3).tolist()
+            with self._lock:
+                if self.class_counts.get(tag) != counts:
+                    self.class_counts[tag] = counts
+                    self._version += 1
         return tag
+
+    def snapshot(self) -> tuple:
+        """(names, class_counts) as they are now: copies made once per change and shared by every caller until
+        the next (the profiler hands them to each cycle's job; do not modify them)."""
+        with self._lock:
+            if self._snapshot[0] != self._version:
+                self._snapshot = (self._version, {t: n for n, t in self._tags.items()},
+                                  {t: list(c) for t, c in self.class_counts.items()})
+            return self._snapshot[1:]
 
 
 class CtaRecorder:
@@ -217,6 +235,16 @@ class CtaRecorder:
         # the record count, a one-word view made once: reset() and the profiler's drain run in the training loop
         self.cursor = self.buffer[REC_CURSOR:REC_CURSOR + 1]
         self.tags = KernelTags()
+        # Whether records may have been written since the last reset or drain: a launch was handed this recorder
+        # (active_recorder) since then, or a CUDA graph captured with it may replay at any time (in_graphs). The
+        # profiler resets a recorder when a cycle starts only if it is dirty: a reset is a launch, ~60 us of a
+        # profiled cycle's host time on the H200 machine. A kernel launched with the buffer of recorder() itself,
+        # not of active_recorder(), is not seen: reset() before profiling then.
+        self.dirty = False
+        self.in_graphs = False
+        # A drain taken but not launched yet (the profiler defers its drain out of the trace handler, where a
+        # CUDA call cost ~0.2 ms on the H200 machine): called, once, before the next launch, reset or drain.
+        self.before_record = None
 
     @property
     def address(self) -> int:
@@ -239,13 +267,25 @@ class CtaRecorder:
         if torch.cuda.is_current_stream_capturing():
             raise PlacementError("the recorder is reset outside CUDA graph capture (a captured reset would run "
                                  "on every replay)")
+        if self.settle():
+            return  # the deferred drain took the records and reset the cursor
         self.cursor.zero_()
+        self.dirty = self.in_graphs
+
+    def settle(self) -> bool:
+        """Launch the deferred drain (before_record) if there is one; whether there was."""
+        hook, self.before_record = self.before_record, None
+        if hook is None:
+            return False
+        hook()
+        return True
 
     def drain(self) -> CtaRecords:
         """The records written since the last reset or drain, then reset. Waits for the GPU's work to finish:
         call it after the step (the profiler calls it once per cycle)."""
         import torch
 
+        self.settle()
         torch.cuda.synchronize(self.device_index)
         header = self.buffer[:REC_HEADER].cpu().numpy()
         n = min(int(header[REC_CURSOR]), self.capacity)
@@ -310,6 +350,14 @@ def active_recorder(device_index: int) -> CtaRecorder | None:
         return None
     rec = _switch.recorders.get(int(device_index))
     if rec is not None:
+        if rec.before_record is not None or not rec.in_graphs:
+            import torch
+
+            capturing = torch.cuda.is_current_stream_capturing()
+            if rec.before_record is not None and not capturing:  # a capture runs nothing: it can wait
+                rec.settle()
+            rec.in_graphs = rec.in_graphs or capturing  # a graph captured with it marks it for good (dirty)
+        rec.dirty = True
         return rec
     import torch
 
@@ -346,9 +394,17 @@ def stop_recording() -> None:
 
 
 def reset_all() -> None:
-    """Reset every recorder made so far (the start of a profiling cycle)."""
+    """Reset every recorder made so far."""
     for rec in list(_switch.recorders.values()):
         rec.reset()
+
+
+def reset_dirty() -> None:
+    """Reset the recorders that may hold records since their last reset or drain (CtaRecorder.dirty): the start of
+    a profiling cycle."""
+    for rec in list(_switch.recorders.values()):
+        if rec.dirty:
+            rec.reset()
 
 
 def recorders() -> dict:

@@ -19,12 +19,12 @@ from .tracefile import dumps, is_ours, parse, read_text, splice, write_trace
 @dataclass
 class CycleJob:
     """export: the profiler's exported trace (a temporary file, removed once the job is done); path: where the
-    enriched trace goes; records: {device: CtaRecords or spool.SpooledRecords}; maps: {device: SmMap or None};
-    notes: {device: why it has no map}; given: devices whose calibration the caller gave (their map is shown
-    even without kernels)."""
+    enriched trace goes (each a str or Path); records: {device: CtaRecords or spool.SpooledRecords}; maps:
+    {device: SmMap or None}; notes: {device: why it has no map}; given: devices whose calibration the caller gave
+    (their map is shown even without kernels)."""
 
-    export: Path
-    path: Path
+    export: str | Path
+    path: str | Path
     records: dict = field(default_factory=dict)
     maps: dict = field(default_factory=dict)
     notes: dict = field(default_factory=dict)
@@ -45,19 +45,20 @@ def run(job: CycleJob) -> str | None:
     """Write the enriched trace of `job` to job.path: the profiler's text as it was plus what this package adds
     (tracefile.splice). If enriching fails, write the profiler's trace as it is and return why (None when all
     went well). The export is removed either way, once something is written."""
+    path = Path(job.path)
     text = read_text(job.export)
     problem = None
     try:
-        trace, end = parse(text, job.path.name)
+        trace, end = parse(text, path.name)
         added = enrich_with(trace, job.maps, job.notes, job.given, load_records(job.records))
         if any(is_ours(ev) for ev in trace["traceEvents"]):  # enriched before: rewritten whole
             data = dumps(added.trace())
         else:
             data = splice(text, end, added.fragments(), added.meta)
     except Exception as exc:  # nothing lost: the profiler's own trace is written
-        problem = f"torch_l2topo could not enrich {job.path.name} ({type(exc).__name__}: {exc}); wrote the plain " \
+        problem = f"torch_l2topo could not enrich {path.name} ({type(exc).__name__}: {exc}); wrote the plain " \
                   f"torch.profiler trace"
         data = text
-    write_trace(data, job.path)
+    write_trace(data, path)
     Path(job.export).unlink(missing_ok=True)
     return problem

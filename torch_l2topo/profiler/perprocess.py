@@ -9,7 +9,8 @@ from typing import Callable
 
 
 class PerProcess:
-    """get(): this process's object, made by make() on first use; close(): close it (if made) and forget it."""
+    """get(): this process's object, made by make() on first use; existing(): it or None; close(): close it (if
+    made) and forget it."""
 
     def __init__(self, make: Callable):
         self._make = make
@@ -21,6 +22,10 @@ class PerProcess:
         if obj is None:
             obj = self._objects[pid] = self._make()
         return obj
+
+    def existing(self):
+        """This process's object if it was made, else None (nothing is made)."""
+        return self._objects.get(os.getpid())
 
     def close(self) -> None:
         obj = self._objects.pop(os.getpid(), None)

@@ -15,10 +15,12 @@ metrics); if the enrichment fails, the profiler's plain trace is written instead
 
 Recording: kernels built on the recorder helpers (and @sm_aware kernels) record their CTAs while
 torch.profiler collects events (a TraceHandler switches that on; it is off during wait and warmup steps).
-profile() does more: it switches recording on from the warmup steps, so the recording variant of each
-kernel compiles before the active steps, and resets the recorders when each cycle starts, so that CUDA
-graphs replayed between cycles (they record whenever replayed, if captured while recording) do not fill the
-buffer. Capture graphs while recording is on (inside profile(), or recording()) to see their CTAs.
+profile() does more: it switches recording on from the warmup steps of a block's first cycle, so the
+recording variant of each kernel compiles before the active steps (a kernel first launched in a later cycle
+compiles it in that cycle's first active launch), and when each cycle starts it resets the recorders that
+may hold records by then (the first warmup's, or those of CUDA graphs replayed between cycles: they record
+whenever replayed, if captured while recording). Capture graphs while recording is on (inside profile(), or
+recording()) to see their CTAs.
 
 Calibrations: topology="cached" (default) uses the latest cached calibration of each GPU in the trace and
 never measures (a GPU without one gets no L2 map, and a note says how to make one); "calibrate" measures
@@ -48,11 +50,13 @@ from .cycle import CycleJob, enrich_with, run
 from .enrich import Enrichment
 from .proton_trace import load_proton, proton_records
 from .smmap import map_of, map_of_file
-from .spool import SpooledRecords, close_shared_spool, shared_spool
+from .spool import close_shared_spool, flush_shared_spool, shared_spool, shm_directory
 from .tracefile import load_trace, write_trace
 from .worker import DEFAULT_MAX_PENDING, check_max_pending, close_shared_worker, shared_worker
 
 TOPOLOGY_MODES = ("cached", "calibrate")
+EXPORT_ROOM_MIN = 256 << 20  # bytes of shared memory left free before an export goes there (_export_path)
+EXPORT_ROOM_FACTOR = 4       # ... and this many times the largest export so far
 
 
 class TraceHandler:
@@ -75,6 +79,8 @@ class TraceHandler:
                              f"got {topology!r}")
         self.target = Path(path_or_dir)
         self.is_file = self.target.name.endswith((".json", ".json.gz"))
+        self._target = str(self.target)
+        self._directory = str(self.target.parent if self.is_file else self.target)
         self.use_gzip = use_gzip
         self.topology, self.include_ids = topology, include_ids
         self.written: list = []
@@ -82,11 +88,19 @@ class TraceHandler:
         self.max_pending = check_max_pending(max_pending)
         self._worker = shared_worker() if background else None
         self._spooled: dict = {}   # trace path -> the SpooledRecords its job reads (released once it is written)
-        self._made_dirs: set = set()
+        self._dir_made = False
         self._calibrations: dict = {}  # (devices recorded, maps looked up) -> calibrations()
         self._maps: dict = {}      # device -> SmMap or None (looked up once)
         self._notes: dict = {}     # device -> why it has no map
-        self._host = f"{socket.gethostname()}_{os.getpid()}"
+        self._pid = os.getpid()
+        self._host = f"{socket.gethostname()}_{self._pid}"
+        self._cuda = None          # whether CUDA is available (asked once)
+        # Launch each cycle's drain later, not in this handler (background only; profile() sets it and launches it
+        # when the next step ends): in the handler, right after the profiler stops, one CUDA call cost ~0.2 ms of
+        # the cycle on the H200 machine, against ~0.02 ms a step later (docs/profiler.md, Costs).
+        self.defer_drain = False
+        self._export_dir = shm_directory()  # where exports go while it has room (_export_path); None: beside traces
+        self._largest_export = 0
         if record:
             rec.follow_profiler()
 
@@ -144,41 +158,62 @@ class TraceHandler:
             self._worker.start()
 
     # ---- one cycle -----------------------------------------------------------------------------------------
-    def next_path(self) -> Path:
-        n = self._cycles
+    # What runs in the training loop (the handler, once a cycle) works on strings, not pathlib: on the H200 machine
+    # each pathlib operation there cost ~5 us of a profiled cycle's host time.
+    def _path_of(self, n: int) -> str:
+        """Where cycle n's trace goes (a file name given: cycle n > 0 goes to name.n.json[.gz])."""
         if self.is_file:
             if n == 0:
-                return self.target
-            name = self.target.name
-            stem, suffix = (name[:-8], ".json.gz") if name.endswith(".json.gz") else (name[:-5], ".json")
-            return self.target.with_name(f"{stem}.{n}{suffix}")
-        return self.target / f"{self._host}.{n}.l2topo.pt.trace.json{'.gz' if self.use_gzip else ''}"
+                return self._target
+            stem, suffix = (self._target[:-8], ".json.gz") if self._target.endswith(".json.gz") else \
+                (self._target[:-5], ".json")
+            return f"{stem}.{n}{suffix}"
+        return f"{self._target}{os.sep}{self._host}.{n}.l2topo.pt.trace.json{'.gz' if self.use_gzip else ''}"
 
     def __call__(self, prof) -> None:
-        if not torch.cuda.is_available():
+        if self._cuda is None:
+            self._cuda = torch.cuda.is_available()
+        if not self._cuda:
             records = {}
         elif self._worker is not None:
-            records = shared_spool().drain_all()
+            records = shared_spool().drain_all(self.defer_drain)
         else:
             records = rec.drain_all()
-        path = self.next_path()
-        self._spooled[path] = [r for r in records.values() if isinstance(r, SpooledRecords)]
+        path = self._path_of(self._cycles)
         self._cycles += 1
-        if path.parent not in self._made_dirs:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._made_dirs.add(path.parent)
-        # a name of this handler's own (not mkstemp: its random name and exclusive create cost the loop 0.1 ms)
-        export = str(path.parent / f".l2topo-export.{os.getpid()}.{id(self):x}.{self._cycles}.json")
+        if records and self._worker is not None:
+            self._spooled[path] = list(records.values())
+        if not self._dir_made:  # every cycle's trace goes to one directory
+            os.makedirs(self._directory, exist_ok=True)
+            self._dir_made = True
+        export = self._export_path()
         try:
             prof.export_chrome_trace(export)
+            self._largest_export = max(self._largest_export, os.path.getsize(export))
         except BaseException:
             Path(export).unlink(missing_ok=True)
             raise
-        job = CycleJob(Path(export), path, records, *self.calibrations(records))
+        job = CycleJob(export, path, records, *self.calibrations(records))
         if self._worker is not None:
             self._worker.submit(job, self._done, self.max_pending)
         else:
             self._done(path, run(job))
+
+    def _export_path(self) -> str:
+        """Where the profiler exports the cycle's trace for the enrichment to read: shared memory (tmpfs) while it
+        has room for EXPORT_ROOM_FACTOR times the largest export so far (and EXPORT_ROOM_MIN), else beside the
+        traces. In tmpfs the loop's export writes no disk blocks, so it is not throttled behind the worker's trace
+        writes (the filesystem's writeback); torch's export does not report a full disk, hence the margin. A name
+        of this handler's own (not mkstemp: its random name and exclusive create cost the loop 0.1 ms)."""
+        name = f"l2topo-export-{self._pid}-{id(self):x}-{self._cycles}.json"
+        if self._export_dir is not None:
+            try:
+                st = os.statvfs(self._export_dir)
+                if st.f_bavail * st.f_frsize >= max(EXPORT_ROOM_MIN, EXPORT_ROOM_FACTOR * self._largest_export):
+                    return f"{self._export_dir}{os.sep}{name}"
+            except OSError:
+                pass
+        return f"{self._directory}{os.sep}.{name}"
 
     def calibrations(self, records: dict) -> tuple:
         """({device: SmMap or None}, {device: note}, given devices) for the GPUs a trace may hold: those given,
@@ -196,17 +231,18 @@ class TraceHandler:
         maps = {d: self.smmap(d) for d in sorted(devices)}
         return maps, {d: self._notes[d] for d in maps if d in self._notes}, tuple(sorted(self._given()))
 
-    def _done(self, path: Path, problem: str | None) -> None:
-        for spooled in self._spooled.pop(path, []):
+    def _done(self, path: str, problem: str | None) -> None:
+        for spooled in self._spooled.pop(path, ()):
             shared_spool().release(spooled)
         if problem:
             warnings.warn(problem, stacklevel=3)
-        self.written.append(path)
+        self.written.append(Path(path))
 
     def wait(self) -> None:
         """Wait until every trace handed to the background worker is written (profile() does it when it stops;
         this process helps with the traces the worker has not started)."""
         if self._worker is not None:
+            flush_shared_spool()
             self._worker.drain()
 
     def close(self) -> None:
@@ -264,6 +300,8 @@ class profile(torch.profiler.profile):
         self.record, self.capacity, self.proton = record, capacity, proton
         self.devices = devices
         self._recording = False
+        self._devices: list = []  # the GPUs recorded in this block (start())
+        self._recorded = False  # a cycle of this block has recorded (later cycles record from their active steps)
         self._proton_dir = None
         super().__init__(on_trace_ready=self.handler, **profiler_options)
 
@@ -277,7 +315,12 @@ class profile(torch.profiler.profile):
         return [torch.cuda.current_device()] if torch.cuda.is_available() else []
 
     def start(self) -> None:
-        self.handler.prepare(self._device_list())
+        self._recorded = False
+        self.handler.defer_drain = self.handler.background
+        devices = self._device_list()
+        # the GPUs to record on, found once a block: prepare_trace and start_trace run in the training loop
+        self._devices = devices if torch.cuda.is_available() else []
+        self.handler.prepare(devices)
         if self.proton is True:
             import triton.profiler as proton
 
@@ -306,26 +349,36 @@ class profile(torch.profiler.profile):
         except (OSError, ValueError, L2TopoError) as exc:
             warnings.warn(f"Proton's CTAs were not merged: {exc}", stacklevel=3)
 
-    def prepare_trace(self) -> None:
-        if self.record and not self._recording and torch.cuda.is_available():
-            devices = self._device_list()
-            rec.start_recording(devices, self.capacity, reset=False)  # start_trace resets before the records count
+    def _start_recording(self) -> None:
+        if self.record and not self._recording and self._devices:
+            rec.start_recording(self._devices, self.capacity, reset=False)  # start_trace resets if need be
             self._recording = True
             if self.handler.background:  # slots for this cycle's records, page-locked before its steps
-                for d in devices:
+                for d in self._devices:
                     shared_spool().reserve(d, rec.recorder(d).capacity, 1)
+
+    def prepare_trace(self) -> None:
+        if not self._recorded:  # the block's first cycle records from its warmup: the kernels compile there
+            self._start_recording()
         super().prepare_trace()
 
     def start_trace(self) -> None:
+        self._start_recording()
         if self._recording:
-            rec.reset_all()
+            flush_shared_spool()  # the last cycle's drain, if no step has launched it yet (schedules without wait)
+            rec.reset_dirty()  # the warmup's records, or graphs replayed between cycles (a launch: only if any)
         super().start_trace()
+
+    def step(self) -> None:
+        flush_shared_spool()  # the drain the last cycle's handler deferred, launched after the step that followed
+        super().step()
 
     def stop_trace(self) -> None:
         super().stop_trace()
         if self._recording:
             rec.stop_recording()
             self._recording = False
+            self._recorded = True
 
 
 def merge_proton(trace_path, proton_path, dst=None, *, topology=None, include_ids: bool = False) -> Path:

@@ -40,7 +40,6 @@ import tempfile
 import threading
 import time
 import warnings
-from contextlib import nullcontext as _nothing
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -74,7 +73,11 @@ class SpooledRecords:
 
     def load(self, timeout_s: float | None = None) -> CtaRecords:
         """The records, once the slot's flag says the GPU's copy is complete (polled every 0.2 ms, up to
-        timeout_s, default DEFAULT_LOAD_TIMEOUT_S; SpoolError after that)."""
+        timeout_s, default DEFAULT_LOAD_TIMEOUT_S; SpoolError after that). In the process that took the drain,
+        a drain still deferred (RecordSpool.drain) is launched first."""
+        launch = _launch_before_load.get((os.getpid(), self.path))
+        if launch is not None:
+            launch()
         timeout_s = DEFAULT_LOAD_TIMEOUT_S if timeout_s is None else timeout_s
         with open(self.path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
             deadline = time.monotonic() + timeout_s
@@ -96,15 +99,23 @@ def _word(mm, index: int) -> int:
     return int.from_bytes(mm[index * 8:index * 8 + 8], "little", signed=True)
 
 
+# (pid, slot path) -> the flush of the spool holding that slot's deferred drain, in the process that took it
+_launch_before_load: dict = {}
+
+
 def load_records(records: dict) -> dict:
     """{device: CtaRecords} from a job's records, each a CtaRecords or SpooledRecords."""
     return {d: r.load() if isinstance(r, SpooledRecords) else r for d, r in records.items()}
 
 
+def shm_directory() -> str | None:
+    """"/dev/shm" where it is a writable directory (shared memory: slots, and session.py's exports), else None."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+
+
 def spool_directory() -> Path:
     """Where slots go: /dev/shm where it is writable, else the temporary directory."""
-    shm = Path("/dev/shm")
-    return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+    return Path(shm_directory() or tempfile.gettempdir())
 
 
 class _Slot:
@@ -260,68 +271,117 @@ class RecordSpool:
         self.directory = Path(directory) if directory is not None else spool_directory()
         self._lock = threading.Lock()
         self._slots: list = []
+        self._free: dict = {}      # device -> its slots not busy, the one freed last at the end
         self._by_path: dict = {}
-        self._drains: dict = {}    # device -> drains launched so far (the number the last one's flag holds)
-        self._counters: dict = {}  # device -> the same count on the GPU, one int64 word (the flags' source)
+        self._drains: dict = {}    # device -> drains taken so far (the number the last one's flag will hold)
+        self._counters: dict = {}  # device -> the drains launched, on the GPU, one int64 word (the flags' source)
+        self._pending: list = []   # (slot, recorder, counter) of drains taken but not launched yet (drain(defer))
 
     def _take(self, device: int, capacity: int) -> _Slot:
         with self._lock:
-            free = [s for s in self._slots if not s.busy and s.device == device and s.capacity >= capacity]
-            slot = min(free, key=lambda s: s.capacity) if free else None
-            if slot is None:
-                slot = _Slot(self.directory, device, capacity)
-                self._slots.append(slot)
-                self._by_path[slot.path] = slot
+            free = self._free.setdefault(device, [])
+            if free and free[-1].capacity >= capacity:  # the usual case: every slot of a GPU has its capacity
+                slot = free.pop()
+            else:
+                fits = [s for s in free if s.capacity >= capacity]
+                slot = min(fits, key=lambda s: s.capacity) if fits else None
+                if slot is None:
+                    slot = _Slot(self.directory, device, capacity)
+                    self._slots.append(slot)
+                    self._by_path[slot.path] = slot
+                else:
+                    free.remove(slot)
             slot.busy = True
         slot.clear_flag()
         return slot
 
+    def _put_back(self, slot: _Slot) -> None:
+        """slot is free again (call with the lock held)."""
+        if slot.busy:
+            slot.busy = False
+            self._free.setdefault(slot.device, []).append(slot)
+
     def reserve(self, device: int, capacity: int, count: int) -> None:
         """Make sure `count` free slots for a recorder of `capacity` records exist for GPU `device` (done before
         profiling, so that the first cycles do not page-lock memory in the loop)."""
-        free = sum(not s.busy and s.device == device and s.capacity >= capacity for s in self._slots)
-        if free >= count:
+        free = self._free.get(device, ())
+        if len(free) >= count and all(s.capacity >= capacity for s in free):
             return
         taken = [self._take(device, capacity) for _ in range(count)]
-        for slot in taken:
-            slot.busy = False
+        with self._lock:
+            for slot in taken:
+                self._put_back(slot)
 
-    def drain(self, recorder) -> SpooledRecords:
+    def drain(self, recorder, defer: bool = False) -> SpooledRecords:
         """Hand `recorder`'s records since its last reset to a slot and reset it (module docstring: one graph
-        launched on the current stream, nothing read back)."""
+        launched on the current stream, nothing read back). defer: take the slot and the drain's number now but
+        launch it later (flush()): at the latest before the recorder is next handed to a kernel, reset or drained,
+        before a job reading these records runs in this process, and (the caller's part) before waiting for one
+        that runs in the worker. A recorder that CUDA graphs hold is drained at once: a replay records at any
+        time."""
         import torch
 
+        if self._pending:  # the GPU's counter numbers drains in launch order: earlier ones go first
+            self.flush()
         device = recorder.device_index
         slot = self._take(device, recorder.capacity)
         counter = self._counters.get(device)
         if counter is None:
             counter = self._counters[device] = torch.zeros(1, dtype=torch.int64, device=recorder.buffer.device)
         seq = self._drains[device] = self._drains.get(device, 0) + 1
-        with torch.cuda.device(device) if device != torch.cuda.current_device() else _nothing():
-            slot.drain(recorder, counter)
-        return SpooledRecords(slot.path, seq, recorder.names, dict(recorder.tags.class_counts), device)
+        names, class_counts = recorder.tags.snapshot()
+        if defer and not recorder.in_graphs:
+            self._pending.append((slot, recorder, counter))
+            recorder.before_record = self.flush
+            _launch_before_load[(os.getpid(), slot.path)] = self.flush
+        else:
+            self._launch(slot, recorder, counter)
+        return SpooledRecords(slot.path, seq, names, class_counts, device)
 
-    def drain_all(self) -> dict:
-        """{device: SpooledRecords} of every recorder made so far (recording.recorders())."""
+    def flush(self) -> None:
+        """Launch the deferred drains, in the order they were taken (nothing to do: returns at once)."""
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        for slot, recorder, counter in pending:
+            recorder.before_record = None
+            _launch_before_load.pop((os.getpid(), slot.path), None)
+            self._launch(slot, recorder, counter)
+
+    @staticmethod
+    def _launch(slot: _Slot, recorder, counter) -> None:
+        import torch
+
+        if recorder.device_index == torch.cuda.current_device():
+            slot.drain(recorder, counter)
+        else:
+            with torch.cuda.device(recorder.device_index):
+                slot.drain(recorder, counter)
+        recorder.dirty = recorder.in_graphs  # the drain reset it
+
+    def drain_all(self, defer: bool = False) -> dict:
+        """{device: SpooledRecords} of every recorder made so far (recording.recorders()); defer: drain()'s."""
         from ..placement.recording import recorders
 
-        return {index: self.drain(r) for index, r in recorders().items()}
+        return {index: self.drain(r, defer) for index, r in recorders().items()}
 
     def release(self, spooled: SpooledRecords) -> None:
         with self._lock:
             slot = self._by_path.get(spooled.path)
             if slot is not None:
-                slot.busy = False
+                self._put_back(slot)
 
     def busy(self) -> int:
         return sum(s.busy for s in self._slots)
 
     def close(self) -> None:
-        """Unmap and delete every slot (call it once no job reads them)."""
+        """Launch the deferred drains, then unmap and delete every slot (call it once no job reads them)."""
+        self.flush()
         with self._lock:
             for slot in self._slots:
                 slot.close()
             self._slots.clear()
+            self._free.clear()
             self._by_path.clear()
 
 
@@ -331,6 +391,13 @@ _shared = PerProcess(RecordSpool)
 def shared_spool() -> RecordSpool:
     """The process's spool, made on first use (module docstring; perprocess.py)."""
     return _shared.get()
+
+
+def flush_shared_spool() -> None:
+    """Launch this process's deferred drains, if it has a spool (RecordSpool.flush)."""
+    spool = _shared.existing()
+    if spool is not None:
+        spool.flush()
 
 
 def close_shared_spool() -> None:

@@ -39,6 +39,7 @@ from typing import Callable
 
 from .cycle import CycleJob, run
 from .perprocess import PerProcess
+from .spool import flush_shared_spool
 
 RESULT = b"l2topo-cycle-done "
 READY = b"l2topo-worker-ready"
@@ -105,12 +106,13 @@ class Worker:
         entry = _Entry(job, on_done)
         self._entries.append(entry)
         self._waiting.append(entry)
-        self.start()
+        if self._proc is None:  # not poll(): a worker that died is found by harvest (its pipe's end), and
+            self._start()       # a poll costs the loop a system call per cycle
         self._hand_over()
 
     def harvest(self) -> None:
         """Take the answers already written, hand the worker more jobs, report what is finished (never blocks)."""
-        if self._proc is not None:
+        if self._proc is not None and (self._handed or not self._ready):  # else nothing to read: no system call
             self._read(wait=False)
         self._hand_over()
         self._report()
@@ -141,6 +143,7 @@ class Worker:
             entry = self._waiting.pop()
             entry.problem, entry.finished = run(entry.job), True
         elif self._handed:
+            flush_shared_spool()  # a job the worker holds may wait for a drain this process deferred
             self._read(wait=True)
         self._report()
 

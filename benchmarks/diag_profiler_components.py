@@ -1,0 +1,240 @@
+"""What torch_l2topo.profile adds to a profiled cycle of the example model, measured cycle against adjacent cycle
+(issue 17). On the H200 machine the loop's speed drifts by +-25% from one second to the next, so profiler blocks
+timed one after another (bench_profiler.py) resolve a 2% difference only over hundreds of rounds; cycles a few
+ms apart drift far less.
+
+1. Our loop's own work: torch_l2topo.profile blocks (background worker) in which every other cycle is plain (no
+   recording; the handler only exports the trace to disk, as plain torch.profiler's on_trace_ready does) and the
+   cycles between take turns among ours as it is and ours without one of its parts (KINDS), each compared with
+   the plain cycles on either side. The worker enriches traces throughout, beside every kind of cycle, so this
+   leaves out what its work costs the loop: that is part 2.
+2. The worker's concurrent work: one plain torch.profiler block while a process doing the worker's job (enrich
+   a recorded trace, write it, again and again; nice 19, SCHED_IDLE, as the worker) is continued at the start of
+   one cycle and stopped at the start of the next, alternately (one signal every cycle in both kinds).
+
+Each part: per-cycle wall time (from the cycle's first step to the end of the prof.step() that runs its trace
+handler), medians and quantiles by kind, the difference per adjacent pair (us) and its ratio to the plain
+cycle, with a bootstrap 90% interval of the median difference. Several blocks; each block's first two cycles are
+left out (compilation, the first cycle's warmup recording).
+
+    python benchmarks/diag_profiler_components.py --device 0 \\
+        --out benchmarks/results/diagnosis/profiler_components_h200.json
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from bench_profiler import ACTIVE, CAPACITY, model_step
+from common import calibrated_device, gpu_parser, quantiles, write_result
+
+from torch_l2topo.placement import recording
+from torch_l2topo.profiler import session
+from torch_l2topo.profiler.spool import shared_spool
+from torch_l2topo.profiler.worker import _run_idle
+
+SKIP = 2  # cycles left out at each block's start
+
+BURNER = r"""
+import sys
+from torch_l2topo.profiler.cycle import enrich_with
+from torch_l2topo.profiler.readback import calibrations, recorded_ctas
+from torch_l2topo.profiler.tracefile import dumps, load_trace, parse, splice, strip, write_trace
+
+rich = load_trace(sys.argv[1])
+records, maps = recorded_ctas(rich), calibrations(rich)
+text = dumps(strip(rich)).decode()
+print("ready", flush=True)
+while True:  # the worker's job (cycle.run), on the same trace, forever
+    trace, end = parse(text, "burner")
+    added = enrich_with(trace, maps, {}, (), records)
+    write_trace(splice(text, end, added.fragments(), added.meta), sys.argv[2])
+"""
+
+
+def _cycles(step, prof, n: int, at_cycle_start=None) -> list:
+    """Wall seconds of each of n cycles (wait 1, warmup 1, ACTIVE active steps) of `prof`, already entered."""
+    stamps = []
+    for c in range(n):
+        if at_cycle_start is not None:
+            at_cycle_start(c)
+        stamps.append(time.perf_counter())
+        for _ in range(2 + ACTIVE):
+            step()
+            prof.step()
+    stamps.append(time.perf_counter())
+    return np.diff(stamps).tolist()
+
+
+def _paired(times: list, first_is_a: bool) -> dict:
+    """Kind A against kind B over adjacent cycles (A on even cycles when first_is_a): quantiles by kind, and the
+    median difference per pair (us) and ratio, with a bootstrap 90% interval of the median difference."""
+    t = np.asarray(times)
+    a, b = (t[0::2], t[1::2]) if first_is_a else (t[1::2], t[0::2])
+    n = min(len(a), len(b))
+    return _compared(a[:n], b[:n])
+
+
+def _compared(a: np.ndarray, b: np.ndarray) -> dict:
+    diff = (a - b) * 1e6
+    rng = np.random.default_rng(0)
+    boot = np.median(rng.choice(diff, size=(2000, len(diff))), axis=1)
+    return {"a_s": quantiles(a), "b_s": quantiles(b), "pairs": len(diff),
+            "diff_us": {**quantiles(diff), "p50_ci90": [float(np.percentile(boot, 5)), float(np.percentile(boot, 95))]},
+            "diff_over_b_median": float(np.median(diff) / (np.median(b) * 1e6)),
+            "ratio_of_medians": float(np.median(a) / np.median(b))}
+
+
+# What a cycle of each kind does beyond plain torch.profiler's (plain: no recording, the handler only exports to
+# disk). Every other cycle is plain; each of the others is compared with the mean of the plain cycles on either side.
+KINDS = {
+    "ours": "torch_l2topo.profile as it is",
+    "ours_draining_in_the_handler": "the records' drain launched in the trace handler, not deferred to the next step",
+    "ours_without_drain": "no records drained (the recorder marked clean by hand, so no later cycle resets it)",
+    "ours_without_hand_off": "the job is not handed to the worker (its export deleted, its slots released at once)",
+    "ours_without_recording": "nothing recorded; the (empty) drain, the export to shared memory and the hand-off",
+    "plain_with_a_cuda_op": "plain, plus one small CUDA operation (a one-word fill) after the export in its handler",
+}
+
+
+class _NoHandOff:
+    """Stands in for the worker: the job is dropped (export deleted) and reported done at once."""
+
+    def submit(self, job, on_done, max_pending=None):
+        os.unlink(job.export)
+        on_done(job.path, None)
+
+
+class Alternating(session.profile):
+    """torch_l2topo.profile whose cycles take turns: kinds[c % len(kinds)] is cycle c's kind (KINDS, or "plain")."""
+
+    def __init__(self, plain_dir: Path, kinds: list, **options):
+        super().__init__(**options)
+        self.plain_dir, self.kinds, self.cycle = plain_dir, kinds, 0
+        self.word = torch.zeros(1, device="cuda")
+        self.on_trace_ready = self._handle
+
+    def _kind(self) -> str:
+        return self.kinds[self.cycle % len(self.kinds)]
+
+    def _handle(self, prof) -> None:
+        kind = self._kind()
+        if kind.startswith("plain"):
+            prof.export_chrome_trace(str(self.plain_dir / f"plain-{self.cycle % 4}.json"))
+            if kind == "plain_with_a_cuda_op":
+                self.word.fill_(1.0)
+        elif kind == "ours_without_drain":
+            self.handler._cuda = False  # records = {}
+            self.handler(prof)
+            self.handler._cuda = None
+            for r in recording.recorders().values():
+                r.dirty = False
+        elif kind == "ours_draining_in_the_handler":
+            self.handler.defer_drain = False
+            self.handler(prof)
+            self.handler.defer_drain = True
+        elif kind == "ours_without_hand_off":
+            real, self.handler._worker = self.handler._worker, _NoHandOff()
+            self.handler(prof)
+            self.handler._worker = real
+        else:
+            self.handler(prof)
+        self.cycle += 1
+
+    def _start_recording(self) -> None:
+        if self._kind() in ("ours", "ours_draining_in_the_handler", "ours_without_drain", "ours_without_hand_off"):
+            super()._start_recording()
+
+
+def ours_against_plain(step, dev, work: Path, blocks: int, cycles: int, compared=tuple(KINDS)) -> dict:
+    """Part 1 (module docstring) for the kinds `compared`: per kind, its cycles against their plain neighbours."""
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    sched = torch.profiler.schedule(wait=1, warmup=1, active=ACTIVE, repeat=cycles)
+    (work / "plain").mkdir(parents=True, exist_ok=True)
+    kinds = [k for kind in compared for k in (kind, "plain")]
+    shared_spool().reserve(dev.index, CAPACITY, cycles // 2 + 2)  # no slot is page-locked in the loop
+    by_kind = {k: [] for k in compared}
+    exits = []
+    for b in range(blocks + 1):  # block 0 warms up (compilation, the worker's imports)
+        prof = Alternating(work / "plain", kinds, path_or_dir=work / "ours", activities=acts, schedule=sched,
+                           devices=[dev.index], capacity=CAPACITY)
+        prof.handler.max_pending = cycles  # no job runs in the loop
+        torch.cuda.synchronize()
+        with prof:
+            t = _cycles(step, prof, cycles)
+            t_end = time.perf_counter()
+        exits.append(time.perf_counter() - t_end)
+        if b:
+            for c in range(SKIP, cycles - 1):
+                kind = kinds[c % len(kinds)]
+                if kind != "plain":  # its neighbours are plain cycles
+                    by_kind[kind].append((t[c], (t[c - 1] + t[c + 1]) / 2))
+        print(f"ours against plain: block {b}/{blocks}", flush=True)
+    out = {"what": {k: KINDS[k] for k in compared}, "exit_s": quantiles(exits[1:])}
+    for kind, pairs in by_kind.items():
+        a, b = np.array(pairs).T
+        out[kind] = _compared(a, b)
+    return out
+
+
+def worker_running_against_stopped(step, work: Path, trace: Path, blocks: int, cycles: int) -> dict:
+    burner = subprocess.Popen([sys.executable, "-c", BURNER, str(trace), str(work / "burner.json")],
+                              stdout=subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1",
+                                                           "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+    _run_idle(burner.pid)
+    burner.stdout.readline()
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    sched = torch.profiler.schedule(wait=1, warmup=1, active=ACTIVE, repeat=cycles)
+    n = [0]
+
+    def export(p):
+        n[0] += 1
+        p.export_chrome_trace(str(work / f"plain-{n[0] % 4}.json"))
+
+    def toggle(c):  # running in even cycles, stopped in odd ones: one signal at every cycle's start
+        os.kill(burner.pid, signal.SIGCONT if c % 2 == 0 else signal.SIGSTOP)
+
+    times = []
+    try:
+        for b in range(blocks):
+            torch.cuda.synchronize()
+            with torch.profiler.profile(activities=acts, schedule=sched, on_trace_ready=export) as prof:
+                t = _cycles(step, prof, cycles, toggle)
+            os.kill(burner.pid, signal.SIGSTOP)
+            times += t[SKIP:]
+            print(f"worker running against stopped: block {b + 1}/{blocks}", flush=True)
+    finally:
+        burner.kill()
+        burner.wait()
+    return {**_paired(times, first_is_a=SKIP % 2 == 0), "a": "running", "b": "stopped"}
+
+
+def main(argv=None) -> dict:
+    parser = gpu_parser(__doc__, reps=6)
+    parser.add_argument("--cycles", type=int, default=100, help="cycles per block")
+    args = parser.parse_args(argv)
+    dev, _, _ = calibrated_device(args.device, "profiler")
+    step, which = model_step(dev)
+    work = Path(tempfile.mkdtemp(prefix="l2topo-diag-components-"))
+    figures = {"model": which, "blocks": args.reps, "cycles_per_block": args.cycles, "skipped_per_block": SKIP}
+    with torch.no_grad():
+        figures["ours_against_plain"] = ours_against_plain(step, dev, work, args.reps, args.cycles)
+        print("ours against plain:", figures["ours_against_plain"], flush=True)
+        trace = sorted((work / "ours").glob("*.json"), key=lambda p: p.stat().st_mtime)[-1]
+        figures["worker_running_against_stopped"] = worker_running_against_stopped(step, work, trace, args.reps,
+                                                                                   args.cycles)
+        print("worker running against stopped:", figures["worker_running_against_stopped"], flush=True)
+    path = write_result(args.out, figures, args.device)
+    print(f"wrote {path}")
+    return figures
+
+
+if __name__ == "__main__":
+    main()
