@@ -8,9 +8,11 @@ ms apart drift far less.
    cycles between take turns among ours as it is and ours without one of its parts (KINDS), each compared with
    the plain cycles on either side. The worker enriches traces throughout, beside every kind of cycle, so this
    leaves out what its work costs the loop: that is part 2.
-2. The worker's concurrent work: one plain torch.profiler block while a process doing the worker's job (enrich
+2. The worker's concurrent work: plain torch.profiler blocks while a process doing the worker's job (enrich
    a recorded trace, write it, again and again; nice 19, SCHED_IDLE, as the worker) is continued at the start of
-   one cycle and stopped at the start of the next, alternately (one signal every cycle in both kinds).
+   one cycle and stopped at the start of the next, alternately (one signal every cycle in both kinds); or, with
+   --period P, runs for P cycles and is stopped for P, by turns, each phase's median cycle against the next's
+   (an effect that takes longer than a cycle to build up or die away is seen whole there).
 
 Each part: per-cycle wall time (from the cycle's first step to the end of the prof.step() that runs its trace
 handler), medians and quantiles by kind, the difference per adjacent pair (us) and its ratio to the plain
@@ -41,6 +43,7 @@ from torch_l2topo.profiler.spool import shared_spool
 from torch_l2topo.profiler.worker import _run_idle
 
 SKIP = 2  # cycles left out at each block's start
+SETTLE = 4  # cycles left out at each phase's start in part 2 with phases
 
 BURNER = r"""
 import sys
@@ -184,7 +187,12 @@ def ours_against_plain(step, dev, work: Path, blocks: int, cycles: int, compared
     return out
 
 
-def worker_running_against_stopped(step, work: Path, trace: Path, blocks: int, cycles: int) -> dict:
+def worker_running_against_stopped(step, work: Path, trace: Path, blocks: int, cycles: int, period: int) -> dict:
+    """Part 2 (module docstring): the burner running for `period` cycles, then stopped for as many, by turns. With
+    period 1 every cycle starts with a signal and each running cycle is paired with the stopped one after it; with
+    longer periods a signal starts each phase, the first SETTLE cycles of a phase are left out (an effect that
+    builds up or dies away over milliseconds is then seen whole), and each running phase's median cycle is paired
+    with the next stopped phase's."""
     burner = subprocess.Popen([sys.executable, "-c", BURNER, str(trace), str(work / "burner.json")],
                               stdout=subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1",
                                                            "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
@@ -198,10 +206,11 @@ def worker_running_against_stopped(step, work: Path, trace: Path, blocks: int, c
         n[0] += 1
         p.export_chrome_trace(str(work / f"plain-{n[0] % 4}.json"))
 
-    def toggle(c):  # running in even cycles, stopped in odd ones: one signal at every cycle's start
-        os.kill(burner.pid, signal.SIGCONT if c % 2 == 0 else signal.SIGSTOP)
+    def toggle(c):  # running in even phases, stopped in odd ones
+        if period == 1 or c % period == 0:
+            os.kill(burner.pid, signal.SIGCONT if (c // period) % 2 == 0 else signal.SIGSTOP)
 
-    times = []
+    times, phases = [], []
     try:
         for b in range(blocks):
             torch.cuda.synchronize()
@@ -209,28 +218,47 @@ def worker_running_against_stopped(step, work: Path, trace: Path, blocks: int, c
                 t = _cycles(step, prof, cycles, toggle)
             os.kill(burner.pid, signal.SIGSTOP)
             times += t[SKIP:]
+            settle = min(SETTLE, period // 2)
+            phases += [float(np.median(t[max(start + settle, SKIP):start + period]))
+                       for start in range(0, cycles - period + 1, period)]
             print(f"worker running against stopped: block {b + 1}/{blocks}", flush=True)
     finally:
         burner.kill()
         burner.wait()
-    return {**_paired(times, first_is_a=SKIP % 2 == 0), "a": "running", "b": "stopped"}
+    if period == 1:
+        return {**_paired(times, first_is_a=SKIP % 2 == 0), "a": "running", "b": "stopped", "period": 1}
+    pairs = [(a, b) for a, b in zip(phases[0::2], phases[1::2])]
+    a, b = np.array(pairs).T
+    return {**_compared(a, b), "a": "running (median cycle of a phase)", "b": "stopped (the next phase's)",
+            "period": period, "settle_cycles": min(SETTLE, period // 2)}
 
 
 def main(argv=None) -> dict:
     parser = gpu_parser(__doc__, reps=6)
     parser.add_argument("--cycles", type=int, default=100, help="cycles per block")
+    parser.add_argument("--period", type=int, default=1,
+                        help="part 2: cycles the worker-like process runs, then as many it is stopped (1: by turns)")
+    parser.add_argument("--parts", default="12", help="which parts to run (1, 2 or 12)")
     args = parser.parse_args(argv)
     dev, _, _ = calibrated_device(args.device, "profiler")
     step, which = model_step(dev)
     work = Path(tempfile.mkdtemp(prefix="l2topo-diag-components-"))
     figures = {"model": which, "blocks": args.reps, "cycles_per_block": args.cycles, "skipped_per_block": SKIP}
     with torch.no_grad():
-        figures["ours_against_plain"] = ours_against_plain(step, dev, work, args.reps, args.cycles)
-        print("ours against plain:", figures["ours_against_plain"], flush=True)
-        trace = sorted((work / "ours").glob("*.json"), key=lambda p: p.stat().st_mtime)[-1]
-        figures["worker_running_against_stopped"] = worker_running_against_stopped(step, work, trace, args.reps,
-                                                                                   args.cycles)
-        print("worker running against stopped:", figures["worker_running_against_stopped"], flush=True)
+        if "1" in args.parts:
+            figures["ours_against_plain"] = ours_against_plain(step, dev, work, args.reps, args.cycles)
+            print("ours against plain:", figures["ours_against_plain"], flush=True)
+            trace = sorted((work / "ours").glob("*.json"), key=lambda p: p.stat().st_mtime)[-1]
+        else:  # a trace to enrich: one short block of ours
+            with session.profile(work / "ours", activities=[torch.profiler.ProfilerActivity.CPU,
+                                                            torch.profiler.ProfilerActivity.CUDA],
+                                 devices=[dev.index], capacity=CAPACITY) as prof:
+                step()
+            trace = prof.written[0]
+        if "2" in args.parts:
+            figures["worker_running_against_stopped"] = worker_running_against_stopped(
+                step, work, trace, args.reps, args.cycles, args.period)
+            print("worker running against stopped:", figures["worker_running_against_stopped"], flush=True)
     path = write_result(args.out, figures, args.device)
     print(f"wrote {path}")
     return figures
