@@ -25,9 +25,10 @@
    Adjacent cycles (--adjacent-blocks): the same target read cycle by cycle, which the machine's drift does not
    blur (the H200 machine's loop speed wanders by +-25% from one second to the next, so blocks timed one after
    another resolve a 2% difference only over hundreds of rounds): torch_l2topo.profile blocks of 100 cycles in
-   which every other cycle is plain (no recording; its handler only exports to disk), each of our cycles against
-   the mean of the plain cycles on either side (benchmarks/diag_profiler_components.py, part 1; that script also
-   measured what the worker's concurrent work costs a plain cycle: nothing resolvable).
+   which three of every four cycles are plain (no recording; the handler only exports to disk), each of our
+   cycles plus the one after it (which launches its deferred drain) against the two-cycle units of plain cycles
+   on either side (benchmarks/diag_profiler_components.py, part 1; that script also measures what a process
+   doing the worker's job costs a plain cycle).
 3. Coverage: in the last enriched trace, every CTA of every instrumented launch appears once, on an SM of
    the GPU, inside its kernel's event (max misalignment in ns; %globaltimer ticks every 32 ns on Hopper).
 4. HolisticTraceAnalysis (where importable: carry its wheels, docs/profiler.md): the kernel breakdown of
@@ -342,7 +343,7 @@ def main(argv=None) -> dict:
                         help="also time a larger step: the model plus this many ms of matmuls (0: skip)")
     parser.add_argument("--heavy-reps", type=int, default=4, help="rounds of the larger step")
     parser.add_argument("--adjacent-blocks", type=int, default=6,
-                        help=f"blocks of {ADJACENT_CYCLES} cycles, ours and plain by turns (0: skip)")
+                        help=f"blocks of {ADJACENT_CYCLES} cycles, one of ours to three plain (0: skip)")
     parser.add_argument("--inline-reps", type=int, default=4,
                         help="rounds that also time the inline variant (the first ones; each of its blocks takes s)")
     parser.add_argument("--keep-trace", default=None, help="directory to keep the last enriched trace in (gzipped)")
@@ -364,8 +365,10 @@ def main(argv=None) -> dict:
             adjacent = ours_against_plain(step, dev, work / "adjacent", args.adjacent_blocks, ADJACENT_CYCLES,
                                           ("ours",))
         figures["overhead_adjacent_cycles"] = {
-            "what": "torch_l2topo.profile cycles against the plain cycles on either side of each, in the same "
-                    "blocks (benchmarks/diag_profiler_components.py, part 1): the loop's drift cancels",
+            "what": "each torch_l2topo.profile cycle plus the cycle after it (which launches its deferred drain) "
+                    "against the two-cycle units of plain cycles on either side, in the same blocks "
+                    "(benchmarks/diag_profiler_components.py, part 1): the loop's drift cancels; diff_us per "
+                    "profiled cycle, diff_over_b_median over one plain cycle",
             "cycles_per_block": ADJACENT_CYCLES, "blocks": args.adjacent_blocks, **adjacent["ours"],
             "exit_s": adjacent["exit_s"], "target_overhead": 0.02}
         figures["overhead_adjacent_cycles"]["meets_target"] = \

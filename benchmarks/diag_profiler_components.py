@@ -3,11 +3,14 @@
 timed one after another (bench_profiler.py) resolve a 2% difference only over hundreds of rounds; cycles a few
 ms apart drift far less.
 
-1. Our loop's own work: torch_l2topo.profile blocks (background worker) in which every other cycle is plain (no
-   recording; the handler only exports the trace to disk, as plain torch.profiler's on_trace_ready does) and the
-   cycles between take turns among ours as it is and ours without one of its parts (KINDS), each compared with
-   the plain cycles on either side. The worker enriches traces throughout, beside every kind of cycle, so this
-   leaves out what its work costs the loop: that is part 2.
+1. Our loop's own work: torch_l2topo.profile blocks (background worker) in which three of every four cycles are
+   plain (no recording; the handler only exports the trace to disk, as plain torch.profiler's on_trace_ready
+   does) and the fourth takes turns among ours as it is and ours without one of its parts (KINDS). Each such
+   cycle and the one after it (which runs what it deferred: its records' drain) are compared with the two-cycle
+   units of plain cycles just before and after (unit_pairs). Until 2026-12-02 08:20 each cycle was compared
+   alone with its plain neighbours, which charged the deferred drain to a plain neighbour and read the cost low
+   by twice the drain's (the results of that design say so). The worker enriches traces throughout, beside
+   every kind of cycle, so this leaves out what its work costs the loop: that is part 2.
 2. The worker's concurrent work: plain torch.profiler blocks while a process doing the worker's job (enrich
    a recorded trace, write it, again and again; nice 19, SCHED_IDLE, as the worker) is continued at the start of
    one cycle and stopped at the start of the next, alternately (one signal every cycle in both kinds); or, with
@@ -15,9 +18,9 @@ ms apart drift far less.
    (an effect that takes longer than a cycle to build up or die away is seen whole there).
 
 Each part: per-cycle wall time (from the cycle's first step to the end of the prof.step() that runs its trace
-handler), medians and quantiles by kind, the difference per adjacent pair (us) and its ratio to the plain
-cycle, with a bootstrap 90% interval of the median difference. Several blocks; each block's first two cycles are
-left out (compilation, the first cycle's warmup recording).
+handler), medians and quantiles by kind (part 1: of two-cycle units), the difference per pair (us) and its
+ratio to a plain cycle, with a bootstrap 90% interval of the median difference. Several blocks; each block's
+first two cycles are left out (compilation, the first cycle's warmup recording).
 
     python benchmarks/diag_profiler_components.py --device 0 \\
         --out benchmarks/results/diagnosis/profiler_components_h200.json
@@ -85,14 +88,38 @@ def _paired(times: list, first_is_a: bool) -> dict:
     return _compared(a[:n], b[:n])
 
 
-def _compared(a: np.ndarray, b: np.ndarray) -> dict:
+def _compared(a: np.ndarray, b: np.ndarray, cycles_per_unit: int = 1) -> dict:
+    """a against b, pair by pair (each a unit of cycles_per_unit cycles): quantiles, the median difference (us)
+    with a bootstrap 90% interval, and that difference over the median plain cycle (b / cycles_per_unit)."""
     diff = (a - b) * 1e6
     rng = np.random.default_rng(0)
     boot = np.median(rng.choice(diff, size=(2000, len(diff))), axis=1)
-    return {"a_s": quantiles(a), "b_s": quantiles(b), "pairs": len(diff),
+    return {"a_s": quantiles(a), "b_s": quantiles(b), "pairs": len(diff), "cycles_per_unit": cycles_per_unit,
             "diff_us": {**quantiles(diff), "p50_ci90": [float(np.percentile(boot, 5)), float(np.percentile(boot, 95))]},
-            "diff_over_b_median": float(np.median(diff) / (np.median(b) * 1e6)),
+            "diff_over_b_median": float(np.median(diff) / (np.median(b) / cycles_per_unit * 1e6)),
             "ratio_of_medians": float(np.median(a) / np.median(b))}
+
+
+GROUP = 4  # a compared cycle, then three plain ones (unit_pairs)
+
+
+def kind_sequence(compared) -> list:
+    """The kinds of a block's cycles, repeating: each compared kind, then three plain cycles (unit_pairs)."""
+    return [k for kind in compared for k in (kind, *["plain"] * (GROUP - 1))]
+
+
+def unit_pairs(times, kinds: list, skip: int) -> dict:
+    """{kind: [(unit, control)]} from one block's cycle times (kinds: kind_sequence's, by cycle). A unit is a
+    compared cycle plus the one after it, so that what the compared cycle leaves to its next step (its deferred
+    drain) counts against it; its control is the mean of the two-cycle units of clean plain cycles just before
+    and just after it (each preceded by a plain cycle). Cycles before `skip` are left out."""
+    out = {}
+    for c in range(max(skip, 2), len(times) - 3):
+        kind = kinds[c % len(kinds)]
+        if kind != "plain":
+            control = (times[c - 2] + times[c - 1] + times[c + 2] + times[c + 3]) / 2
+            out.setdefault(kind, []).append((times[c] + times[c + 1], control))
+    return out
 
 
 # What a cycle of each kind does beyond plain torch.profiler's (plain: no recording, the handler only exports to
@@ -161,8 +188,8 @@ def ours_against_plain(step, dev, work: Path, blocks: int, cycles: int, compared
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     sched = torch.profiler.schedule(wait=1, warmup=1, active=ACTIVE, repeat=cycles)
     (work / "plain").mkdir(parents=True, exist_ok=True)
-    kinds = [k for kind in compared for k in (kind, "plain")]
-    shared_spool().reserve(dev.index, CAPACITY, cycles // 2 + 2)  # no slot is page-locked in the loop
+    kinds = kind_sequence(compared)
+    shared_spool().reserve(dev.index, CAPACITY, cycles // GROUP + 2)  # no slot is page-locked in the loop
     by_kind = {k: [] for k in compared}
     exits = []
     for b in range(blocks + 1):  # block 0 warms up (compilation, the worker's imports)
@@ -175,15 +202,13 @@ def ours_against_plain(step, dev, work: Path, blocks: int, cycles: int, compared
             t_end = time.perf_counter()
         exits.append(time.perf_counter() - t_end)
         if b:
-            for c in range(SKIP, cycles - 1):
-                kind = kinds[c % len(kinds)]
-                if kind != "plain":  # its neighbours are plain cycles
-                    by_kind[kind].append((t[c], (t[c - 1] + t[c + 1]) / 2))
+            for kind, pairs in unit_pairs(t, kinds, SKIP).items():
+                by_kind[kind] += pairs
         print(f"ours against plain: block {b}/{blocks}", flush=True)
     out = {"what": {k: KINDS[k] for k in compared}, "exit_s": quantiles(exits[1:])}
     for kind, pairs in by_kind.items():
         a, b = np.array(pairs).T
-        out[kind] = _compared(a, b)
+        out[kind] = _compared(a, b, cycles_per_unit=2)
     return out
 
 

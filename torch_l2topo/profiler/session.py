@@ -96,8 +96,9 @@ class TraceHandler:
         self._host = f"{socket.gethostname()}_{self._pid}"
         self._cuda = None          # whether CUDA is available (asked once)
         # Launch each cycle's drain later, not in this handler (background only; profile() sets it and launches it
-        # when the next step ends): in the handler, right after the profiler stops, one CUDA call cost ~0.2 ms of
-        # the cycle on the H200 machine, against ~0.02 ms a step later (docs/profiler.md, Costs).
+        # when the next step ends): in the handler, right after the profiler stops, the drain cost 0.06-0.24 ms of
+        # the cycle on two H200 machines, while the same launch back to back takes ~0.02 ms (docs/profiler.md,
+        # Costs; its cost a step later is not resolved yet).
         self.defer_drain = False
         self._export_dir = shm_directory()  # where exports go while it has room (_export_path); None: beside traces
         self._largest_export = 0
