@@ -123,7 +123,7 @@ def unit_pairs(times, kinds: list, skip: int) -> dict:
 
 
 # What a cycle of each kind does beyond plain torch.profiler's (plain: no recording, the handler only exports to
-# disk). Every other cycle is plain; each of the others is compared with the mean of the plain cycles on either side.
+# disk). Three of every four cycles are plain (kind_sequence); unit_pairs compares the others with them.
 KINDS = {
     "ours": "torch_l2topo.profile as it is",
     "ours_draining_in_the_handler": "the records' drain launched in the trace handler, not deferred to the next step",
@@ -184,7 +184,8 @@ class Alternating(session.profile):
 
 
 def ours_against_plain(step, dev, work: Path, blocks: int, cycles: int, compared=tuple(KINDS)) -> dict:
-    """Part 1 (module docstring) for the kinds `compared`: per kind, its cycles against their plain neighbours."""
+    """Part 1 (module docstring) for the kinds `compared`: per kind, its two-cycle units against the plain ones
+    around them (unit_pairs), and how long each block's end waited for its traces."""
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     sched = torch.profiler.schedule(wait=1, warmup=1, active=ACTIVE, repeat=cycles)
     (work / "plain").mkdir(parents=True, exist_ok=True)
