@@ -46,7 +46,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from bench_placement import interleaved
-from common import calibrated_device, gpu_parser, quantiles, write_result
+from common import bootstrap_ci90, calibrated_device, gpu_parser, quantiles, write_result
 
 from torch_l2topo import layout
 from torch_l2topo.placement import recording
@@ -245,7 +245,7 @@ def overhead(dev, reps: int, work: Path, cycles: int, step, which: str, inline_r
                "post_processing_s": quantiles(post),
                "handler_s": {k: quantiles(v) for k, v in handler_s.items()},
                "loop_overhead": {k: loop_med[k] / loop_med["plain"] - 1 for k in ("background", "inline")},
-               "loop_overhead_ci90": bootstrap_ci90(loop["background"], loop["plain"]),
+               "loop_overhead_ci90": overhead_ci90(loop["background"], loop["plain"]),
                "loop_ratio_paired": {k: quantiles(v) for k, v in paired.items()},
                "cycle_overhead": {k: med[k] / med["plain"] - 1 for k in ("background", "inline")},
                "active_gpu_overhead": float(np.median(gpu["background"]) / np.median(gpu["plain"]) - 1),
@@ -260,16 +260,13 @@ def overhead(dev, reps: int, work: Path, cycles: int, step, which: str, inline_r
     return figures, last
 
 
-def bootstrap_ci90(ours: list, plain: list, resamples: int = 2000) -> dict:
-    """90% bootstrap intervals (rounds resampled with replacement, seeded) of the loop overhead two ways: the ratio
-    of medians minus 1, and the median of the per-round ratios minus 1 (rounds paired as they ran)."""
+def overhead_ci90(ours: list, plain: list) -> dict:
+    """90% bootstrap intervals (rounds resampled with replacement, common.bootstrap_ci90) of the loop overhead two
+    ways: the ratio of medians minus 1, and the median of the per-round ratios minus 1 (rounds paired as they ran)."""
     a, b = np.asarray(ours), np.asarray(plain[:len(ours)])
-    rng = np.random.default_rng(0)
-    picks = rng.integers(0, len(a), size=(resamples, len(a)))
-    of_medians = np.median(a[picks], axis=1) / np.median(b[picks], axis=1) - 1
-    paired = np.median(a[picks] / b[picks], axis=1) - 1
-    return {k: [float(np.percentile(v, 5)), float(np.percentile(v, 95))]
-            for k, v in (("ratio_of_medians", of_medians), ("paired", paired))}
+    return {"ratio_of_medians": bootstrap_ci90(lambda p: np.median(a[p], axis=1) / np.median(b[p], axis=1) - 1,
+                                               len(a)),
+            "paired": bootstrap_ci90(lambda p: np.median(a[p] / b[p], axis=1) - 1, len(a))}
 
 
 def write_bound(trace_path: Path, work: Path, plain_cycle_s: float) -> dict:

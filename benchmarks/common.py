@@ -71,6 +71,14 @@ def quantiles(values) -> dict:
     return Measurement(values).quantiles()
 
 
+def bootstrap_ci90(statistic, n: int, resamples: int = 2000) -> list:
+    """[5th, 95th] percentile of statistic(picks) over `resamples` resamplings with replacement of n paired
+    observations (seeded): picks is a (resamples, n) array of indices, and statistic returns one value per row."""
+    picks = np.random.default_rng(0).integers(0, n, size=(resamples, n))
+    values = statistic(picks)
+    return [float(np.percentile(values, 5)), float(np.percentile(values, 95))]
+
+
 def command_line() -> str:
     """The command that is running, with CUDA_VISIBLE_DEVICES when set (it says which GPU --device 0 was)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")

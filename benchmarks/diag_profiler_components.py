@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from bench_profiler import ACTIVE, CAPACITY, model_step
-from common import calibrated_device, gpu_parser, quantiles, write_result
+from common import bootstrap_ci90, calibrated_device, gpu_parser, quantiles, write_result
 
 from torch_l2topo.placement import recording
 from torch_l2topo.profiler import session
@@ -92,10 +92,9 @@ def _compared(a: np.ndarray, b: np.ndarray, cycles_per_unit: int = 1) -> dict:
     """a against b, pair by pair (each a unit of cycles_per_unit cycles): quantiles, the median difference (us)
     with a bootstrap 90% interval, and that difference over the median plain cycle (b / cycles_per_unit)."""
     diff = (a - b) * 1e6
-    rng = np.random.default_rng(0)
-    boot = np.median(rng.choice(diff, size=(2000, len(diff))), axis=1)
     return {"a_s": quantiles(a), "b_s": quantiles(b), "pairs": len(diff), "cycles_per_unit": cycles_per_unit,
-            "diff_us": {**quantiles(diff), "p50_ci90": [float(np.percentile(boot, 5)), float(np.percentile(boot, 95))]},
+            "diff_us": {**quantiles(diff), "p50_ci90": bootstrap_ci90(lambda p: np.median(diff[p], axis=1),
+                                                                     len(diff))},
             "diff_over_b_median": float(np.median(diff) / (np.median(b) / cycles_per_unit * 1e6)),
             "ratio_of_medians": float(np.median(a) / np.median(b))}
 

@@ -203,7 +203,7 @@ def main(argv=None) -> dict:
              (spool.RecordSpool, "drain_all"), (spool.RecordSpool, "reserve"), (worker.Worker, "submit"),
              (worker.Worker, "harvest"), (worker.Worker, "_hand_over"), (worker.Worker, "_progress"),
              (torch.profiler.profile, "export_chrome_trace"),
-             (recording, "start_recording"), (recording, "reset_all"), (tempfile, "mkstemp"), (pickle, "dump"),
+             (recording, "start_recording"), (recording, "reset_dirty"), (tempfile, "mkstemp"), (pickle, "dump"),
              # inside the parts above: where the drain, the reset and the handler's own lines spend their time
              (spool._Slot, "drain"), (spool.RecordSpool, "_take"), (torch.cuda.CUDAGraph, "replay"),
              (recording.CtaRecorder, "reset"), (session.TraceHandler, "_path_of"), (session.TraceHandler, "_done"),

@@ -393,12 +393,6 @@ def stop_recording() -> None:
         _switch.depth = max(_switch.depth - 1, 0)
 
 
-def reset_all() -> None:
-    """Reset every recorder made so far."""
-    for rec in list(_switch.recorders.values()):
-        rec.reset()
-
-
 def reset_dirty() -> None:
     """Reset the recorders that may hold records since their last reset or drain (CtaRecorder.dirty): the start of
     a profiling cycle."""
