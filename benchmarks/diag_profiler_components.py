@@ -193,8 +193,9 @@ def ours_against_plain(step, dev, work: Path, blocks: int, cycles: int, compared
     by_kind = {k: [] for k in compared}
     exits = []
     for b in range(blocks + 1):  # block 0 warms up (compilation, the worker's imports)
+        # max_held 0: the worker enriches beside every cycle, ours and plain alike (part 2 measures what that costs)
         prof = Alternating(work / "plain", kinds, path_or_dir=work / "ours", activities=acts, schedule=sched,
-                           devices=[dev.index], capacity=CAPACITY)
+                           devices=[dev.index], capacity=CAPACITY, max_held=0)
         prof.handler.max_pending = cycles  # no job runs in the loop
         torch.cuda.synchronize()
         with prof:

@@ -216,12 +216,56 @@ def test_profiler_blocks_share_one_worker_process_that_outlives_them(tmp_path, m
     assert w._proc is None and worker.shared_worker() is not w
 
 
+def test_a_hold_keeps_jobs_here_up_to_its_bound_then_the_oldest_go_to_the_worker(tmp_path):
+    done = []
+    w = ready_worker()
+    w.hold(3)
+    w.hold(2)  # nested: the smaller bound applies while both are in force
+    jobs = [_job(tmp_path, f"j{i}") for i in range(5)]
+    for job in jobs[:2]:
+        w.submit(job, lambda path, problem: done.append((path, problem)))
+    assert not w._handed and [e.job for e in w._waiting] == jobs[:2]
+    w.submit(jobs[2], lambda path, problem: done.append((path, problem)))
+    assert [e.job for e in w._handed] == jobs[:1] and [e.job for e in w._waiting] == jobs[1:3]
+    w.release()  # back to the outer bound, 3: nothing more goes
+    w.submit(jobs[3], lambda path, problem: done.append((path, problem)))
+    assert [e.job for e in w._waiting] == jobs[1:4]
+    w.release()
+    assert len(w._handed) == IN_PIPE and w._handed[-1].job in jobs[1:3]
+    w.release()  # one more than there were holds: nothing to end
+    w.submit(jobs[4], lambda path, problem: done.append((path, problem)))
+    w.close()
+    assert done == [(j.path, None) for j in jobs]
+
+
+@pytest.mark.parametrize("max_held", [8, 0])
+def test_a_profile_block_leaves_its_traces_for_its_end_unless_told_otherwise(tmp_path, monkeypatch, max_held):
+    monkeypatch.setattr(worker, "_shared", PerProcess(ready_worker))
+    sched = torch.profiler.schedule(wait=0, warmup=1, active=1, repeat=3)
+    with torch_l2topo.profile(tmp_path, schedule=sched, activities=ACTIVITIES, topology=None,
+                              max_held=max_held) as prof:
+        steps(prof, 6)  # three cycles, each with its trace handler
+        w = prof.handler._worker
+        if max_held:
+            assert not w._handed and len(w._waiting) == 3 and not prof.written
+        else:  # the worker took what it can hold at once (and may have written some by now)
+            assert len(w._waiting) <= 3 - IN_PIPE and len(w._waiting) + len(w._handed) + len(prof.written) == 3
+    assert len(prof.written) == 3 and all(load_trace(p)["traceEvents"] for p in prof.written)
+    assert not w._holds and not w._entries
+    worker.close_shared_worker()
+
+
 def test_options_are_checked():
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="max_pending"):
             Worker(max_pending=bad)
         with pytest.raises(ValueError, match="max_pending"):
             session.TraceHandler("x.json", background=True, max_pending=bad)
+    for bad in (-1, worker.DEFAULT_MAX_PENDING, 1.5, True):
+        with pytest.raises(ValueError, match="max_held"):
+            torch_l2topo.profile("x", max_held=bad)
+        with pytest.raises(ValueError, match="max_held"):
+            Worker().hold(bad)
 
 
 def test_traces_are_written_whole_without_waiting_for_the_disk(tmp_path, monkeypatch):

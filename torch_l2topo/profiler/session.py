@@ -52,11 +52,12 @@ from .proton_trace import load_proton, proton_records
 from .smmap import map_of, map_of_file
 from .spool import close_shared_spool, flush_shared_spool, shared_spool, shm_directory
 from .tracefile import load_trace, write_trace
-from .worker import DEFAULT_MAX_PENDING, check_max_pending, close_shared_worker, shared_worker
+from .worker import DEFAULT_MAX_PENDING, check_max_held, check_max_pending, close_shared_worker, shared_worker
 
 TOPOLOGY_MODES = ("cached", "calibrate")
 EXPORT_ROOM_MIN = 256 << 20  # bytes of shared memory left free before an export goes there (_export_path)
 EXPORT_ROOM_FACTOR = 4       # ... and this many times the largest export so far
+DEFAULT_MAX_HELD = 8  # cycles a profile() block's worker leaves for its end (profile's max_held)
 
 
 class TraceHandler:
@@ -279,7 +280,10 @@ class profile(torch.profiler.profile):
     recorders switched on from the warmup steps and reset when each cycle starts.
 
     topology, include_ids, use_gzip: TraceHandler's. background: enrich and write each cycle's trace in a
-    worker process while the steps go on (TraceHandler; every trace is written when the block ends).
+    worker process (TraceHandler; every trace is written when the block ends). max_held: with background, the
+    worker starts on a block's traces when its steps are over, or once more than max_held cycles wait (then it
+    works beside the steps; 0: from the first cycle on). Waiting cycles keep their export in shared memory and
+    their records in a spool slot.
     record: record CTAs of instrumented kernels.
     capacity: records per GPU per cycle (placement.recording.DEFAULT_CAPACITY). devices: GPUs whose
     recorders and calibrations are set up before profiling (default: the current one). proton: False, True
@@ -290,7 +294,8 @@ class profile(torch.profiler.profile):
 
     def __init__(self, path_or_dir="l2topo_traces", *, topology="cached", include_ids: bool = False,
                  record: bool = True, capacity: int | None = None, devices=None, proton=False,
-                 use_gzip: bool = False, background: bool = True, **profiler_options):
+                 use_gzip: bool = False, background: bool = True, max_held: int = DEFAULT_MAX_HELD,
+                 **profiler_options):
         if "on_trace_ready" in profiler_options:
             raise TypeError("torch_l2topo.profile writes its own traces; to combine with another on_trace_ready, "
                             "use torch.profiler.profile(on_trace_ready=...) and call a TraceHandler from it")
@@ -299,6 +304,7 @@ class profile(torch.profiler.profile):
         self.handler = TraceHandler(path_or_dir, topology=topology, include_ids=include_ids, record=False,
                                     use_gzip=use_gzip, background=background)
         self.record, self.capacity, self.proton = record, capacity, proton
+        self.max_held = check_max_held(max_held, self.handler.max_pending)
         self.devices = devices
         self._recording = False
         self._devices: list = []  # the GPUs recorded in this block (start())
@@ -327,10 +333,21 @@ class profile(torch.profiler.profile):
 
             self._proton_dir = tempfile.mkdtemp(prefix="l2topo-proton-")
             proton.start(os.path.join(self._proton_dir, "proton"), backend="instrumentation", data="trace")
-        super().start()
+        if self.handler.background:
+            self.handler._worker.hold(self.max_held)
+        try:
+            super().start()
+        except BaseException:
+            if self.handler.background:
+                self.handler._worker.release()
+            raise
 
     def stop(self) -> None:
-        super().stop()
+        try:
+            super().stop()
+        finally:
+            if self.handler.background:
+                self.handler._worker.release()
         self.handler.close()  # every trace written before stop() returns
         if self.proton is True and self._proton_dir is not None:
             import triton.profiler as proton

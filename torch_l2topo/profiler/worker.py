@@ -17,11 +17,14 @@ showed no consistent effect on the parent's own work there (benchmarks/diag_sign
 Protocol: the worker writes READY on stdout once its imports are done. The parent hands it a job only then, as
 a length-prefixed pickle on its stdin, and never more than IN_PIPE unanswered at a time; the worker answers each
 job, in order, with one line RESULT + JSON {"problem", "written"}. A job is small: its records stay in the spool's
-shared-memory slots (spool.py). The jobs not handed over yet stay with the parent, which can therefore always take
-work back without a race: when it has to wait (drain(), or max_pending jobs in flight) it runs the newest
-waiting job itself while the worker goes on with the oldest, and a worker that is not ready yet (still importing
-at a block's end) leaves every job to the parent. Finished jobs are reported (on_done) in submission order. A
-worker that dies leaves its unanswered jobs to the parent (or to its successor): nothing is lost.
+shared-memory slots (spool.py). A profile() block holds its jobs back (hold(max_held)): none goes to the worker
+until more than max_held wait, so a short block's enrichment runs once its steps are over, not beside them
+(docs/profiler.md, Off the training loop, says what the worker's concurrent work measured). The jobs not handed
+over yet stay with the parent, which can therefore always take work back without a race: when it has to wait
+(drain(), or max_pending jobs in flight) it runs the newest waiting job itself while the worker goes on with the
+oldest, and a worker that is not ready yet (still importing at a block's end) leaves every job to the parent.
+Finished jobs are reported (on_done) in submission order. A worker that dies leaves its unanswered jobs to the
+parent (or to its successor): nothing is lost.
 """
 from __future__ import annotations
 
@@ -74,6 +77,7 @@ class Worker:
         self._entries: deque = deque()  # every job not reported yet, in submission order
         self._waiting: deque = deque()  # jobs not handed to the worker yet
         self._handed: deque = deque()   # jobs the worker holds, unanswered (it answers in order)
+        self._holds: list = []  # max_held of each hold() not released yet (profile() blocks running)
 
     def start(self) -> None:
         """Start the worker process now if it is not running (submit does otherwise): its imports take seconds,
@@ -94,6 +98,17 @@ class Worker:
         if not self._ready and self._proc is not None:
             self._read(wait=False)
         return self._ready
+
+    def hold(self, max_held: int) -> None:
+        """Until release(): jobs stay here while at most max_held wait; beyond that the worker gets the oldest ones
+        (and works while the steps go on). Holds nest; the smallest max_held of those in force applies."""
+        self._holds.append(check_max_held(max_held, self.max_pending))
+
+    def release(self) -> None:
+        """End the latest hold(); the jobs it kept go to the worker as it can take them (harvest, drain)."""
+        if self._holds:
+            self._holds.pop()
+        self._hand_over()
 
     def submit(self, job: CycleJob, on_done: Callable, max_pending: int | None = None) -> None:
         """Queue `job`; it goes to the worker as soon as the worker can take it. Returns at once unless
@@ -148,7 +163,8 @@ class Worker:
         self._report()
 
     def _hand_over(self) -> None:
-        while self._waiting and len(self._handed) < IN_PIPE and self._proc is not None and self.ready():
+        keep = min(self._holds, default=0)  # jobs that stay here (hold())
+        while len(self._waiting) > keep and len(self._handed) < IN_PIPE and self._proc is not None and self.ready():
             entry = self._waiting.popleft()
             blob = pickle.dumps(entry.job, protocol=pickle.HIGHEST_PROTOCOL)
             try:
@@ -225,6 +241,12 @@ def check_max_pending(max_pending) -> int:
     if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
         raise ValueError(f"max_pending must be an integer >= 1, got {max_pending!r}")
     return max_pending
+
+
+def check_max_held(max_held, max_pending: int) -> int:
+    if isinstance(max_held, bool) or not isinstance(max_held, int) or not 0 <= max_held < max_pending:
+        raise ValueError(f"max_held must be an integer from 0 to max_pending - 1 = {max_pending - 1}, got {max_held!r}")
+    return max_held
 
 
 def _run_idle(pid: int) -> None:
