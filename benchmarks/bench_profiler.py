@@ -95,14 +95,18 @@ def compiled_out(dev, reps: int) -> dict:
             "grid": GRID, "rows": ROWS}
 
 
+def example_model(dev) -> tuple:
+    """(examples/profile_model.py's Model on `dev`, a batch of its row indices)."""
+    spec = importlib.util.spec_from_file_location("profile_model", ROOT / "examples" / "profile_model.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    return example.Model(example.gather_op()).to(dev), torch.randint(0, example.N_ROWS, (example.BATCH,), device=dev)
+
+
 def model_step(dev):
     """(the step to profile, which model it is): the example's if contract v2 has landed, else the demo one."""
     if hasattr(layout, "PLACE_RECORD"):
-        spec = importlib.util.spec_from_file_location("profile_model", ROOT / "examples" / "profile_model.py")
-        example = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(example)
-        model = example.Model(example.gather_op()).to(dev)
-        idx = torch.randint(0, example.N_ROWS, (example.BATCH,), device=dev)
+        model, idx = example_model(dev)
         return (lambda: model(idx)), "examples/profile_model.py (@sm_aware gather + nn.Linear)"
     x = torch.randn(ROWS, DIM, device=dev)
     proj = torch.nn.Linear(DIM, DIM).to(dev)

@@ -9,8 +9,9 @@ ms apart drift far less.
    cycle and the one after it (which runs what it deferred: its records' drain) are compared with the two-cycle
    units of plain cycles just before and after (unit_pairs). Until 2026-12-02 08:20 each cycle was compared
    alone with its plain neighbours, which charged the deferred drain to a plain neighbour and read the cost low
-   by twice the drain's (the results of that design say so). The worker enriches traces throughout, beside
-   every kind of cycle, so this leaves out what its work costs the loop: that is part 2.
+   by twice the drain's (the results of that design say so). The worker's jobs wait for the block's end
+   (max_held; until 2026-12-06 it enriched beside every kind of cycle alike), so this leaves out what its work
+   costs the loop: that is part 2.
 2. The worker's concurrent work: plain torch.profiler blocks while a process doing the worker's job (enrich
    a recorded trace, write it, again and again; nice 19, SCHED_IDLE, as the worker) is continued at the start of
    one cycle and stopped at the start of the next, alternately (one signal every cycle in both kinds); or, with
@@ -193,10 +194,10 @@ def ours_against_plain(step, dev, work: Path, blocks: int, cycles: int, compared
     by_kind = {k: [] for k in compared}
     exits = []
     for b in range(blocks + 1):  # block 0 warms up (compilation, the worker's imports)
-        # max_held 0: the worker enriches beside every cycle, ours and plain alike (part 2 measures what that costs)
+        # every job held for the block's end: nothing of the worker's lands between cycles (part 2 measures what its
+        # work beside the steps costs), and none runs in the loop
         prof = Alternating(work / "plain", kinds, path_or_dir=work / "ours", activities=acts, schedule=sched,
-                           devices=[dev.index], capacity=CAPACITY, max_held=0)
-        prof.handler.max_pending = cycles  # no job runs in the loop
+                           devices=[dev.index], capacity=CAPACITY, max_held=cycles, max_pending=cycles + 1)
         torch.cuda.synchronize()
         with prof:
             t = _cycles(step, prof, cycles)

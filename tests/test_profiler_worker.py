@@ -261,11 +261,15 @@ def test_options_are_checked():
             Worker(max_pending=bad)
         with pytest.raises(ValueError, match="max_pending"):
             session.TraceHandler("x.json", background=True, max_pending=bad)
-    for bad in (-1, worker.DEFAULT_MAX_PENDING, 1.5, True):
+    for bad in (-1, 1.5, True):
         with pytest.raises(ValueError, match="max_held"):
             torch_l2topo.profile("x", max_held=bad)
         with pytest.raises(ValueError, match="max_held"):
             Worker().hold(bad)
+    for held, pending in ((4, 4), (worker.DEFAULT_MAX_PENDING, None)):  # as many held as may be pending: refused
+        with pytest.raises(ValueError, match="below max_pending"):
+            torch_l2topo.profile("x", max_held=held, **({} if pending is None else {"max_pending": pending}))
+    assert torch_l2topo.profile("x", max_held=30, max_pending=31).handler.max_pending == 31
 
 
 def test_traces_are_written_whole_without_waiting_for_the_disk(tmp_path, monkeypatch):

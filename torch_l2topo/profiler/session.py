@@ -283,7 +283,7 @@ class profile(torch.profiler.profile):
     worker process (TraceHandler; every trace is written when the block ends). max_held: with background, the
     worker starts on a block's traces when its steps are over, or once more than max_held cycles wait (then it
     works beside the steps; 0: from the first cycle on). Waiting cycles keep their export in shared memory and
-    their records in a spool slot.
+    their records in a spool slot. max_pending: TraceHandler's (more than max_held).
     record: record CTAs of instrumented kernels.
     capacity: records per GPU per cycle (placement.recording.DEFAULT_CAPACITY). devices: GPUs whose
     recorders and calibrations are set up before profiling (default: the current one). proton: False, True
@@ -295,14 +295,14 @@ class profile(torch.profiler.profile):
     def __init__(self, path_or_dir="l2topo_traces", *, topology="cached", include_ids: bool = False,
                  record: bool = True, capacity: int | None = None, devices=None, proton=False,
                  use_gzip: bool = False, background: bool = True, max_held: int = DEFAULT_MAX_HELD,
-                 **profiler_options):
+                 max_pending: int = DEFAULT_MAX_PENDING, **profiler_options):
         if "on_trace_ready" in profiler_options:
             raise TypeError("torch_l2topo.profile writes its own traces; to combine with another on_trace_ready, "
                             "use torch.profiler.profile(on_trace_ready=...) and call a TraceHandler from it")
         # record=False: this class switches recording itself (prepare_trace .. stop_trace), so that a plain
         # torch.profiler run in the same process does not start recording
         self.handler = TraceHandler(path_or_dir, topology=topology, include_ids=include_ids, record=False,
-                                    use_gzip=use_gzip, background=background)
+                                    use_gzip=use_gzip, background=background, max_pending=max_pending)
         self.record, self.capacity, self.proton = record, capacity, proton
         self.max_held = check_max_held(max_held, self.handler.max_pending)
         self.devices = devices

@@ -102,7 +102,7 @@ class Worker:
     def hold(self, max_held: int) -> None:
         """Until release(): jobs stay here while at most max_held wait; beyond that the worker gets the oldest ones
         (and works while the steps go on). Holds nest; the smallest max_held of those in force applies."""
-        self._holds.append(check_max_held(max_held, self.max_pending))
+        self._holds.append(check_max_held(max_held))
 
     def release(self) -> None:
         """End the latest hold(); the jobs it kept go to the worker as it can take them (harvest, drain)."""
@@ -243,9 +243,13 @@ def check_max_pending(max_pending) -> int:
     return max_pending
 
 
-def check_max_held(max_held, max_pending: int) -> int:
-    if isinstance(max_held, bool) or not isinstance(max_held, int) or not 0 <= max_held < max_pending:
-        raise ValueError(f"max_held must be an integer from 0 to max_pending - 1 = {max_pending - 1}, got {max_held!r}")
+def check_max_held(max_held, max_pending: int | None = None) -> int:
+    """max_held, if it is an integer >= 0 (and below max_pending, given: more held jobs than that would make the
+    loop enrich them itself); else ValueError."""
+    top = "" if max_pending is None else f" and below max_pending ({max_pending})"
+    if isinstance(max_held, bool) or not isinstance(max_held, int) or max_held < 0 or \
+            (max_pending is not None and max_held >= max_pending):
+        raise ValueError(f"max_held must be an integer >= 0{top}, got {max_held!r}")
     return max_held
 
 
