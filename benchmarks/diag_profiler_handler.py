@@ -2,8 +2,9 @@
 torch.profiler, on the example model (the issue-17 overhead figure's diagnosis).
 
 Runs blocks of CYCLES cycles (wait 1, warmup 1, 5 active steps) of examples/profile_model.py under plain
-torch.profiler and torch_l2topo.profile (background worker; the same with the profiler's export written beside the
-traces instead of in shared memory; inline; background without recording), in rotating
+torch.profiler and torch_l2topo.profile (background worker; the same with the worker beside the steps,
+max_held=0; with the profiler's export written beside the traces instead of in shared memory; inline; background
+without recording), in rotating
 order, and times with wrappers: every step's model call and prof.step() separately (also by the
 step's place in its cycle, @0 the wait step .. @6 the last active step, whose prof.step() runs the trace
 handler), the profiler's phases (prepare, start and stop of a trace: torch's and ours around them), the
@@ -186,7 +187,8 @@ def main(argv=None) -> dict:
         prof.handler._export_dir = None
         return prof
 
-    variants = {"plain": plain, "background": ours(), "background_export_beside": export_beside,
+    variants = {"plain": plain, "background": ours(), "concurrent": ours(max_held=0),
+                "background_export_beside": export_beside,
                 "inline": ours(background=False), "background_no_record": ours(record=False)}
 
     class Proxy(dict):  # the wrappers append to whichever variant runs now
