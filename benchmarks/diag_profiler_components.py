@@ -183,21 +183,22 @@ class Alternating(session.profile):
             super()._start_recording()
 
 
-def ours_against_plain(step, dev, work: Path, blocks: int, cycles: int, compared=tuple(KINDS)) -> dict:
+def ours_against_plain(step, dev, work: Path, blocks: int, cycles: int, compared=tuple(KINDS),
+                       capacity: int = CAPACITY) -> dict:
     """Part 1 (module docstring) for the kinds `compared`: per kind, its two-cycle units against the plain ones
     around them (unit_pairs), and how long each block's end waited for its traces."""
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     sched = torch.profiler.schedule(wait=1, warmup=1, active=ACTIVE, repeat=cycles)
     (work / "plain").mkdir(parents=True, exist_ok=True)
     kinds = kind_sequence(compared)
-    shared_spool().reserve(dev.index, CAPACITY, cycles // GROUP + 2)  # no slot is page-locked in the loop
+    shared_spool().reserve(dev.index, capacity, cycles // GROUP + 2)  # no slot is page-locked in the loop
     by_kind = {k: [] for k in compared}
     exits = []
     for b in range(blocks + 1):  # block 0 warms up (compilation, the worker's imports)
         # every job held for the block's end: nothing of the worker's lands between cycles (part 2 measures what its
         # work beside the steps costs), and none runs in the loop
         prof = Alternating(work / "plain", kinds, path_or_dir=work / "ours", activities=acts, schedule=sched,
-                           devices=[dev.index], capacity=CAPACITY, max_held=cycles, max_pending=cycles + 1)
+                           devices=[dev.index], capacity=capacity, max_held=cycles, max_pending=cycles + 1)
         torch.cuda.synchronize()
         with prof:
             t = _cycles(step, prof, cycles)
@@ -266,20 +267,28 @@ def main(argv=None) -> dict:
     parser.add_argument("--period", type=int, default=1,
                         help="part 2: cycles the worker-like process runs, then as many it is stopped (1: by turns)")
     parser.add_argument("--parts", default="12", help="which parts to run (1, 2 or 12)")
+    parser.add_argument("--kinds", default=",".join(KINDS), help="part 1: the kinds compared, comma-separated")
+    parser.add_argument("--capacity", type=int, default=CAPACITY,
+                        help="records per cycle the recorder holds: each drain copies all of its buffer")
     args = parser.parse_args(argv)
+    kinds = tuple(args.kinds.split(","))
+    if set(kinds) - set(KINDS):
+        parser.error(f"unknown kinds {sorted(set(kinds) - set(KINDS))}; known: {', '.join(KINDS)}")
     dev, _, _ = calibrated_device(args.device, "profiler")
     step, which = model_step(dev)
     work = Path(tempfile.mkdtemp(prefix="l2topo-diag-components-"))
     figures = {"model": which, "blocks": args.reps, "cycles_per_block": args.cycles, "skipped_per_block": SKIP}
     with torch.no_grad():
         if "1" in args.parts:
-            figures["ours_against_plain"] = ours_against_plain(step, dev, work, args.reps, args.cycles)
+            figures["capacity"] = args.capacity
+            figures["ours_against_plain"] = ours_against_plain(step, dev, work, args.reps, args.cycles, kinds,
+                                                               args.capacity)
             print("ours against plain:", figures["ours_against_plain"], flush=True)
             trace = sorted((work / "ours").glob("*.json"), key=lambda p: p.stat().st_mtime)[-1]
         else:  # a trace to enrich: one short block of ours
             with session.profile(work / "ours", activities=[torch.profiler.ProfilerActivity.CPU,
                                                             torch.profiler.ProfilerActivity.CUDA],
-                                 devices=[dev.index], capacity=CAPACITY) as prof:
+                                 devices=[dev.index], capacity=args.capacity) as prof:
                 step()
             trace = prof.written[0]
         if "2" in args.parts:
