@@ -19,7 +19,7 @@ a length-prefixed pickle on its stdin, and never more than IN_PIPE unanswered at
 job, in order, with one line RESULT + JSON {"problem", "written"}. A job is small: its records stay in the spool's
 shared-memory slots (spool.py). A profile() block holds its jobs back (hold(max_held)): none goes to the worker
 until more than max_held wait, so a short block's enrichment runs once its steps are over, not beside them
-(docs/profiler.md, Off the training loop, says what the worker's concurrent work measured). The jobs not handed
+(docs/profiler.md, After the steps, not beside them, says what its work beside them cost). The jobs not handed
 over yet stay with the parent, which can therefore always take work back without a race: when it has to wait
 (drain(), or max_pending jobs in flight) it runs the newest waiting job itself while the worker goes on with the
 oldest, and a worker that is not ready yet (still importing at a block's end) leaves every job to the parent.
