@@ -383,6 +383,9 @@ def main(argv=None) -> dict:
             "exit_s": adjacent["exit_s"], "target_overhead": 0.02}
         figures["overhead_adjacent_cycles"]["meets_target"] = \
             figures["overhead_adjacent_cycles"]["diff_over_b_median"] <= 0.02
+        # the blocks' reading drifts by +-3-4% between runs of this size; both must be within the target
+        figures["meets_overhead_target"] = figures["overhead"]["meets_target"] and \
+            figures["overhead_adjacent_cycles"]["meets_target"]
         print("overhead, adjacent cycles:", figures["overhead_adjacent_cycles"]["diff_over_b_median"],
               figures["overhead_adjacent_cycles"]["diff_us"], flush=True)
     if args.heavy_ms > 0:

@@ -7,7 +7,7 @@ interleaved chunks of CHUNK calls: the host's time to issue a call (the chunk's 
 before it, not after) and the GPU's time per call (CUDA events around the chunk). Also the host time of the
 pieces recording adds to a launch: recording.active_recorder() and the CUDA capture check it makes.
 
-    python benchmarks/diag_record_launch.py --device 0 --out benchmarks/results/diagnosis/record_launch_h200.json
+    python benchmarks/diag_record_launch.py --device 0 --out benchmarks/results/diagnosis/record_launch_h100.json
 """
 from __future__ import annotations
 
