@@ -65,6 +65,7 @@ ACTIVE = 5
 CAPACITY = 1 << 17  # records per cycle: 5 active steps of the example's 16,384-CTA gather fit
 ROOT = Path(__file__).resolve().parents[1]
 ADJACENT_CYCLES = 100  # per block of the adjacent-cycle comparison
+EXAMPLE = "examples/profile_model.py (@sm_aware gather + nn.Linear)"  # the model the figures are of
 VARIANTS = ("plain", "background", "concurrent", "inline")  # overhead(): plain torch.profiler, then ours
 
 
@@ -107,7 +108,7 @@ def model_step(dev):
     """(the step to profile, which model it is): the example's if contract v2 has landed, else the demo one."""
     if hasattr(layout, "PLACE_RECORD"):
         model, idx = example_model(dev)
-        return (lambda: model(idx)), "examples/profile_model.py (@sm_aware gather + nn.Linear)"
+        return (lambda: model(idx)), EXAMPLE
     x = torch.randn(ROWS, DIM, device=dev)
     proj = torch.nn.Linear(DIM, DIM).to(dev)
     out = torch.empty(ROWS, device=dev)

@@ -277,10 +277,10 @@ def main(argv=None) -> dict:
     dev, _, _ = calibrated_device(args.device, "profiler")
     step, which = model_step(dev)
     work = Path(tempfile.mkdtemp(prefix="l2topo-diag-components-"))
-    figures = {"model": which, "blocks": args.reps, "cycles_per_block": args.cycles, "skipped_per_block": SKIP}
+    figures = {"model": which, "blocks": args.reps, "cycles_per_block": args.cycles, "skipped_per_block": SKIP,
+               "capacity": args.capacity}
     with torch.no_grad():
         if "1" in args.parts:
-            figures["capacity"] = args.capacity
             figures["ours_against_plain"] = ours_against_plain(step, dev, work, args.reps, args.cycles, kinds,
                                                                args.capacity)
             print("ours against plain:", figures["ours_against_plain"], flush=True)

@@ -2,7 +2,7 @@
 (issue 17's overhead diagnosis: which of the two a profiled cycle pays for).
 
 The example's step (its @sm_aware gather of 16,384 one-row programs, then nn.Linear) and the gather alone, with
-recording off and on (placement.recording.recording(); the recorder reset between chunks, untimed), in
+recording off and on (placement.recording.recording(), which resets the recorder before the chunk, untimed), in
 interleaved chunks of CHUNK calls: the host's time to issue a call (the chunk's wall time, the GPU synchronized
 before it, not after) and the GPU's time per call (CUDA events around the chunk). Also the host time of the
 pieces recording adds to a launch: recording.active_recorder() and the CUDA capture check it makes.
@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 import torch
-from bench_profiler import CAPACITY, example_model
+from bench_profiler import CAPACITY, EXAMPLE, example_model
 from common import calibrated_device, gpu_parser, quantiles, write_result
 
 from torch_l2topo.placement import recording
@@ -38,7 +38,6 @@ def _chunk(call, gpu_times: list, host_times: list) -> None:
 
 def off_against_on(calls: dict, reps: int, dev) -> dict:
     """{call: {off/on: host_us, gpu_us quantiles}, and on - off medians} over reps interleaved chunks."""
-    rec = recording.recorder(dev.index, CAPACITY)
     out = {}
     for name, call in calls.items():
         times = {m: {"host_us": [], "gpu_us": []} for m in ("off", "on")}
@@ -47,7 +46,6 @@ def off_against_on(calls: dict, reps: int, dev) -> dict:
                 if mode == "on":
                     with recording.recording([dev.index], CAPACITY):
                         _chunk(call, times[mode]["gpu_us"], times[mode]["host_us"])
-                    rec.reset()
                 else:
                     _chunk(call, times[mode]["gpu_us"], times[mode]["host_us"])
         out[name] = {m: {k: quantiles(v) for k, v in t.items()} for m, t in times.items()}
@@ -83,10 +81,8 @@ def main(argv=None) -> dict:
                 call()
             with recording.recording([dev.index], CAPACITY):
                 call()
-            recording.recorder(dev.index).reset()
         torch.cuda.synchronize()
-        figures = {"model": "examples/profile_model.py (@sm_aware gather + nn.Linear)", "chunk_calls": CHUNK,
-                   "chunks_per_mode": args.reps,
+        figures = {"model": EXAMPLE, "chunk_calls": CHUNK, "chunks_per_mode": args.reps,
                    "calls": off_against_on(calls, args.reps, dev), "pieces": pieces(dev)}
     print("pieces:", figures["pieces"], flush=True)
     path = write_result(args.out, figures, args.device)
