@@ -21,7 +21,9 @@ ms apart drift far less.
 Each part: per-cycle wall time (from the cycle's first step to the end of the prof.step() that runs its trace
 handler), medians and quantiles by kind (part 1: of two-cycle units), the difference per pair (us) and its
 ratio to a plain cycle, with a bootstrap 90% interval of the median difference. Several blocks; each block's
-first two cycles are left out (compilation, the first cycle's warmup recording).
+first two cycles are left out (compilation, the first cycle's warmup recording). --time-calls adds the host time
+of each call the profiler makes to the spool and the recorders in the loop (TIMED_CALLS: us per call, quantiles,
+over every block, block 0 included).
 
     python benchmarks/diag_profiler_components.py --device 0 \\
         --out benchmarks/results/diagnosis/profiler_components_h200.json
@@ -42,7 +44,7 @@ from bench_profiler import ACTIVE, CAPACITY, model_step
 from common import bootstrap_ci90, calibrated_device, gpu_parser, quantiles, write_result
 
 from torch_l2topo.placement import recording
-from torch_l2topo.profiler import session
+from torch_l2topo.profiler import session, spool
 from torch_l2topo.profiler.spool import shared_spool
 from torch_l2topo.profiler.worker import _run_idle
 
@@ -261,6 +263,32 @@ def worker_running_against_stopped(step, work: Path, trace: Path, blocks: int, c
             "period": period, "settle_cycles": min(SETTLE, period // 2)}
 
 
+# (owner, name) of the calls --time-calls times: what ours does in the loop beyond plain torch.profiler
+TIMED_CALLS = ((spool.RecordSpool, "drain_all"), (spool.RecordSpool, "flush"), (spool.RecordSpool, "reserve"),
+               (spool._Slot, "__init__"), (spool._Slot, "prepare"), (spool._Slot, "drain"),
+               (recording, "start_recording"), (recording, "stop_recording"), (recording, "reset_dirty"))
+
+
+def time_calls() -> dict:
+    """Wrap TIMED_CALLS so that each call's host time (us) is appended to the returned {label: [us]}."""
+    times = {}
+
+    def timed(label, call):
+        def wrapper(*args, **kwargs):
+            t = time.perf_counter_ns()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                times[label].append((time.perf_counter_ns() - t) / 1e3)
+        return wrapper
+
+    for owner, name in TIMED_CALLS:
+        label = f"{owner.__name__.rsplit('.', 1)[-1]}.{name}"
+        times[label] = []
+        setattr(owner, name, timed(label, getattr(owner, name)))
+    return times
+
+
 def main(argv=None) -> dict:
     parser = gpu_parser(__doc__, reps=6)
     parser.add_argument("--cycles", type=int, default=100, help="cycles per block")
@@ -270,6 +298,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--kinds", default=",".join(KINDS), help="part 1: the kinds compared, comma-separated")
     parser.add_argument("--capacity", type=int, default=CAPACITY,
                         help="records per cycle the recorder holds: each drain copies all of its buffer")
+    parser.add_argument("--time-calls", action="store_true",
+                        help="also time each call to the spool and the recorders (host us per call)")
     args = parser.parse_args(argv)
     kinds = tuple(args.kinds.split(","))
     if set(kinds) - set(KINDS):
@@ -279,6 +309,7 @@ def main(argv=None) -> dict:
     work = Path(tempfile.mkdtemp(prefix="l2topo-diag-components-"))
     figures = {"model": which, "blocks": args.reps, "cycles_per_block": args.cycles, "skipped_per_block": SKIP,
                "capacity": args.capacity}
+    call_us = time_calls() if args.time_calls else None
     with torch.no_grad():
         if "1" in args.parts:
             figures["ours_against_plain"] = ours_against_plain(step, dev, work, args.reps, args.cycles, kinds,
@@ -295,6 +326,9 @@ def main(argv=None) -> dict:
             figures["worker_running_against_stopped"] = worker_running_against_stopped(
                 step, work, trace, args.reps, args.cycles, args.period)
             print("worker running against stopped:", figures["worker_running_against_stopped"], flush=True)
+    if call_us is not None:
+        figures["host_us_per_call"] = {label: quantiles(us) for label, us in call_us.items() if us}
+        print("host us per call:", figures["host_us_per_call"], flush=True)
     path = write_result(args.out, figures, args.device)
     print(f"wrote {path}")
     return figures

@@ -65,3 +65,19 @@ def test_unit_pairs_leave_out_the_first_cycles_and_need_plain_cycles_around():
     t = np.full(12, 0.004)
     got = design.unit_pairs(t, kinds, skip=5)
     assert [len(v) for v in got.values()] == [1]  # cycle 8 only: 4 is before skip, 12 has no cycles after it
+
+
+def test_time_calls_times_each_call_it_wraps_and_still_makes_it(monkeypatch):
+    """--time-calls: every wrapped call still runs (its result comes back) and leaves one host time, in us."""
+    for owner, name in design.TIMED_CALLS:
+        monkeypatch.setattr(owner, name, getattr(owner, name))  # restored after the test
+    seen = []
+    real_flush = design.spool.RecordSpool.flush
+    monkeypatch.setattr(design.spool.RecordSpool, "flush", lambda self: seen.append("flush") or real_flush(self))
+    times = design.time_calls()
+    spool = design.spool.RecordSpool()
+    spool.flush()
+    spool.flush()
+    assert seen == ["flush", "flush"] and len(times["RecordSpool.flush"]) == 2
+    assert all(0 <= us < 1e6 for us in times["RecordSpool.flush"])
+    assert times["RecordSpool.drain_all"] == [] and "recording.reset_dirty" in times

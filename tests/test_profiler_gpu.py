@@ -214,6 +214,34 @@ def test_each_cycle_keeps_its_own_records_when_the_drain_is_deferred(tmp_path, w
         _check_trace(path, launches_per_cycle=2, grid=GRID)
 
 
+def test_a_block_page_locks_its_slots_before_its_steps(tmp_path, monkeypatch):
+    """profile() makes the spool slots of the cycles it holds (max_held), and of the one being recorded, with their
+    drain graphs, when the block starts: a block of max_held + 1 cycles makes and captures none in its loop (a slot
+    page-locks megabytes, milliseconds; a capture takes about half of one)."""
+    from torch_l2topo.profiler import spool
+    from torch_l2topo.profiler.perprocess import PerProcess
+
+    monkeypatch.setattr(spool, "_shared", PerProcess(spool.RecordSpool))  # a spool with no slot yet
+    made, make = [], spool._Slot.__init__
+    x = torch.randn(ROWS, DIM, device="cuda")
+    recording.recorder(0).in_graphs = False
+    sched = torch.profiler.schedule(wait=0, warmup=0, active=1, repeat=4)
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch_l2topo.profile(tmp_path, schedule=sched, activities=acts, max_held=3) as prof:
+        slots = len(spool.shared_spool()._slots)
+        captured = all(slot.graph is not None for slot in spool.shared_spool()._slots)
+        monkeypatch.setattr(spool._Slot, "__init__", lambda slot, *a: (made.append(a), make(slot, *a))[1])
+        monkeypatch.setattr(spool, "_capture", lambda *a: made.append("capture"))
+        for _ in range(4):
+            row_sums(x, grid=GRID)
+            prof.step()
+    spool.close_shared_spool()
+    assert slots == 4 and captured
+    assert made == [] and len(prof.written) == 4
+    for path in prof.written:
+        _check_trace(path, launches_per_cycle=1, grid=GRID)
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_two_gpus_in_one_process(tmp_path):
     xs = [torch.randn(ROWS, DIM, device=f"cuda:{d}") for d in (0, 1)]

@@ -6,6 +6,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -151,6 +152,27 @@ def test_reserve_makes_free_slots_before_profiling(tmp_path, unpinned):
     assert sp.busy() == 0 and len(sp._slots) == 2
     sp.reserve(0, 1000, 2)
     assert len(sp._slots) == 2  # already there
+    sp.close()
+
+
+def test_reserve_given_the_recorder_captures_each_free_slots_drain_once(tmp_path, monkeypatch):
+    """Page-locked slots (as on a GPU): reserve(..., recorder) captures the drain of every free slot that can hold
+    the recorder's buffer, and only once; a slot too small for it is left alone (a capture would fail there)."""
+    import torch
+
+    captured = []
+    monkeypatch.setattr(spool, "_register", lambda words: True)
+    monkeypatch.setattr(spool, "_capture", lambda ops, device: captured.append(device) or object())
+    recorder = SimpleNamespace(device_index=0, capacity=1000, buffer=torch.zeros(4, dtype=torch.int64))
+    sp = RecordSpool(tmp_path)
+    sp.reserve(0, 10, 1)  # an earlier, smaller recorder's slot
+    sp.reserve(0, 1000, 2, recorder)
+    assert len(sp._slots) == 3 and len(captured) == 2
+    assert [s.graph is not None for s in sp._slots] == [False, True, True]
+    sp.reserve(0, 1000, 2, recorder)
+    assert len(sp._slots) == 3 and len(captured) == 2  # nothing new to make or capture
+    for slot in sp._slots:
+        slot.registered = False  # nothing was page-locked here
     sp.close()
 
 

@@ -334,6 +334,10 @@ class profile(torch.profiler.profile):
             self._proton_dir = tempfile.mkdtemp(prefix="l2topo-proton-")
             proton.start(os.path.join(self._proton_dir, "proton"), backend="instrumentation", data="trace")
         if self.handler.background:
+            if self.record:  # a slot for each cycle the worker holds, and one for the cycle being recorded,
+                for d in self._devices:  # page-locked and its drain captured now, not in the loop (spool.reserve)
+                    recorder = rec.recorder(d, self.capacity)
+                    shared_spool().reserve(d, recorder.capacity, self.max_held + 1, recorder)
             self.handler._worker.hold(self.max_held)
         try:
             super().start()

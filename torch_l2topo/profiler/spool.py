@@ -146,12 +146,18 @@ class _Slot:
     def clear_flag(self) -> None:
         self._host[FLAG_WORD] = -1
 
+    def prepare(self, recorder, counter) -> None:
+        """Capture the drain of `recorder` into this slot as a CUDA graph, unless it is (module docstring); no graph
+        where the slot is pageable or graphs cannot be captured."""
+        if self._graph_of is not recorder:
+            self.graph = _capture(lambda: self._drain_ops(recorder, counter), self.device) \
+                if self.registered and not _capture_warned else None
+            self._graph_of = recorder
+
     def drain(self, recorder, counter) -> None:
         """Queue the drain of `recorder` into this slot on the current stream (module docstring): the captured
-        graph, captured now on first use; the operations one by one where a graph cannot hold them."""
-        if self.graph is None or self._graph_of is not recorder:
-            self.graph, self._graph_of = (_capture(lambda: self._drain_ops(recorder, counter), self.device)
-                                          if self.registered and not _capture_warned else None), recorder
+        graph (captured now if prepare() has not); the operations one by one where a graph cannot hold them."""
+        self.prepare(recorder, counter)
         if self.graph is not None:
             self.graph.replay()
         else:
@@ -301,16 +307,32 @@ class RecordSpool:
             slot.busy = False
             self._free.setdefault(slot.device, []).append(slot)
 
-    def reserve(self, device: int, capacity: int, count: int) -> None:
-        """Make sure `count` free slots for a recorder of `capacity` records exist for GPU `device` (done before
-        profiling, so that the first cycles do not page-lock memory in the loop)."""
+    def reserve(self, device: int, capacity: int, count: int, recorder=None) -> None:
+        """Make sure `count` free slots for a recorder of `capacity` records exist for GPU `device` and, given the
+        recorder, that each free slot large enough has its drain captured (done before profiling: on the H100 machine
+        page-locking a slot took about 3 ms and a capture about 0.45 ms, each a cycle's cost if done in the loop;
+        benchmarks/results/diagnosis/profiler_drain_h100.json)."""
         free = self._free.get(device, ())
-        if len(free) >= count and all(s.capacity >= capacity for s in free):
-            return
-        taken = [self._take(device, capacity) for _ in range(count)]
-        with self._lock:
-            for slot in taken:
-                self._put_back(slot)
+        if len(free) < count or not all(s.capacity >= capacity for s in free):
+            taken = [self._take(device, capacity) for _ in range(count)]
+            with self._lock:
+                for slot in taken:
+                    self._put_back(slot)
+        if recorder is not None:
+            counter = self._counter(recorder)
+            for slot in list(self._free.get(device, ())):
+                if slot.capacity >= recorder.capacity:
+                    slot.prepare(recorder, counter)
+
+    def _counter(self, recorder):
+        """GPU `recorder.device_index`'s drain counter (one int64 word on it), made on first use."""
+        import torch
+
+        counter = self._counters.get(recorder.device_index)
+        if counter is None:
+            counter = self._counters[recorder.device_index] = torch.zeros(1, dtype=torch.int64,
+                                                                          device=recorder.buffer.device)
+        return counter
 
     def drain(self, recorder, defer: bool = False) -> SpooledRecords:
         """Hand `recorder`'s records since its last reset to a slot and reset it (module docstring: one graph
@@ -319,15 +341,11 @@ class RecordSpool:
         before a job reading these records runs in this process, and (the caller's part) before waiting for one
         that runs in the worker. A recorder that CUDA graphs hold is drained at once: a replay records at any
         time."""
-        import torch
-
         if self._pending:  # the GPU's counter numbers drains in launch order: earlier ones go first
             self.flush()
         device = recorder.device_index
         slot = self._take(device, recorder.capacity)
-        counter = self._counters.get(device)
-        if counter is None:
-            counter = self._counters[device] = torch.zeros(1, dtype=torch.int64, device=recorder.buffer.device)
+        counter = self._counter(recorder)
         seq = self._drains[device] = self._drains.get(device, 0) + 1
         names, class_counts = recorder.tags.snapshot()
         if defer and not recorder.in_graphs:
