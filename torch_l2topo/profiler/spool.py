@@ -147,8 +147,8 @@ class _Slot:
         self._host[FLAG_WORD] = -1
 
     def prepare(self, recorder, counter) -> None:
-        """Capture the drain of `recorder` into this slot as a CUDA graph, unless it is (module docstring); no graph
-        where the slot is pageable or graphs cannot be captured."""
+        """Capture the drain of `recorder` into this slot as a CUDA graph, unless it already is (module docstring);
+        no graph where the slot is pageable or graphs cannot be captured."""
         if self._graph_of is not recorder:
             self.graph = _capture(lambda: self._drain_ops(recorder, counter), self.device) \
                 if self.registered and not _capture_warned else None
