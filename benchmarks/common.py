@@ -13,6 +13,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -69,6 +70,23 @@ def _smi_clocks(index: int) -> dict:
 def quantiles(values) -> dict:
     """A result row's {"p20", "p50", "p80", "n"} of any values (times in any unit): timing.Measurement's."""
     return Measurement(values).quantiles()
+
+
+def time_each_call(owner, name: str, bucket, key: str | None = None):
+    """Wrap owner.name so that each call's host time (s) is appended to bucket[key or name]; returns the original
+    (to put back with setattr)."""
+    original = getattr(owner, name)
+    key = key or name
+
+    def wrapper(*args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            bucket[key].append(time.perf_counter() - t)
+
+    setattr(owner, name, wrapper)
+    return original
 
 
 def bootstrap_ci90(statistic, n: int, resamples: int = 2000) -> list:

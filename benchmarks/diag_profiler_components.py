@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from bench_profiler import ACTIVE, CAPACITY, model_step
-from common import bootstrap_ci90, calibrated_device, gpu_parser, quantiles, write_result
+from common import bootstrap_ci90, calibrated_device, gpu_parser, quantiles, time_each_call, write_result
 
 from torch_l2topo.placement import recording
 from torch_l2topo.profiler import session, spool
@@ -270,22 +270,12 @@ TIMED_CALLS = ((spool.RecordSpool, "drain_all"), (spool.RecordSpool, "flush"), (
 
 
 def time_calls() -> dict:
-    """Wrap TIMED_CALLS so that each call's host time (us) is appended to the returned {label: [us]}."""
+    """Wrap TIMED_CALLS so that each call's host time (s) is appended to the returned {label: [s]}."""
     times = {}
-
-    def timed(label, call):
-        def wrapper(*args, **kwargs):
-            t = time.perf_counter_ns()
-            try:
-                return call(*args, **kwargs)
-            finally:
-                times[label].append((time.perf_counter_ns() - t) / 1e3)
-        return wrapper
-
     for owner, name in TIMED_CALLS:
         label = f"{owner.__name__.rsplit('.', 1)[-1]}.{name}"
         times[label] = []
-        setattr(owner, name, timed(label, getattr(owner, name)))
+        time_each_call(owner, name, times, label)
     return times
 
 
@@ -309,7 +299,7 @@ def main(argv=None) -> dict:
     work = Path(tempfile.mkdtemp(prefix="l2topo-diag-components-"))
     figures = {"model": which, "blocks": args.reps, "cycles_per_block": args.cycles, "skipped_per_block": SKIP,
                "capacity": args.capacity}
-    call_us = time_calls() if args.time_calls else None
+    call_s = time_calls() if args.time_calls else None
     with torch.no_grad():
         if "1" in args.parts:
             figures["ours_against_plain"] = ours_against_plain(step, dev, work, args.reps, args.cycles, kinds,
@@ -326,8 +316,8 @@ def main(argv=None) -> dict:
             figures["worker_running_against_stopped"] = worker_running_against_stopped(
                 step, work, trace, args.reps, args.cycles, args.period)
             print("worker running against stopped:", figures["worker_running_against_stopped"], flush=True)
-    if call_us is not None:
-        figures["host_us_per_call"] = {label: quantiles(us) for label, us in call_us.items() if us}
+    if call_s is not None:
+        figures["host_us_per_call"] = {label: quantiles(np.array(s) * 1e6) for label, s in call_s.items() if s}
         print("host us per call:", figures["host_us_per_call"], flush=True)
     path = write_result(args.out, figures, args.device)
     print(f"wrote {path}")

@@ -33,24 +33,10 @@ from pathlib import Path
 import numpy as np
 import torch
 from bench_profiler import ACTIVE, CAPACITY, model_step
-from common import calibrated_device, gpu_parser, quantiles, write_result
+from common import calibrated_device, gpu_parser, quantiles, time_each_call, write_result
 
 from torch_l2topo.placement import recording
 from torch_l2topo.profiler import session, spool, worker
-
-
-def _timed(owner, name, bucket):
-    original = getattr(owner, name)
-
-    def wrapper(*args, **kwargs):
-        t = time.perf_counter()
-        try:
-            return original(*args, **kwargs)
-        finally:
-            bucket[name].append(time.perf_counter() - t)
-
-    setattr(owner, name, wrapper)
-    return original
 
 
 class _Named:
@@ -199,7 +185,7 @@ def main(argv=None) -> dict:
     times = {name: defaultdict(list) for name in variants}
     phases = [(cls, name) for cls in (torch.profiler.profile, session.profile)
               for name in ("prepare_trace", "start_trace", "stop_trace")]
-    originals = [(cls, name, _timed(cls, name, _Named(proxy, cls.__module__.split(".")[0])))
+    originals = [(cls, name, time_each_call(cls, name, _Named(proxy, cls.__module__.split(".")[0])))
                  for cls, name in phases]
     parts = [(session.TraceHandler, "__call__"), (session.TraceHandler, "calibrations"),
              (spool.RecordSpool, "drain_all"), (spool.RecordSpool, "reserve"), (worker.Worker, "submit"),
@@ -210,7 +196,7 @@ def main(argv=None) -> dict:
              (spool._Slot, "drain"), (spool.RecordSpool, "_take"), (torch.cuda.CUDAGraph, "replay"),
              (recording.CtaRecorder, "reset"), (session.TraceHandler, "_path_of"), (session.TraceHandler, "_done"),
              (worker.Worker, "_read"), (worker.Worker, "_report")]
-    originals += [(owner, name, _timed(owner, name, proxy)) for owner, name in parts]
+    originals += [(owner, name, time_each_call(owner, name, proxy)) for owner, name in parts]
     try:
         with torch.no_grad():
             for name, make in variants.items():  # warm

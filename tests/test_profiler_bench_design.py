@@ -68,7 +68,7 @@ def test_unit_pairs_leave_out_the_first_cycles_and_need_plain_cycles_around():
 
 
 def test_time_calls_times_each_call_it_wraps_and_still_makes_it(monkeypatch):
-    """--time-calls: every wrapped call still runs (its result comes back) and leaves one host time, in us."""
+    """--time-calls: every wrapped call still runs (its result comes back) and leaves one host time (s)."""
     for owner, name in design.TIMED_CALLS:
         monkeypatch.setattr(owner, name, getattr(owner, name))  # restored after the test
     seen = []
