@@ -28,9 +28,11 @@
    blur (the H200 machine's loop speed wanders by +-25% from one second to the next, so blocks timed one after
    another resolve a 2% difference only over hundreds of rounds): torch_l2topo.profile blocks of 100 cycles in
    which three of every four cycles are plain (no recording; the handler only exports to disk), each of our
-   cycles plus the one after it (which launches its deferred drain) against the two-cycle units of plain cycles
-   on either side (benchmarks/diag_profiler_components.py, part 1; that script also measures what a process
-   doing the worker's job costs a plain cycle).
+   cycles plus the one after it against the two-cycle units of plain cycles on either side
+   (benchmarks/diag_profiler_components.py, part 1; that script also measures what a process doing the worker's
+   job costs a plain cycle). One drain holds up to nine of our cycles (profiler/spool.py, Held drains), so one
+   unit in nine pays it: the target is read on the mean difference, which counts it at its share (the median,
+   reported too, leaves it out).
 3. Coverage: in the last enriched trace, every CTA of every instrumented launch appears once, on an SM of
    the GPU, inside its kernel's event (max misalignment in ns; %globaltimer ticks every 32 ns on Hopper).
 4. HolisticTraceAnalysis (where importable: carry its wheels, docs/profiler.md): the kernel breakdown of
@@ -360,7 +362,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--keep-trace", default=None, help="directory to keep the last enriched trace in (gzipped)")
     args = parser.parse_args(argv)
     dev, topo, ident = calibrated_device(args.device, "profiler")
-    recording.recorder(dev.index, CAPACITY)  # made now: a recorder keeps the capacity it was made with
+    # made now, for the cycles a drain holds: a recorder keeps the capacity it was made with
+    recording.recorder(dev.index, session.held_capacity(CAPACITY))
     work = Path(tempfile.mkdtemp(prefix="l2topo-bench-profiler-"))
     figures = {"calibration": ident, "compiled_out": compiled_out(dev, args.reps)}
     print("compiled out:", {k: v for k, v in figures["compiled_out"].items() if k != "ms"}, flush=True)
@@ -376,18 +379,19 @@ def main(argv=None) -> dict:
             adjacent = ours_against_plain(step, dev, work / "adjacent", args.adjacent_blocks, ADJACENT_CYCLES,
                                           ("ours",))
         figures["overhead_adjacent_cycles"] = {
-            "what": "each torch_l2topo.profile cycle plus the cycle after it (which launches its deferred drain) "
-                    "against the two-cycle units of plain cycles on either side, in the same blocks "
-                    "(benchmarks/diag_profiler_components.py, part 1): the loop's drift cancels; diff_us per "
-                    "profiled cycle, diff_over_b_median over one plain cycle",
+            "what": "each torch_l2topo.profile cycle plus the cycle after it against the two-cycle units of plain "
+                    "cycles on either side, in the same blocks (benchmarks/diag_profiler_components.py, part 1): "
+                    "the loop's drift cancels; diff_us per profiled cycle, (mean_)diff_over_b_median over one "
+                    "plain cycle; the target is read on the mean, which counts a drain held for several cycles at "
+                    "its share",
             "cycles_per_block": ADJACENT_CYCLES, "blocks": args.adjacent_blocks, **adjacent["ours"],
             "exit_s": adjacent["exit_s"], "target_overhead": 0.02}
         figures["overhead_adjacent_cycles"]["meets_target"] = \
-            figures["overhead_adjacent_cycles"]["diff_over_b_median"] <= 0.02
+            figures["overhead_adjacent_cycles"]["mean_diff_over_b_median"] <= 0.02
         # the blocks' reading drifts by +-3-4% between runs of this size; both must be within the target
         figures["meets_overhead_target"] = figures["overhead"]["meets_target"] and \
             figures["overhead_adjacent_cycles"]["meets_target"]
-        print("overhead, adjacent cycles:", figures["overhead_adjacent_cycles"]["diff_over_b_median"],
+        print("overhead, adjacent cycles:", figures["overhead_adjacent_cycles"]["mean_diff_over_b_median"],
               figures["overhead_adjacent_cycles"]["diff_us"], flush=True)
     if args.heavy_ms > 0:
         figures["overhead_larger_step"], _ = overhead(

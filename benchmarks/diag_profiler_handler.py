@@ -8,7 +8,7 @@ without recording), in rotating
 order, and times with wrappers: every step's model call and prof.step() separately (also by the
 step's place in its cycle, @0 the wait step .. @6 the last active step, whose prof.step() runs the trace
 handler), the profiler's phases (prepare, start and stop of a trace: torch's and ours around them), the
-handler as a whole, and inside ours the records' drain (spool.drain_all), the profiler's export, the hand-off
+handler as a whole, and inside ours the records' share (spool.take_all), the profiler's export, the hand-off
 to the worker (Worker.submit: its harvest of answers and the job's pickle down the worker's pipe) and, where
 something waits for the worker, the jobs this process runs itself (Worker._progress); the recorders' start and
 reset and the spool's reserve. Microseconds per cycle: the sum of a cycle's calls, averaged over cycles. Also
@@ -95,7 +95,7 @@ def launch_costs(dev, n: int) -> dict:
     spooled = spool.shared_spool()
     word = torch.zeros(1, dtype=torch.int64, device=dev)
     calls = {"reset": rec.reset, "fill": lambda: word.fill_(3),
-             "spool_drain": lambda: spooled.release(spooled.drain(rec))}
+             "spool_drain": lambda: spooled.release(spooled.take(rec))}
     out = {}
 
     def timed(where: str) -> None:
@@ -188,7 +188,7 @@ def main(argv=None) -> dict:
     originals = [(cls, name, time_each_call(cls, name, _Named(proxy, cls.__module__.split(".")[0])))
                  for cls, name in phases]
     parts = [(session.TraceHandler, "__call__"), (session.TraceHandler, "calibrations"),
-             (spool.RecordSpool, "drain_all"), (spool.RecordSpool, "reserve"), (worker.Worker, "submit"),
+             (spool.RecordSpool, "take_all"), (spool.RecordSpool, "reserve"), (worker.Worker, "submit"),
              (worker.Worker, "harvest"), (worker.Worker, "_hand_over"), (worker.Worker, "_progress"),
              (torch.profiler.profile, "export_chrome_trace"),
              (recording, "start_recording"), (recording, "reset_dirty"), (tempfile, "mkstemp"), (pickle, "dump"),

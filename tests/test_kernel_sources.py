@@ -122,6 +122,14 @@ def test_triton_occupy_kernel_compiles_to_sm90_ptx():
     assert "%smid" in ptx and "%globaltimer" in ptx
 
 
+def test_triton_clock_kernel_compiles_to_sm90_ptx():
+    """The profiler's clock link (profiler/clock.py) reads %globaltimer once and stores it."""
+    from torch_l2topo.triton_kernels import clock
+
+    ptx = sm90_ptx(clock.timer_kernel, dict(out_ptr="*i64"), {})
+    assert ptx.count("%globaltimer") == 1 and "st.global.b64" in ptx
+
+
 @pytest.mark.parametrize("l1, load", [(True, "ld.global.ca.u64"), (False, "ld.global.cg.u64")])
 def test_triton_latency_oracle_compiles_to_sm90_ptx(l1, load):
     from torch_l2topo.triton_kernels import oracle

@@ -80,4 +80,4 @@ def test_time_calls_times_each_call_it_wraps_and_still_makes_it(monkeypatch):
     spool.flush()
     assert seen == ["flush", "flush"] and len(times["RecordSpool.flush"]) == 2
     assert all(0 <= us < 1e6 for us in times["RecordSpool.flush"])
-    assert times["RecordSpool.drain_all"] == [] and "recording.reset_dirty" in times
+    assert times["RecordSpool.take_all"] == [] and "recording.reset_dirty" in times

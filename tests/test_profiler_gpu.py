@@ -9,6 +9,7 @@ import torch
 import torch_l2topo
 from torch_l2topo import layout
 from torch_l2topo.placement import recording
+from torch_l2topo.profiler import clock, session
 from torch_l2topo.profiler.align import TICK_NS
 from torch_l2topo.profiler.demo import KERNEL_NAME, row_sums, scoped_copy
 from torch_l2topo.profiler.readback import launches
@@ -18,6 +19,13 @@ from torch_l2topo.profiler.tracks import CTA_CATEGORY
 pytestmark = pytest.mark.gpu
 ROWS, DIM, GRID = 20_000, 48, 264
 CONTRACT_V2 = hasattr(layout, "PLACE_RECORD")  # @sm_aware kernels take PLACE (issue 16)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def held_recorder():
+    """GPU 0's recorder made first, with room for the cycles profile() holds in one drain (a recorder keeps the
+    capacity it was made with; a smaller one makes profile() drain more often, with a warning)."""
+    recording.recorder(0, session.held_capacity())
 
 
 def _n_sm(device=0):
@@ -89,16 +97,16 @@ def test_the_spool_hands_over_each_drain_and_no_more():
         rec = recording.active_recorder(0)
         rec.drain()
         row_sums(x, grid=GRID)
-        first = sp.drain(rec)
+        first = sp.take(rec)
         row_sums(x, grid=GRID // 2)
-        second = sp.drain(rec)
-        empty = sp.drain(rec)
+        second = sp.take(rec)
+        empty = sp.take(rec)
     got = [s.load(timeout_s=30) for s in (first, second, empty)]
     assert all(slot.graph is not None for slot in sp._slots)  # each drain one graph launch
     sp.release(first)  # its slot is free again: the next drain replays that slot's graph
     with recording.recording(devices=[0]):
         row_sums(x, grid=GRID // 4)
-        again = sp.drain(rec)
+        again = sp.take(rec)
     assert again.path == first.path and len(sp._slots) == 3
     got.append(again.load(timeout_s=30))
     assert sorted(got[3].program.tolist()) == list(range(GRID // 4))
@@ -186,9 +194,10 @@ def test_profile_two_cycles_every_cta_inside_its_kernel(tmp_path, graph):
                 prof.step()
     finally:
         recording.CtaRecorder.reset = reset
-    # a recorder is reset when a cycle starts only if something recorded since its last drain: the first
-    # cycle's warmup (later warmups do not record), or, when a graph was captured with it, every cycle
-    assert len(resets) == (3 if graph else 1)
+    # a recorder is reset when a cycle starts only if something recorded since its last drain and no held drain
+    # still has to take it: the first cycle's warmup (or graph replays) once; then one drain holds the 3 cycles,
+    # each trace reads its window of it, and the graph's replays in the wait and warmup steps fall outside them
+    assert len(resets) == 1
     assert len(prof.written) == 3
     for path in prof.written:
         trace = _check_trace(path, launches_per_cycle=2, grid=GRID)
@@ -197,27 +206,55 @@ def test_profile_two_cycles_every_cta_inside_its_kernel(tmp_path, graph):
 
 
 @pytest.mark.parametrize("wait", [0, 1], ids=["back-to-back", "one-wait-step"])
-def test_each_cycle_keeps_its_own_records_when_the_drain_is_deferred(tmp_path, wait):
-    """profile() launches each cycle's drain after its handler: after the next step (a wait step here), or, with
-    cycles back to back (no wait, no warmup), when the next cycle starts; either way before the next cycle's first
-    record. Each trace holds exactly its own cycle's launches, and every trace of the block is written."""
+@pytest.mark.parametrize("max_held", [8, 1], ids=["one-drain", "drains-of-two-cycles"])
+def test_each_cycle_reads_its_own_records_from_a_drain_that_holds_several(tmp_path, wait, max_held):
+    """profile() drains the records once for up to max_held + 1 cycles, launched when the held jobs go to the
+    worker, and each cycle's job reads the CTAs of its own window (spool.py, Held drains): with cycles back to back
+    (no wait, no warmup) or a wait step between, each trace holds exactly its own cycle's launches; and the block's
+    5 cycles take one drain (max_held 8), or three (max_held 1: drains of two cycles, the last one of one)."""
+    from torch_l2topo.profiler.spool import shared_spool
+
     x = torch.randn(ROWS, DIM, device="cuda")
     recording.recorder(0).in_graphs = False  # no graph of an earlier test replays here
-    sched = torch.profiler.schedule(wait=wait, warmup=0, active=2, repeat=3)
+    sched = torch.profiler.schedule(wait=wait, warmup=0, active=2, repeat=5)
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    with torch_l2topo.profile(tmp_path, schedule=sched, activities=acts) as prof:
-        for _ in range(3 * (wait + 2)):
+    drains = shared_spool()._drains.get(0, 0)
+    with torch_l2topo.profile(tmp_path, schedule=sched, activities=acts, max_held=max_held) as prof:
+        for _ in range(5 * (wait + 2)):
             row_sums(x, grid=GRID)
             prof.step()
-    assert prof.handler.defer_drain and len(prof.written) == 3
+    assert prof.handler.held.per_drain == {0: max_held + 1} and len(prof.written) == 5
+    assert shared_spool()._drains[0] - drains == (1 if max_held == 8 else 3)
     for path in prof.written:
         _check_trace(path, launches_per_cycle=2, grid=GRID)
 
 
+def test_the_clock_link_holds_every_cta_of_a_launch_between_the_host_times_around_it():
+    """The physical bound the windows rest on (clock.py): a kernel launched after host time h0 and finished before
+    h1 ran, CTA by CTA, inside the link's image of [h0, h1], without any drift allowance; and a link measured now
+    is narrow (launch to wait, tens of microseconds)."""
+    x = torch.randn(ROWS, DIM, device="cuda")
+    row_sums(x, grid=GRID)  # compiled, both variants, before the timed launch
+    link = clock.measure(0)
+    assert 0 <= link.width_ns < 500_000
+    with recording.recording(devices=[0]):
+        rec = recording.active_recorder(0)
+        rec.drain()
+        torch.cuda.synchronize()
+        h0 = clock.time.time_ns()
+        row_sums(x, grid=GRID)
+        torch.cuda.synchronize()
+        h1 = clock.time.time_ns()
+        records = rec.drain()
+    lo, hi = link.to_device(h0, h1, drift_ppm=0)
+    assert len(records) == GRID
+    assert lo <= records.start_ns.min() and records.end_ns.max() <= hi
+
+
 def test_a_block_page_locks_its_slots_before_its_steps(tmp_path, monkeypatch):
-    """profile() makes the spool slots of the cycles it holds (max_held), and of the one being recorded, with their
-    drain graphs, when the block starts: a block of max_held + 1 cycles makes and captures none in its loop (a slot
-    page-locks megabytes, milliseconds; a capture takes about half of one)."""
+    """profile() makes two spool slots (the held drain's and the next one's), with their drain graphs, when the block
+    starts: a block of max_held + 1 cycles makes and captures none in its loop (a slot page-locks megabytes,
+    milliseconds; a capture takes about half of one)."""
     from torch_l2topo.profiler import spool
     from torch_l2topo.profiler.perprocess import PerProcess
 
@@ -236,7 +273,7 @@ def test_a_block_page_locks_its_slots_before_its_steps(tmp_path, monkeypatch):
             row_sums(x, grid=GRID)
             prof.step()
     spool.close_shared_spool()
-    assert slots == 4 and captured
+    assert slots == 2 and captured
     assert made == [] and len(prof.written) == 4
     for path in prof.written:
         _check_trace(path, launches_per_cycle=1, grid=GRID)

@@ -264,92 +264,163 @@ def test_a_slot_that_shared_memory_has_no_room_for_goes_to_the_temporary_directo
 
 
 class _FakeRecorder:
-    """What RecordSpool.drain reads of a CtaRecorder, on the CPU."""
+    """What RecordSpool.take reads of a CtaRecorder, on the CPU; `held`: the records its GPU buffer holds (what a
+    drain of it lands, with capacity rows of room)."""
 
-    def __init__(self, device=0, capacity=10, in_graphs=False):
+    def __init__(self, device=0, capacity=10, held=None):
         import torch
 
         from torch_l2topo.placement.recording import KernelTags
 
-        self.device_index, self.capacity, self.in_graphs = device, capacity, in_graphs
+        self.device_index, self.capacity, self.in_graphs = device, capacity, False
         self.buffer = torch.zeros(4, dtype=torch.int64)
+        self.held = _records(3) if held is None else held
         self.tags = KernelTags()
-        self.tags.register(f"kernel{device}")
-        self.dirty, self.before_record = True, None
+        for _, name in sorted(self.held.names.items()):  # the tags the held records carry
+            self.tags.register(name)
+        self.dirty, self.before_reset = True, None
 
 
 @pytest.fixture
 def launches(monkeypatch):
     """RecordSpool's drain launches, recorded instead of run (no GPU here): (slot, recorder) in launch order; each
-    lands the records it was given in the slot, numbered as the GPU's counter would (one per launch per device)."""
+    lands the recorder's held records in the slot, numbered as the GPU's counter would (one per launch per
+    device)."""
     done, counts = [], {}
 
-    def launch(slot, recorder, counter):
+    def queue(slot, recorder, counter):
         counts[recorder.device_index] = counts.get(recorder.device_index, 0) + 1
-        _land(slot, _records(3), counts[recorder.device_index])
-        recorder.dirty = recorder.in_graphs
+        _land(slot, recorder.held, counts[recorder.device_index], capacity=recorder.capacity)
         done.append((slot, recorder))
 
-    monkeypatch.setattr(RecordSpool, "_launch", staticmethod(launch))
+    monkeypatch.setattr(RecordSpool, "_queue", staticmethod(queue))
     return done
 
 
-def test_a_deferred_drain_launches_on_flush_in_the_order_drains_were_taken(tmp_path, unpinned, launches):
-    """The profiler defers each cycle's drain out of its trace handler: nothing launches until flush (or the
-    recorder's hook), drains launch in the order their numbers were given, and a new drain launches the ones
-    before it first, so every slot's flag gets the number its job waits for."""
-    sp = RecordSpool(tmp_path)
-    a, b = _FakeRecorder(0), _FakeRecorder(1)
-    first = sp.drain(a, defer=True)
-    assert launches == [] and a.before_record is not None and a.dirty  # its records are still on the GPU
-    second = sp.drain(a, defer=True)  # a second cycle before any flush: the first launches now
-    assert [r for _, r in launches] == [a] and (first.seq, second.seq) == (1, 2)
-    other = sp.drain(b, defer=True)
-    assert [r for _, r in launches] == [a, a]
-    sp.flush()
-    assert [r for _, r in launches] == [a, a, b] and other.seq == 1 and a.before_record is None
-    assert not a.dirty and [len(s.load(timeout_s=1)) for s in (first, second, other)] == [3, 3, 3]
-    sp.flush()  # nothing pending: nothing launches
-    assert len(launches) == 3
-    sp.close()
-
-
-def test_a_deferred_drain_launches_before_the_recorder_is_used_or_read(tmp_path, unpinned, launches):
+def test_a_held_drain_launches_once_it_holds_its_cycles(tmp_path, unpinned, launches):
+    """Cycles take their share of one drain without a launch until it holds cycles_per_drain of them; they read
+    one slot under one number; the next cycle starts a new drain. While the drain is held, the recorder's reset
+    or drain would launch it first (before_reset)."""
     sp = RecordSpool(tmp_path)
     rec = _FakeRecorder()
-    sp.drain(rec, defer=True)
-    rec.before_record()  # what CtaRecorder.settle calls before a launch, reset or drain
-    assert len(launches) == 1 and not sp._pending
-    spooled = sp.drain(rec, defer=True)
-    assert spooled.load(timeout_s=1).tag.size == 3 and len(launches) == 2  # read here: launched first
-    sp.close()
+    shares = [sp.take(rec, (0, 1), cycles_per_drain=3) for _ in range(2)]
+    assert launches == [] and sp.holds(0) and rec.before_reset is not None and rec.dirty
+    shares.append(sp.take(rec, (1, 2), cycles_per_drain=3))
+    assert [r for _, r in launches] == [rec] and not sp.holds(0) and rec.before_reset is None and not rec.dirty
+    assert len({(s.path, s.seq) for s in shares}) == 1 and shares[0].seq == 1
+    assert [s.window for s in shares] == [(0, 1), (0, 1), (1, 2)]
+    after = sp.take(rec, None, cycles_per_drain=3)
+    assert after.seq == 2 and after.path != shares[0].path and len(launches) == 1  # the first slot is still read
+    sp.close()  # launches what is held
+    assert len(launches) == 2
 
 
-def test_a_recorder_that_graphs_hold_is_drained_at_once(tmp_path, unpinned, launches):
-    """A graph captured while recording records whenever it replays, so its recorder's drain cannot wait."""
+def test_each_cycle_reads_only_the_records_inside_its_window(tmp_path, unpinned, launches):
+    """Three cycles' CTAs, and CTAs between them (a graph replayed in a wait step, the first warmup), in one drain:
+    each cycle's share holds the CTAs that started and ended inside its window, and nothing else."""
+    rng = np.random.default_rng(3)
+    windows = [(1_000_000, 2_000_000), (3_000_000, 4_000_000), (5_000_000, 6_000_000)]
+    start = np.sort(rng.integers(0, 7_000_000, 4000))
+    end = start + rng.integers(1, 50_000, 4000)
+    n = len(start)
+    held = CtaRecords(np.zeros(n, np.int64), rng.integers(0, 132, n), np.arange(n), start, end, np.ones(n, np.int64),
+                      np.full(n, -1), names={0: "k"}, device=0)
     sp = RecordSpool(tmp_path)
-    rec = _FakeRecorder(in_graphs=True)
-    sp.drain(rec, defer=True)
-    assert len(launches) == 1 and rec.before_record is None and not sp._pending
+    rec = _FakeRecorder(capacity=n, held=held)
+    shares = [sp.take(rec, w, cycles_per_drain=3) for w in windows]
+    for (lo, hi), share in zip(windows, shares):
+        got = share.load(timeout_s=1)
+        expected = [p for p in range(n) if lo <= start[p] and end[p] <= hi]
+        assert got.program.tolist() == expected and len(expected) > 100 and got.dropped == 0
+    whole = sp.take(rec, None).load(timeout_s=1)
+    assert len(whole) == n
     sp.close()
 
 
-def test_waiting_for_the_worker_launches_the_deferred_drains_first(tmp_path, unpinned, launches, monkeypatch):
-    """A job in the worker process waits for its slot's flag: the parent launches what it deferred before it
-    waits for the worker (else both would wait until the load times out)."""
+def test_a_full_buffer_counts_its_drops_in_the_cycles_that_reach_past_its_last_row(tmp_path, unpinned, launches):
+    """Rows land in the order CTAs end and a full buffer keeps the first ones: a cycle that ended before the last row
+    kept lost nothing; a later one may have lost rows and reports the drain's count."""
+    import dataclasses
+
+    kept = dataclasses.replace(_records(64, seed=2), dropped=9)
+    last_end = int(kept.end_ns.max())
+    sp = RecordSpool(tmp_path)
+    rec = _FakeRecorder(capacity=64, held=kept)
+    early, late = sp.take(rec, (0, last_end), 2), sp.take(rec, (0, last_end + 1), 2)
+    assert early.load(timeout_s=1).dropped == 0 and late.load(timeout_s=1).dropped == 9
+    sp.close()
+
+
+def test_a_held_drain_launches_before_the_recorder_is_reset_or_its_records_are_read_here(tmp_path, unpinned,
+                                                                                        launches):
+    sp = RecordSpool(tmp_path)
+    rec = _FakeRecorder()
+    sp.take(rec, None, cycles_per_drain=5)
+    rec.before_reset()  # what CtaRecorder.settle calls before a reset or drain
+    assert len(launches) == 1 and not sp.holds(0)
+    share = sp.take(rec, None, cycles_per_drain=5)
+    assert share.load(timeout_s=1).tag.size == 3 and len(launches) == 2  # read here: launched first
+    sp.close()
+
+
+def test_launch_for_launches_only_the_drains_the_records_read(tmp_path, unpinned, launches):
+    sp = RecordSpool(tmp_path)
+    a, b = _FakeRecorder(0), _FakeRecorder(1)
+    first = sp.take(a, None, cycles_per_drain=2)
+    other = sp.take(b, None, cycles_per_drain=2)
+    sp.launch_for({0: CtaRecords.empty(0)})  # records in memory read no drain
+    assert launches == []
+    sp.launch_for({0: first})
+    assert [r for _, r in launches] == [a] and sp.holds(1)
+    sp.launch_for({0: first})  # launched already: nothing more
+    assert len(launches) == 1
+    sp.release(other)
+    assert sp.busy() == 2  # other's drain is still held: its slot stays busy
+    sp.close()
+
+
+def test_a_slot_is_free_once_its_drain_is_launched_and_every_reader_released_it(tmp_path, unpinned, launches):
+    sp = RecordSpool(tmp_path)
+    rec = _FakeRecorder()
+    shares = [sp.take(rec, None, cycles_per_drain=2) for _ in range(2)]
+    sp.release(shares[0])
+    assert sp.busy() == 1
+    sp.release(shares[1])
+    assert sp.busy() == 0
+    sp.close()
+
+
+def test_handing_a_job_to_the_worker_launches_its_held_drain(tmp_path, unpinned, launches, monkeypatch):
+    """A job in the worker process waits for its slot's flag: the parent launches the held drain the job reads as
+    it hands the job over (else the worker would wait until the load times out)."""
     raw = load_raw(DATA)
     (device, records), = raw["records"].items()
     write_trace(raw["trace"], tmp_path / "export.json")
     sp = RecordSpool(tmp_path / "spool")
     (tmp_path / "spool").mkdir()
     monkeypatch.setattr(spool._shared, "existing", lambda: sp)
-    spooled = sp.drain(_FakeRecorder(device, capacity=len(records)), defer=True)
+    share = sp.take(_FakeRecorder(device, capacity=len(records), held=records), None, cycles_per_drain=4)
+    assert not launches
     done = []
     worker = ready_worker()
-    worker.submit(CycleJob(tmp_path / "export.json", tmp_path / "t.json", {device: spooled}, raw["smmaps"], {}, ()),
+    worker.submit(CycleJob(tmp_path / "export.json", tmp_path / "t.json", {device: share}, raw["smmaps"], {}, ()),
                   lambda path, problem: done.append(problem))
-    assert not worker._waiting and not launches  # handed over; its drain still deferred
-    worker.drain()
-    assert len(launches) == 1 and done == [None]
+    assert not worker._waiting and len(launches) == 1  # handed over, its drain launched as it was
     worker.close()
+    assert done == [None]
+    assert sum(ev.get("cat") == CTA_CATEGORY for ev in load_trace(tmp_path / "t.json")["traceEvents"]) == len(records)
     sp.close()
+
+
+def test_a_cycle_start_leaves_alone_a_recorder_whose_records_a_held_drain_has_not_taken(monkeypatch):
+    """reset_dirty (when a cycle starts) would wipe the held cycles' records: a recorder with a held drain is left
+    as it is (its cycles' windows leave out what it records between them)."""
+    from torch_l2topo.placement import recording
+
+    resets = []
+    held = SimpleNamespace(dirty=True, before_reset=lambda: None, reset=lambda: resets.append("held"))
+    free = SimpleNamespace(dirty=True, before_reset=None, reset=lambda: resets.append("free"))
+    clean = SimpleNamespace(dirty=False, before_reset=None, reset=lambda: resets.append("clean"))
+    monkeypatch.setattr(recording._switch, "recorders", {0: held, 1: free, 2: clean})
+    recording.reset_dirty()
+    assert resets == ["free"]

@@ -14,9 +14,10 @@ which document the record (layout.py: REC_*).
 
 Graph-safe: a recorder's buffer is allocated once per GPU and process and never moved or freed, so a CUDA
 graph captured with recording on keeps a valid address on every replay; nothing is synchronized per launch.
-The host resets the cursor when a profiling cycle starts (reset) and reads the buffer after the step (drain:
-one synchronization per cycle, where the profiler synchronizes anyway). A graph captured with recording on
-still writes records when replayed with recording off: they are never read, and cost one atomic per CTA.
+The host resets the cursor (reset) and reads the buffer after the steps (drain: one synchronization, where the
+profiler synchronizes anyway; the profiler's background spool copies it without one, profiler/spool.py). A
+graph captured with recording on still writes records when replayed with recording off: the profiler leaves
+them out (they fall outside its cycles), and they cost one atomic per CTA.
 A full buffer drops records and counts them (CtaRecords.dropped); pass a larger capacity to recording().
 
 This module imports torch lazily: CtaRecords and per_sm_statistics are plain numpy (the profiler's CPU
@@ -103,8 +104,14 @@ class CtaRecords:
         table = np.asarray(rows, dtype=np.int64).reshape(-1, REC_WORDS)
         if len(table) != min(cursor, capacity):
             raise ValueError(f"expected {min(cursor, capacity)} records, got {len(table)}")
+        return cls.from_table(table, names, class_counts, max(cursor - capacity, 0), device)
+
+    @classmethod
+    def from_table(cls, table, names: dict, class_counts: dict | None = None, dropped: int = 0,
+                   device: int | None = None) -> CtaRecords:
+        """Records from an (n, REC_WORDS) int64 table of rows as the recorder writes them."""
         return cls(*(table[:, _WORD_OF[c]] for c in COLUMNS), names=dict(names),
-                   class_counts=dict(class_counts or {}), dropped=max(cursor - capacity, 0), device=device)
+                   class_counts=dict(class_counts or {}), dropped=dropped, device=device)
 
     @classmethod
     def concat(cls, parts) -> CtaRecords:
@@ -242,9 +249,10 @@ class CtaRecorder:
         # not of active_recorder(), is not seen: reset() before profiling then.
         self.dirty = False
         self.in_graphs = False
-        # A drain taken but not launched yet (the profiler defers its drain out of the trace handler, where a
-        # CUDA call cost 0.06-0.24 ms on the H200 machines): called, once, before the next launch, reset or drain.
-        self.before_record = None
+        # A drain that holds this recorder's records but is not launched yet (the profiler's spool holds several
+        # cycles' records in the buffer and drains them together): called, once, before the next reset or drain,
+        # which would otherwise lose them.
+        self.before_reset = None
 
     @property
     def address(self) -> int:
@@ -268,13 +276,13 @@ class CtaRecorder:
             raise PlacementError("the recorder is reset outside CUDA graph capture (a captured reset would run "
                                  "on every replay)")
         if self.settle():
-            return  # the deferred drain took the records and reset the cursor
+            return  # the held drain took the records and reset the cursor
         self.cursor.zero_()
         self.dirty = self.in_graphs
 
     def settle(self) -> bool:
-        """Launch the deferred drain (before_record) if there is one; whether there was."""
-        hook, self.before_record = self.before_record, None
+        """Launch the drain that holds this recorder's records (before_reset) if there is one; whether there was."""
+        hook, self.before_reset = self.before_reset, None
         if hook is None:
             return False
         hook()
@@ -310,17 +318,18 @@ class _Switch:
 _switch = _Switch()
 
 
-def recorder(device_index: int, capacity: int | None = None) -> CtaRecorder:
+def recorder(device_index: int, capacity: int | None = None, at_least: int | None = None) -> CtaRecorder:
     """The recorder of GPU `device_index`, created on first use with `capacity` records (default
-    DEFAULT_CAPACITY). It is never replaced: a graph may hold its address. Asking for more capacity than an
-    existing recorder has warns and keeps it."""
+    DEFAULT_CAPACITY). It is never replaced: a graph may hold its address. An existing recorder with fewer than
+    `at_least` (default: capacity) records is kept, with a warning."""
     index = int(device_index)
+    least = at_least or capacity
     with _switch.lock:
         rec = _switch.recorders.get(index)
         if rec is None:
             rec = _switch.recorders[index] = CtaRecorder(index, capacity or _switch.capacity)
-        elif capacity and capacity > rec.capacity and (index, capacity) not in _switch.warned:
-            _switch.warned.add((index, capacity))
+        elif least and least > rec.capacity and (index, least) not in _switch.warned:
+            _switch.warned.add((index, least))
             warnings.warn(f"GPU {index}'s CTA recorder keeps its {rec.capacity} records (a CUDA graph may hold its "
                           f"address); ask for {capacity} before the first recording in the process", stacklevel=2)
     return rec
@@ -350,13 +359,10 @@ def active_recorder(device_index: int) -> CtaRecorder | None:
         return None
     rec = _switch.recorders.get(int(device_index))
     if rec is not None:
-        if rec.before_record is not None or not rec.in_graphs:
+        if not rec.in_graphs:  # a graph captured with it marks it for good (dirty)
             import torch
 
-            capturing = torch.cuda.is_current_stream_capturing()
-            if rec.before_record is not None and not capturing:  # a capture runs nothing: it can wait
-                rec.settle()
-            rec.in_graphs = rec.in_graphs or capturing  # a graph captured with it marks it for good (dirty)
+            rec.in_graphs = torch.cuda.is_current_stream_capturing()
         rec.dirty = True
         return rec
     import torch
@@ -395,9 +401,10 @@ def stop_recording() -> None:
 
 def reset_dirty() -> None:
     """Reset the recorders that may hold records since their last reset or drain (CtaRecorder.dirty): the start of
-    a profiling cycle."""
+    a profiling cycle. A recorder whose records a held drain still has to take (before_reset) is left as it is: the
+    profiler tells that drain's cycles apart by time (profiler/spool.py)."""
     for rec in list(_switch.recorders.values()):
-        if rec.dirty:
+        if rec.dirty and rec.before_reset is None:
             rec.reset()
 
 

@@ -9,11 +9,11 @@ writes one trace per active cycle that Perfetto and chrome://tracing open: the p
 calibration as metadata, an "L2 map" process per GPU (one track per SM by partition and latency, latency
 counters), the CTAs of instrumented kernels on their SM's track, and per launch the figures a user acts on
 (busy time per SM, tail, imbalance, near share, the slowest decile, a placement estimate).
-docs/profiler.md is the guide. Modules: session (profile, trace_handler, merge_proton), enrich (the
-post-processing), align, metrics, tracks, kineto, tracefile, smmap, proton_trace, readback, summary
-(trace-summary), timeline (the figure), demo (an instrumented kernel). The recorder itself is in
-torch_l2topo.placement.recording (placement reads the same records), its device helpers in
-triton_kernels/recorder.py and cuda_ext/recorder.cuh.
+docs/profiler.md is the guide. Modules: session (profile, trace_handler, merge_proton), spool (records handed to the
+worker), clock (the GPU's clock against the host's), worker, cycle, enrich (the post-processing), align, metrics,
+tracks, kineto, tracefile, smmap, proton_trace, readback, summary (trace-summary), timeline (the figure), demo (an
+instrumented kernel). The recorder itself is in torch_l2topo.placement.recording (placement reads the same records),
+its device helpers in triton_kernels/recorder.py and cuda_ext/recorder.cuh.
 """
 from __future__ import annotations
 
@@ -22,11 +22,12 @@ import importlib
 # name -> module, imported on first access (PEP 562): the background worker (worker.py) imports this package
 # and must not pay for torch, which session.py and the recorder need
 _LAZY = {"profile": ".session", "trace_handler": ".session", "TraceHandler": ".session", "merge_proton": ".session",
+         "held_capacity": ".session",
          "recording": "..placement.recording", "active_recorder": "..placement.recording",
          "CtaRecords": "..placement.recording", "enrich": ".enrich", "enrich_file": ".enrich",
          "summarize": ".summary", "format_summary": ".summary", "render_timeline": ".timeline"}
-__all__ = ["profile", "trace_handler", "TraceHandler", "merge_proton", "recording", "active_recorder", "CtaRecords",
-           "enrich", "enrich_file", "summarize", "format_summary", "render_timeline"]
+__all__ = ["profile", "trace_handler", "TraceHandler", "merge_proton", "held_capacity", "recording", "active_recorder",
+           "CtaRecords", "enrich", "enrich_file", "summarize", "format_summary", "render_timeline"]
 
 
 def __getattr__(name: str):

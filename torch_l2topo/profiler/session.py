@@ -38,14 +38,16 @@ import atexit
 import os
 import socket
 import tempfile
+import time
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from ..errors import L2TopoError, TopologyFormatError
 from ..placement import recording as rec
-from . import readback
+from . import clock, readback
 from .cycle import CycleJob, enrich_with, run
 from .enrich import Enrichment
 from .proton_trace import load_proton, proton_records
@@ -58,6 +60,35 @@ TOPOLOGY_MODES = ("cached", "calibrate")
 EXPORT_ROOM_MIN = 256 << 20  # bytes of shared memory left free before an export goes there (_export_path)
 EXPORT_ROOM_FACTOR = 4       # ... and this many times the largest export so far
 DEFAULT_MAX_HELD = 8  # cycles a profile() block's worker leaves for its end (profile's max_held)
+LINK_REFRESH_NS = 1_000_000_000  # a clock link this old is measured again (HeldCycles.windows)
+REFRESH_READINGS = 3             # readings per measurement then (clock.READINGS when a block starts)
+
+
+def held_capacity(capacity: int | None = None, max_held: int = DEFAULT_MAX_HELD) -> int:
+    """Records of the recorder profile() asks for: `capacity` records (default recording.DEFAULT_CAPACITY) for
+    each cycle a drain may hold (max_held + 1, DEFAULT_MAX_HELD + 1 at most; HeldCycles)."""
+    return (capacity or rec.DEFAULT_CAPACITY) * (min(max_held, DEFAULT_MAX_HELD) + 1)
+
+
+@dataclass
+class HeldCycles:
+    """What a profile() block tells its background handler so that one drain holds several cycles' records
+    (spool.py, Held drains): per GPU, its clock link (clock.py) and the cycles a drain holds; and when the current
+    cycle began collecting (host time.time_ns)."""
+
+    links: dict = field(default_factory=dict)
+    per_drain: dict = field(default_factory=dict)
+    start_ns: int = 0
+
+    def windows(self, end_ns: int) -> dict:
+        """{device: (lo, hi)}: the %globaltimer window of the cycle that began at start_ns and ends at end_ns (host
+        ns). A link older than LINK_REFRESH_NS is measured again first, so that the allowance for the clocks' drift
+        stays near 0.1 ms; the GPU is idle then (the profiler has just synchronized it), and it happens once a
+        second at most."""
+        for d, link in self.links.items():
+            if end_ns - link.host_ns > LINK_REFRESH_NS:
+                self.links[d] = clock.measure(d, REFRESH_READINGS)
+        return {d: link.to_device(self.start_ns, end_ns) for d, link in self.links.items()}
 
 
 class TraceHandler:
@@ -96,11 +127,9 @@ class TraceHandler:
         self._pid = os.getpid()
         self._host = f"{socket.gethostname()}_{self._pid}"
         self._cuda = None          # whether CUDA is available (asked once)
-        # Launch each cycle's drain later, not in this handler (background only; profile() sets it and launches it
-        # when the next step ends): in the handler, right after the profiler stops, the drain cost 0.06-0.24 ms of
-        # the cycle on two H200 machines, while the same launch back to back takes ~0.02 ms (docs/profiler.md,
-        # Costs; its cost a step later is not resolved yet).
-        self.defer_drain = False
+        # profile() sets it (background only): what lets one drain hold several cycles' records (HeldCycles);
+        # None: each cycle's records are drained whole when it ends.
+        self.held = None
         self._export_dir = shm_directory()  # where exports go while it has room (_export_path); None: beside traces
         self._largest_export = 0
         if record:
@@ -178,7 +207,9 @@ class TraceHandler:
         if not self._cuda:
             records = {}
         elif self._worker is not None:
-            records = shared_spool().drain_all(self.defer_drain)
+            held = self.held
+            records = shared_spool().take_all(held.windows(time.time_ns()), held.per_drain) if held is not None \
+                else shared_spool().take_all({}, {})
         else:
             records = rec.drain_all()
         path = self._path_of(self._cycles)
@@ -323,7 +354,6 @@ class profile(torch.profiler.profile):
 
     def start(self) -> None:
         self._recorded = False
-        self.handler.defer_drain = self.handler.background
         devices = self._device_list()
         # the GPUs to record on, found once a block: prepare_trace and start_trace run in the training loop
         self._devices = devices if torch.cuda.is_available() else []
@@ -334,10 +364,7 @@ class profile(torch.profiler.profile):
             self._proton_dir = tempfile.mkdtemp(prefix="l2topo-proton-")
             proton.start(os.path.join(self._proton_dir, "proton"), backend="instrumentation", data="trace")
         if self.handler.background:
-            if self.record:  # a slot for each cycle the worker holds, and one for the cycle being recorded,
-                for d in self._devices:  # page-locked and its drain captured now, not in the loop (spool.reserve)
-                    recorder = rec.recorder(d, self.capacity)
-                    shared_spool().reserve(d, recorder.capacity, self.max_held + 1, recorder)
+            self.handler.held = self._hold_cycles() if self.record else None
             self.handler._worker.hold(self.max_held)
         try:
             super().start()
@@ -345,6 +372,32 @@ class profile(torch.profiler.profile):
             if self.handler.background:
                 self.handler._worker.release()
             raise
+
+    def _hold_cycles(self) -> HeldCycles:
+        """Set up each GPU so that one drain holds up to max_held + 1 cycles (spool.py, Held drains): a recorder of
+        that many cycles' capacity (DEFAULT_MAX_HELD + 1 at most; an existing smaller recorder holds fewer), two
+        slots with their drains captured (the held drain's, and the next one's while the first is read), and the
+        clock link, all now rather than in the loop (page-locking a slot takes milliseconds)."""
+        per_cycle = self.capacity or rec.DEFAULT_CAPACITY
+        held = HeldCycles()
+        for d in self._devices:
+            recorder = rec.recorder(d, held_capacity(per_cycle, self.max_held), at_least=per_cycle)
+            shared_spool().reserve(d, recorder.capacity, 2, recorder)
+            try:
+                held.links[d] = clock.measure(d)
+            except Exception as exc:  # no Triton, or the kernel failed: each cycle drained whole, as without profile()
+                warnings.warn(f"torch_l2topo could not relate GPU {d}'s clock to the host's ({type(exc).__name__}: "
+                              f"{exc}): its records are drained every cycle", stacklevel=3)
+                continue
+            held.per_drain[d] = max(1, min(self.max_held + 1, recorder.capacity // per_cycle))
+            wanted = min(self.max_held, DEFAULT_MAX_HELD) + 1
+            if held.per_drain[d] < wanted:
+                warnings.warn(f"GPU {d}'s CTA recorder, made earlier, holds {recorder.capacity} records: its drains "
+                              f"hold {held.per_drain[d]} cycles, not {wanted}, and cost the loop more "
+                              f"(docs/profiler.md, Costs); make it first with "
+                              f"torch_l2topo.placement.recording.recorder({d}, "
+                              f"torch_l2topo.profiler.held_capacity({self.capacity or ''}))", stacklevel=3)
+        return held
 
     def stop(self) -> None:
         try:
@@ -375,9 +428,6 @@ class profile(torch.profiler.profile):
         if self.record and not self._recording and self._devices:
             rec.start_recording(self._devices, self.capacity, reset=False)  # start_trace resets if need be
             self._recording = True
-            if self.handler.background:  # slots for this cycle's records, page-locked before its steps
-                for d in self._devices:
-                    shared_spool().reserve(d, rec.recorder(d).capacity, 1)
 
     def prepare_trace(self) -> None:
         if not self._recorded:  # the block's first cycle records from its warmup: the kernels compile there
@@ -386,14 +436,11 @@ class profile(torch.profiler.profile):
 
     def start_trace(self) -> None:
         self._start_recording()
-        if self._recording:
-            flush_shared_spool()  # the last cycle's drain, if no step has launched it yet (schedules without wait)
-            rec.reset_dirty()  # the warmup's records, or graphs replayed between cycles (a launch: only if any)
+        if self._recording:  # the warmup's records, or a graph's replayed between cycles (a launch: only if any),
+            rec.reset_dirty()  # unless a held drain still has to take the earlier cycles' records
+        if self.handler.held is not None:
+            self.handler.held.start_ns = time.time_ns()
         super().start_trace()
-
-    def step(self) -> None:
-        flush_shared_spool()  # the drain the last cycle's handler deferred, launched after the step that followed
-        super().step()
 
     def stop_trace(self) -> None:
         super().stop_trace()

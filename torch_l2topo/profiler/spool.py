@@ -1,28 +1,41 @@
-"""Each cycle's CTA records, handed from the training process to the trace worker without a copy on the host.
+"""The CTA records of profiled cycles, handed from the training process to the trace worker without a copy on the
+host, and drained once for several cycles.
 
 Drained the plain way (recording.CtaRecorder.drain), a cycle's records cost the training loop a synchronous copy
 to pageable memory, numpy columns and a pickle of them to the worker, milliseconds for 65,536 CTAs,
 while 2% of the example model's profiled cycle is about 0.1 ms on the H200 (docs/profiler.md, Costs). Here the
-loop reads nothing back; it launches one CUDA graph per GPU, which holds, in stream order:
+loop reads nothing back. A *drain* is one CUDA graph per GPU, which holds, in stream order:
 
 1. a copy of the recorder's whole buffer (header and every row it can hold) into a *slot*: a file in shared
    memory (/dev/shm) that both processes map and that is page-locked for the GPU (cudaHostRegister), so the
    copy engine writes it directly;
 2. one more on the GPU's drain counter, copied into the slot's first word (the flag);
-3. the recorder's reset (the next cycle's records start at row 0).
+3. the recorder's reset (the next drain's records start at row 0).
 
 A copy starts only once the one before it has completed, so the flag lands after the rows: the same ordering
-that makes an event recorded after a copy safe to wait on. This process counts the drains of each GPU as it
-launches them, so each job knows the number its slot's flag will hold; the worker (SpooledRecords.load) waits
-until the flag holds it, then reads the header's record count and that many rows. The graph is captured once
-per slot (slots are reused) and replayed for each drain: one launch instead of four operations from Python
-(~0.2 ms a cycle on the H200 machine). Copying the whole buffer costs copy-engine time (7.3 MB for 131,072
-records; at 50 GB/s, an assumed rate, 0.15 ms, while the GPU is idle between cycles) instead of a read back of
-the count, which would make the loop wait for the GPU. A slot is busy from its drain until the trace holding its
-records is written (RecordSpool.release); a drain that finds no free slot large enough maps a new one. One spool
-serves the whole process (shared_spool()), so a later profiler block reuses the slots of an earlier one instead
-of page-locking new ones; close() unmaps and deletes every slot (at exit, after the worker has written every
-trace). A process killed outright (SIGKILL) leaves its slot files behind: /dev/shm/l2topo-records-<pid>-*.bin.
+that makes an event recorded after a copy safe to wait on. This process numbers the drains of each GPU as it
+takes them, so each job knows the number its slot's flag will hold; the worker (SpooledRecords.load) waits
+until the flag holds it, then reads the header's record count and the rows. The graph is captured once per slot
+(slots are reused) and replayed for each drain: one launch instead of four operations from Python.
+
+Held drains. Even one launch a cycle cost the example model's profiled cycle about 0.15-0.2 ms on the H100
+machines (the drain's host calls at the cycle's edge, where the profiler has just run; its bytes cost little:
+docs/profiler.md, Costs). So a drain may hold several cycles (take(..., cycles_per_drain)): each cycle's
+handler takes its share without a CUDA call, the recorder records on, and the drain is launched once it holds
+cycles_per_drain cycles, when a job that reads it leaves this process or runs here (launch_for, load), before
+the recorder is reset or drained (CtaRecorder.before_reset), or at flush(). Each cycle's job then reads only
+the records of its own *window*: the %globaltimer interval in which its cycle collected, from the host times at
+which the cycle's collection started and stopped through the GPU's clock link (clock.py). A CTA of the cycle
+started after the former and ended before the latter (the profiler synchronizes the GPU when it stops); records
+from the steps between cycles (a CUDA graph's replays, the first cycle's warmup) fall outside every window.
+
+Copying the whole buffer costs copy-engine time (7.3 MB for 131,072 records; 51 GB/s measured on an H100
+machine) instead of a read back of the count, which would make the loop wait for the GPU. A slot is busy from
+its drain until every trace reading it is written (RecordSpool.release); a drain that finds no free slot large
+enough maps a new one. One spool serves the whole process (shared_spool()), so a later profiler block reuses the
+slots of an earlier one instead of page-locking new ones; close() unmaps and deletes every slot (at exit, after
+the worker has written every trace). A process killed outright (SIGKILL) leaves its slot files behind:
+/dev/shm/l2topo-records-<pid>-*.bin.
 
 Where page-locking is refused the slot still works: the same operations run one by one (a graph cannot copy to
 pageable memory) and the copy is synchronous, which costs the loop the copy's time but loses nothing. That is
@@ -45,7 +58,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..layout import REC_CAPACITY, REC_CURSOR, REC_HEADER, REC_WORDS, recorder_words
+from ..layout import REC_CAPACITY, REC_CURSOR, REC_END_NS, REC_HEADER, REC_START_NS, REC_WORDS, recorder_words
 from ..placement.recording import CtaRecords
 from .perprocess import PerProcess
 
@@ -63,19 +76,25 @@ class SpoolError(RuntimeError):
 class SpooledRecords:
     """One GPU's records of one cycle, in a spool slot (picklable: the worker's job carries it). seq: the number
     the slot's flag word holds once the copy is there (the GPU's drain count); names, class_counts, device: as
-    CtaRecords."""
+    CtaRecords; window: (lo, hi) %globaltimer ns, the cycle's records among those of the drain (start >= lo and
+    end <= hi; module docstring, Held drains), None for all of them."""
 
     path: str
     seq: int
     names: dict = field(default_factory=dict)
     class_counts: dict = field(default_factory=dict)
     device: int | None = None
+    window: tuple | None = None
 
     def load(self, timeout_s: float | None = None) -> CtaRecords:
         """The records, once the slot's flag says the GPU's copy is complete (polled every 0.2 ms, up to
         timeout_s, default DEFAULT_LOAD_TIMEOUT_S; SpoolError after that). In the process that took the drain,
-        a drain still deferred (RecordSpool.drain) is launched first."""
-        launch = _launch_before_load.get((os.getpid(), self.path))
+        a drain not launched yet is launched first.
+
+        A full buffer kept its first rows and dropped the rest (the cursor counted them); the rows come in the
+        order the CTAs ended, so a window that reaches past the last row kept may have lost rows, and reports
+        the drain's whole count as dropped (an upper bound: the drain may hold later cycles too)."""
+        launch = _launch_before_load.get((os.getpid(), self.path, self.seq))
         if launch is not None:
             launch()
         timeout_s = DEFAULT_LOAD_TIMEOUT_S if timeout_s is None else timeout_s
@@ -86,20 +105,28 @@ class SpooledRecords:
                     raise SpoolError(f"the records of drain {self.seq} never arrived in {self.path} (its flag word "
                                      f"holds {seen})")
                 time.sleep(_POLL_S)
-            header = np.array([_word(mm, BUFFER_WORD + i) for i in range(REC_HEADER)], dtype=np.int64)
-            n = min(int(header[REC_CURSOR]), int(header[REC_CAPACITY]))
+            cursor, capacity = (_word(mm, BUFFER_WORD + i) for i in (REC_CURSOR, REC_CAPACITY))
+            n = min(cursor, capacity)
             first = (BUFFER_WORD + REC_HEADER) * 8
             if first + n * REC_WORDS * 8 > len(mm):
                 raise SpoolError(f"{self.path} holds fewer than the {n} records its header counts")
-            rows = np.frombuffer(mm[first:first + n * REC_WORDS * 8], dtype=np.int64)  # a copy: slots are reused
-        return CtaRecords.from_words(header, rows, self.names, self.class_counts, self.device)
+            rows = np.frombuffer(mm, dtype=np.int64, count=n * REC_WORDS, offset=first).reshape(n, REC_WORDS)
+            if self.window is None:
+                table, lost = rows.copy(), True  # a copy: slots are reused
+            else:
+                lo, hi = self.window
+                table = rows[(rows[:, REC_START_NS] >= lo) & (rows[:, REC_END_NS] <= hi)]
+                lost = n == 0 or hi > int(rows[:, REC_END_NS].max())
+            del rows  # no view of the mapping may outlive it
+        dropped = max(cursor - capacity, 0) if lost else 0
+        return CtaRecords.from_table(table, self.names, self.class_counts, dropped, self.device)
 
 
 def _word(mm, index: int) -> int:
     return int.from_bytes(mm[index * 8:index * 8 + 8], "little", signed=True)
 
 
-# (pid, slot path) -> the flush of the spool holding that slot's deferred drain, in the process that took it
+# (pid, slot path, drain number) -> what launches that drain, while it is held, in the process that took it
 _launch_before_load: dict = {}
 
 
@@ -126,6 +153,7 @@ class _Slot:
         import torch
 
         self.capacity, self.device, self.busy = capacity, device, False
+        self.readers = 0  # jobs that will read this slot's drain and have not released it (RecordSpool.release)
         # whole pages: cudaHostRegister refused a size that ends inside a page on the H200 machine
         # (benchmarks/diag_host_register.py registers page multiples of every kind of memory there)
         n_bytes = -(-(BUFFER_WORD + recorder_words(capacity)) * 8 // mmap.PAGESIZE) * mmap.PAGESIZE
@@ -268,10 +296,22 @@ def _consume_error() -> None:
         pass
 
 
+@dataclass
+class _Drain:
+    """A drain taken but not launched yet (module docstring, Held drains): its slot, the recorder it copies, the
+    GPU's drain counter, its number, and the cycles that take their records from it."""
+
+    slot: _Slot
+    recorder: object
+    counter: object
+    seq: int
+    cycles: int = 0
+
+
 class RecordSpool:
     """Slots for the records of every background TraceHandler of the process (shared_spool(); module docstring).
-    drain_all() drains every recorder into slots; release() frees a drain's slot once its trace is written;
-    close() deletes every slot."""
+    take() / take_all() give a cycle its share of a drain; launch_for(), flush() launch held drains;
+    release() frees a slot once every trace reading it is written; close() deletes every slot."""
 
     def __init__(self, directory=None):
         self.directory = Path(directory) if directory is not None else spool_directory()
@@ -281,7 +321,7 @@ class RecordSpool:
         self._by_path: dict = {}
         self._drains: dict = {}    # device -> drains taken so far (the number the last one's flag will hold)
         self._counters: dict = {}  # device -> the drains launched, on the GPU, one int64 word (the flags' source)
-        self._pending: list = []   # (slot, recorder, counter) of drains taken but not launched yet (drain(defer))
+        self._open: dict = {}      # device -> its _Drain taken and not launched yet
 
     def _take(self, device: int, capacity: int) -> _Slot:
         with self._lock:
@@ -334,40 +374,64 @@ class RecordSpool:
                                                                           device=recorder.buffer.device)
         return counter
 
-    def drain(self, recorder, defer: bool = False) -> SpooledRecords:
-        """Hand `recorder`'s records since its last reset to a slot and reset it (module docstring: one graph
-        launched on the current stream, nothing read back). defer: take the slot and the drain's number now but
-        launch it later (flush()): at the latest before the recorder is next handed to a kernel, reset or drained,
-        before a job reading these records runs in this process, and (the caller's part) before waiting for one
-        that runs in the worker. A recorder that CUDA graphs hold is drained at once: a replay records at any
-        time."""
-        if self._pending:  # the GPU's counter numbers drains in launch order: earlier ones go first
-            self.flush()
+    def take(self, recorder, window=None, cycles_per_drain: int = 1) -> SpooledRecords:
+        """This cycle's records of `recorder`: those in `window` ((lo, hi) %globaltimer ns; None: all) of the drain
+        its records go to, taken now if none is held (a free slot and the next number). No CUDA call unless the
+        drain then holds cycles_per_drain cycles: then it is launched on the current stream (module docstring)."""
         device = recorder.device_index
-        slot = self._take(device, recorder.capacity)
-        counter = self._counter(recorder)
-        seq = self._drains[device] = self._drains.get(device, 0) + 1
+        drain = self._open.get(device)
+        if drain is None:
+            slot = self._take(device, recorder.capacity)
+            seq = self._drains[device] = self._drains.get(device, 0) + 1
+            drain = self._open[device] = _Drain(slot, recorder, self._counter(recorder), seq)
+            recorder.before_reset = self.flush
+            _launch_before_load[(os.getpid(), slot.path, seq)] = self.flush
+        drain.cycles += 1
+        drain.slot.readers += 1
         names, class_counts = recorder.tags.snapshot()
-        if defer and not recorder.in_graphs:
-            self._pending.append((slot, recorder, counter))
-            recorder.before_record = self.flush
-            _launch_before_load[(os.getpid(), slot.path)] = self.flush
-        else:
-            self._launch(slot, recorder, counter)
-        return SpooledRecords(slot.path, seq, names, class_counts, device)
+        spooled = SpooledRecords(drain.slot.path, drain.seq, names, class_counts, device, window)
+        if drain.cycles >= cycles_per_drain:
+            self._launch(device)
+        return spooled
+
+    def take_all(self, windows: dict, cycles_per_drain: dict) -> dict:
+        """{device: SpooledRecords} of every recorder made so far (recording.recorders()): take() with the device's
+        window and cycles per drain (defaults: None and 1, a drain of this cycle alone)."""
+        from ..placement.recording import recorders
+
+        return {index: self.take(r, windows.get(index), cycles_per_drain.get(index, 1))
+                for index, r in recorders().items()}
+
+    def holds(self, device: int) -> bool:
+        """Whether a drain of GPU `device` is taken and not launched yet."""
+        return device in self._open
+
+    def launch_for(self, records: dict) -> None:
+        """Launch the held drains that `records` ({device: CtaRecords or SpooledRecords}) read from: a job is about
+        to leave this process (the worker would wait for them) or run here."""
+        for r in records.values():
+            drain = self._open.get(r.device) if isinstance(r, SpooledRecords) else None
+            if drain is not None and drain.seq == r.seq and drain.slot.path == r.path:
+                self._launch(r.device)
 
     def flush(self) -> None:
-        """Launch the deferred drains, in the order they were taken (nothing to do: returns at once)."""
-        if not self._pending:
-            return
-        pending, self._pending = self._pending, []
-        for slot, recorder, counter in pending:
-            recorder.before_record = None
-            _launch_before_load.pop((os.getpid(), slot.path), None)
-            self._launch(slot, recorder, counter)
+        """Launch every held drain (nothing held: returns at once)."""
+        for device in list(self._open):
+            self._launch(device)
+
+    def _launch(self, device: int) -> None:
+        drain = self._open.pop(device)
+        drain.recorder.before_reset = None
+        _launch_before_load.pop((os.getpid(), drain.slot.path, drain.seq), None)
+        self._queue(drain.slot, drain.recorder, drain.counter)
+        drain.recorder.dirty = drain.recorder.in_graphs  # the drain reset it
+        if drain.slot.readers == 0:
+            with self._lock:
+                self._put_back(drain.slot)
 
     @staticmethod
-    def _launch(slot: _Slot, recorder, counter) -> None:
+    def _queue(slot: _Slot, recorder, counter) -> None:
+        """The drain of `recorder` into `slot`, queued on its GPU's current stream."""
         import torch
 
         if recorder.device_index == torch.cuda.current_device():
@@ -375,25 +439,22 @@ class RecordSpool:
         else:
             with torch.cuda.device(recorder.device_index):
                 slot.drain(recorder, counter)
-        recorder.dirty = recorder.in_graphs  # the drain reset it
-
-    def drain_all(self, defer: bool = False) -> dict:
-        """{device: SpooledRecords} of every recorder made so far (recording.recorders()); defer: drain()'s."""
-        from ..placement.recording import recorders
-
-        return {index: self.drain(r, defer) for index, r in recorders().items()}
 
     def release(self, spooled: SpooledRecords) -> None:
+        """A trace reading `spooled` is written: its slot is free once no other reads it and its drain is launched."""
         with self._lock:
             slot = self._by_path.get(spooled.path)
             if slot is not None:
-                self._put_back(slot)
+                slot.readers = max(slot.readers - 1, 0)
+                held = self._open.get(slot.device)
+                if slot.readers == 0 and (held is None or held.slot is not slot):
+                    self._put_back(slot)
 
     def busy(self) -> int:
         return sum(s.busy for s in self._slots)
 
     def close(self) -> None:
-        """Launch the deferred drains, then unmap and delete every slot (call it once no job reads them)."""
+        """Launch the held drains, then unmap and delete every slot (call it once no job reads them)."""
         self.flush()
         with self._lock:
             for slot in self._slots:
@@ -412,10 +473,17 @@ def shared_spool() -> RecordSpool:
 
 
 def flush_shared_spool() -> None:
-    """Launch this process's deferred drains, if it has a spool (RecordSpool.flush)."""
+    """Launch this process's held drains, if it has a spool (RecordSpool.flush)."""
     spool = _shared.existing()
     if spool is not None:
         spool.flush()
+
+
+def launch_drains_for(records: dict) -> None:
+    """Launch the held drains that `records` read from, if this process has a spool (RecordSpool.launch_for)."""
+    spool = _shared.existing()
+    if spool is not None:
+        spool.launch_for(records)
 
 
 def close_shared_spool() -> None:

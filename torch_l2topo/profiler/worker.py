@@ -14,17 +14,17 @@ in the parent, took the CPU of the training loop: every wake-up cost the loop a 
 (benchmarks/results/diagnosis/profiler_handler_spinning_threads_h200.json). A busy child, at either priority,
 showed no consistent effect on the parent's own work there (benchmarks/diag_signal_cost.py).
 
-Protocol: the worker writes READY on stdout once its imports are done. The parent hands it a job only then, as
-a length-prefixed pickle on its stdin, and never more than IN_PIPE unanswered at a time; the worker answers each
-job, in order, with one line RESULT + JSON {"problem", "written"}. A job is small: its records stay in the spool's
-shared-memory slots (spool.py). A profile() block holds its jobs back (hold(max_held)): none goes to the worker
-until more than max_held wait, so a short block's enrichment runs once its steps are over, not beside them
-(docs/profiler.md, After the steps, not beside them, says what its work beside them cost). The jobs not handed
-over yet stay with the parent, which can therefore always take work back without a race: when it has to wait
-(drain(), or max_pending jobs in flight) it runs the newest waiting job itself while the worker goes on with the
-oldest, and a worker that is not ready yet (still importing at a block's end) leaves every job to the parent.
-Finished jobs are reported (on_done) in submission order. A worker that dies leaves its unanswered jobs to the
-parent (or to its successor): nothing is lost.
+Protocol: the worker writes READY on stdout once its imports are done. The parent hands it a job only then, as a
+length-prefixed pickle on its stdin, and never more than IN_PIPE unanswered at a time; the worker answers each job,
+in order, with one line RESULT + JSON {"problem", "written"}. A job is small: its records stay in the spool's
+shared-memory slots (spool.py), whose held drain is launched as the job is handed over. A profile() block holds its
+jobs back (hold(max_held)): none goes to the worker until more than max_held wait, so a short block's enrichment
+runs once its steps are over, not beside them (docs/profiler.md, After the steps, not beside them, says what its
+work beside them cost). The jobs not handed over yet stay with the parent, which can therefore always take work back
+without a race: when it has to wait (drain(), or max_pending jobs in flight) it runs the newest waiting job itself
+while the worker goes on with the oldest, and a worker that is not ready yet (still importing at a block's end)
+leaves every job to the parent. Finished jobs are reported (on_done) in submission order. A worker that dies leaves
+its unanswered jobs to the parent (or to its successor): nothing is lost.
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ from typing import Callable
 
 from .cycle import CycleJob, run
 from .perprocess import PerProcess
-from .spool import flush_shared_spool
+from .spool import launch_drains_for
 
 RESULT = b"l2topo-cycle-done "
 READY = b"l2topo-worker-ready"
@@ -158,7 +158,6 @@ class Worker:
             entry = self._waiting.pop()
             entry.problem, entry.finished = run(entry.job), True
         elif self._handed:
-            flush_shared_spool()  # a job the worker holds may wait for a drain this process deferred
             self._read(wait=True)
         self._report()
 
@@ -166,6 +165,7 @@ class Worker:
         keep = min(self._holds, default=0)  # jobs that stay here (hold())
         while len(self._waiting) > keep and len(self._handed) < IN_PIPE and self._proc is not None and self.ready():
             entry = self._waiting.popleft()
+            launch_drains_for(entry.job.records)  # else the worker would wait for records this process still holds
             blob = pickle.dumps(entry.job, protocol=pickle.HIGHEST_PROTOCOL)
             try:
                 self._proc.stdin.write(len(blob).to_bytes(_LENGTH, "little") + blob)
