@@ -23,7 +23,7 @@ handler), medians and quantiles by kind (part 1: of two-cycle units), the differ
 ratio to a plain cycle, with a bootstrap 90% interval of the median difference. Several blocks; each block's
 first two cycles are left out (compilation, the first cycle's warmup recording). --time-calls adds the host time
 of each call the profiler makes to the spool and the recorders in the loop (TIMED_CALLS: us per call, quantiles,
-over every block, block 0 included).
+over every block, block 0 included, by the kind of the cycle each ran in; and the garbage collector's pauses).
 
     python benchmarks/diag_profiler_components.py --device 0 \\
         --out benchmarks/results/diagnosis/profiler_components_h200.json
@@ -193,7 +193,7 @@ class Alternating(session.profile):
 
 
 def ours_against_plain(step, dev, work: Path, blocks: int, cycles: int, compared=tuple(KINDS),
-                       capacity: int = CAPACITY) -> dict:
+                       capacity: int = CAPACITY, call_times=None) -> dict:
     """Part 1 (module docstring) for the kinds `compared`: per kind, its two-cycle units against the plain ones
     around them (unit_pairs), and how long each block's end waited for its traces."""
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
@@ -213,7 +213,8 @@ def ours_against_plain(step, dev, work: Path, blocks: int, cycles: int, compared
                            devices=[dev.index], capacity=capacity, max_held=cycles, max_pending=cycles + 1)
         torch.cuda.synchronize()
         with prof:
-            t = _cycles(step, prof, cycles)
+            t = _cycles(step, prof, cycles, None if call_times is None else
+                        lambda c: setattr(call_times, "kind", kinds[c % len(kinds)]))
             t_end = time.perf_counter()
         exits.append(time.perf_counter() - t_end)
         if b:
@@ -273,19 +274,43 @@ def worker_running_against_stopped(step, work: Path, trace: Path, blocks: int, c
             "period": period, "settle_cycles": min(SETTLE, period // 2)}
 
 
-# (owner, name) of the calls --time-calls times: what ours does in the loop beyond plain torch.profiler
+# (owner, name) of the calls --time-calls times: what ours does in the loop beyond plain torch.profiler, and the
+# phases of a cycle around them (the handler whole, the start and stop of a trace: torch's and ours)
 TIMED_CALLS = ((spool.RecordSpool, "take_all"), (spool.RecordSpool, "flush"), (spool.RecordSpool, "reserve"),
                (spool._Slot, "__init__"), (spool._Slot, "prepare"), (spool._Slot, "drain"),
-               (recording, "start_recording"), (recording, "stop_recording"), (recording, "reset_dirty"))
+               (recording, "start_recording"), (recording, "stop_recording"), (recording, "reset_dirty"),
+               (session.TraceHandler, "__call__"), (session.profile, "start_trace"), (session.profile, "stop_trace"))
 
 
-def time_calls() -> dict:
-    """Wrap TIMED_CALLS so that each call's host time (s) is appended to the returned {label: [s]}."""
-    times = {}
+class CallTimes(dict):
+    """{label: [s]}: each call's host time filed under its label, prefixed by the kind of the cycle it ran in once
+    `kind` is set ("ours: RecordSpool.take_all"); Python's garbage collections too ("gc generation N")."""
+
+    kind = None
+
+    def __getitem__(self, label):
+        return self.setdefault(label if self.kind is None else f"{self.kind}: {label}", [])
+
+
+def time_calls() -> CallTimes:
+    """Wrap TIMED_CALLS, and watch the garbage collector, so that each call's and each collection's host time (s)
+    is appended to the returned CallTimes."""
+    import gc
+
+    times = CallTimes()
     for owner, name in TIMED_CALLS:
         label = f"{owner.__name__.rsplit('.', 1)[-1]}.{name}"
         times[label] = []
         time_each_call(owner, name, times, label)
+    started = []
+
+    def collection(phase, info):
+        if phase == "start":
+            started[:] = [time.perf_counter()]
+        elif started:
+            times[f"gc generation {info['generation']}"].append(time.perf_counter() - started[0])
+
+    gc.callbacks.append(collection)
     return times
 
 
@@ -313,7 +338,7 @@ def main(argv=None) -> dict:
     with torch.no_grad():
         if "1" in args.parts:
             figures["ours_against_plain"] = ours_against_plain(step, dev, work, args.reps, args.cycles, kinds,
-                                                               args.capacity)
+                                                               args.capacity, call_s)
             print("ours against plain:", figures["ours_against_plain"], flush=True)
             trace = sorted((work / "ours").glob("*.json"), key=lambda p: p.stat().st_mtime)[-1]
         else:  # a trace to enrich: one short block of ours
