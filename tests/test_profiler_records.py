@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+import torch_l2topo
 from torch_l2topo import layout
 from torch_l2topo.placement import recording
 from torch_l2topo.placement.recording import CtaRecords, per_sm_statistics
@@ -142,3 +143,22 @@ def test_a_snapshot_is_copied_once_per_change():
     assert tags.snapshot()[1] is classes
     tags.register("b")
     assert tags.snapshot()[0] == {0: "a", 1: "b"} and names == {0: "a"}
+
+
+def test_profile_turns_recording_on_for_its_active_steps_only(monkeypatch, tmp_path):
+    """torch_l2topo.profile switches recording with one flag (set_profiling) from its first cycle's warmup (the
+    kernels compile their recording variant there) and its later cycles' active steps; never in wait steps, and off
+    after the block."""
+    monkeypatch.setattr(recording._switch, "follow", False)
+    monkeypatch.setattr(recording._switch, "depth", 0)
+    monkeypatch.setattr(recording._switch, "profiling", False)
+    seen = []
+    sched = torch.profiler.schedule(wait=1, warmup=1, active=2, repeat=2)
+    with torch_l2topo.profile(tmp_path, schedule=sched, activities=[torch.profiler.ProfilerActivity.CPU],
+                              topology=None, background=False, devices=[0]) as prof:
+        prof._devices = [0]  # no GPU here: a device to record on, as start() finds one where CUDA is
+        for _ in range(8):
+            seen.append(recording.recording_on())
+            prof.step()
+    assert seen == [False, True, True, True, False, False, True, True]
+    assert not recording.recording_on()

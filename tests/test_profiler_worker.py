@@ -238,6 +238,30 @@ def test_a_hold_keeps_jobs_here_up_to_its_bound_then_the_oldest_go_to_the_worker
     assert done == [(j.path, None) for j in jobs]
 
 
+def test_a_held_job_is_queued_without_a_look_at_the_worker(tmp_path, monkeypatch):
+    """While a hold keeps a job here and the worker holds none, submit only queues it (the trace handler runs at the
+    cycle's edge, where every line costs); the job is still handed over and reported in order later."""
+    done = []
+    w = ready_worker()
+    w.hold(2)
+    jobs = [_job(tmp_path, f"j{i}") for i in range(3)]
+
+    def looked(*args):
+        raise AssertionError("submit looked at the worker")
+
+    with monkeypatch.context() as patched:
+        for name in ("harvest", "_hand_over", "_report", "_read"):
+            patched.setattr(w, name, looked)
+        for job in jobs[:2]:
+            w.submit(job, lambda path, problem: done.append(path))
+    assert [e.job for e in w._waiting] == jobs[:2] and not w._handed
+    w.submit(jobs[2], lambda path, problem: done.append(path))  # beyond the hold: the oldest goes
+    assert [e.job for e in w._handed] == jobs[:1]
+    w.release()
+    w.close()
+    assert done == [j.path for j in jobs]
+
+
 @pytest.mark.parametrize("max_held", [8, 0])
 def test_a_profile_block_leaves_its_traces_for_its_end_unless_told_otherwise(tmp_path, monkeypatch, max_held):
     monkeypatch.setattr(worker, "_shared", PerProcess(ready_worker))

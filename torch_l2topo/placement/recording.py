@@ -303,12 +303,14 @@ class CtaRecorder:
 
 
 class _Switch:
-    """Whether recording is on: inside recording() blocks (nested ones count), or, once follow_profiler() was
-    called, whenever torch.profiler collects events; and the recorders made so far."""
+    """Whether recording is on: inside recording() blocks (nested ones count), while a profiler says so
+    (set_profiling), or, once follow_profiler() was called, whenever torch.profiler collects events; and the
+    recorders made so far."""
 
     def __init__(self):
         self.lock = threading.Lock()
         self.depth = 0
+        self.profiling = False
         self.follow = False
         self.capacity = DEFAULT_CAPACITY
         self.recorders: dict = {}
@@ -337,7 +339,7 @@ def recorder(device_index: int, capacity: int | None = None, at_least: int | Non
 
 def recording_on() -> bool:
     """Whether kernels launched now should record (module docstring; the one test active_recorder makes)."""
-    if _switch.depth > 0:
+    if _switch.depth > 0 or _switch.profiling:
         return True
     if not _switch.follow:
         return False
@@ -380,6 +382,14 @@ def start_recording(devices=None, capacity: int | None = None, reset: bool = Tru
     """Turn recording on (nestable; stop_recording() turns one level off). devices: GPU indices whose
     recorders are set up and (unless reset is false) reset now (default: the current GPU); other GPUs get
     theirs on first use."""
+    set_up(devices, capacity, reset)
+    with _switch.lock:
+        _switch.depth += 1
+
+
+def set_up(devices=None, capacity: int | None = None, reset: bool = True) -> None:
+    """start_recording() without turning recording on: the recorders of `devices` made (and reset unless reset is
+    false), and `capacity` the least for those made later."""
     import torch
 
     if capacity is not None:
@@ -390,13 +400,19 @@ def start_recording(devices=None, capacity: int | None = None, reset: bool = Tru
         rec = recorder(index, capacity)
         if reset:
             rec.reset()
-    with _switch.lock:
-        _switch.depth += 1
 
 
 def stop_recording() -> None:
     with _switch.lock:
         _switch.depth = max(_switch.depth - 1, 0)
+
+
+def set_profiling(on: bool) -> None:
+    """Recording on while a profiler collects (on), or not (off): one flag, which profiler.profile sets when each
+    cycle starts and clears when it stops, after set_up() once (at the cycle's edges on an H100 machine,
+    start_recording() took 9.9 us and stop_recording() 6.7 us: each Python line is slow there;
+    benchmarks/results/diagnosis/profiler_components_calls_held_h100.json)."""
+    _switch.profiling = bool(on)
 
 
 def reset_dirty() -> None:

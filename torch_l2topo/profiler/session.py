@@ -366,6 +366,8 @@ class profile(torch.profiler.profile):
         if self.handler.background:
             self.handler.held = self._hold_cycles() if self.record else None
             self.handler._worker.hold(self.max_held)
+        if self.record and self._devices:  # the recorders made now (_hold_cycles sized them), not in the loop
+            rec.set_up(self._devices, self.capacity, reset=False)
         try:
             super().start()
         except BaseException:
@@ -426,7 +428,7 @@ class profile(torch.profiler.profile):
 
     def _start_recording(self) -> None:
         if self.record and not self._recording and self._devices:
-            rec.start_recording(self._devices, self.capacity, reset=False)  # start_trace resets if need be
+            rec.set_profiling(True)  # start() made the recorders; start_trace resets them if need be
             self._recording = True
 
     def prepare_trace(self) -> None:
@@ -445,7 +447,7 @@ class profile(torch.profiler.profile):
     def stop_trace(self) -> None:
         super().stop_trace()
         if self._recording:
-            rec.stop_recording()
+            rec.set_profiling(False)
             self._recording = False
             self._recorded = True
 

@@ -115,6 +115,15 @@ class Worker:
         `max_pending` (default: this worker's) jobs are in flight: then it first finishes the oldest work (module
         docstring). Jobs the worker has answered by now are reported first, without waiting for the others."""
         limit = self.max_pending if max_pending is None else check_max_pending(max_pending)
+        if self._holds and not self._handed and len(self._waiting) < min(self._holds) and \
+                len(self._entries) < limit and self._proc is not None:
+            # held here, and the worker has nothing to answer: nothing to read, hand over or report (the full path
+            # took 29-115 us a call at the cycle's edge on an H200 machine, where each Python line is slow:
+            # benchmarks/results/diagnosis/profiler_handler_h200_launch_costs.json, Worker.submit)
+            entry = _Entry(job, on_done)
+            self._entries.append(entry)
+            self._waiting.append(entry)
+            return
         self.harvest()
         while len(self._entries) >= limit:
             self._progress()
