@@ -290,7 +290,7 @@ class CtaRecorder:
 
     def drain(self) -> CtaRecords:
         """The records written since the last reset or drain, then reset. Waits for the GPU's work to finish:
-        call it after the step (the profiler calls it once per cycle)."""
+        call it after the step (the profiler, enriching inline, calls it once per cycle)."""
         import torch
 
         self.settle()

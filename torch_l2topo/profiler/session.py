@@ -17,10 +17,11 @@ Recording: kernels built on the recorder helpers (and @sm_aware kernels) record 
 torch.profiler collects events (a TraceHandler switches that on; it is off during wait and warmup steps).
 profile() does more: it switches recording on from the warmup steps of a block's first cycle, so the
 recording variant of each kernel compiles before the active steps (a kernel first launched in a later cycle
-compiles it in that cycle's first active launch), and when each cycle starts it resets the recorders that
-may hold records by then (the first warmup's, or those of CUDA graphs replayed between cycles: they record
-whenever replayed, if captured while recording). Capture graphs while recording is on (inside profile(), or
-recording()) to see their CTAs.
+compiles it in that cycle's first active launch); with background enrichment (the default) one drain takes up
+to max_held + 1 cycles' records and each cycle's job keeps those of its own time window (HeldCycles, spool.py),
+so the records CUDA graphs write when replayed between cycles (they record whenever replayed, if captured while
+recording) and the first warmup's are left out; a recorder no drain holds is reset when a cycle starts. Capture
+graphs while recording is on (inside profile(), or recording()) to see their CTAs.
 
 Calibrations: topology="cached" (default) uses the latest cached calibration of each GPU in the trace and
 never measures (a GPU without one gets no L2 map, and a note says how to make one); "calibrate" measures
