@@ -128,9 +128,9 @@ class TraceHandler:
         self._pid = os.getpid()
         self._host = f"{socket.gethostname()}_{self._pid}"
         self._cuda = None          # whether CUDA is available (asked once)
-        # profile() sets it (background only): what lets one drain hold several cycles' records (HeldCycles);
-        # None: each cycle's records are drained whole when it ends.
-        self.held = None
+        # profile() sets it (background only): what lets one drain hold several cycles' records; as made here (no
+        # clock link), each cycle's records are drained whole when it ends
+        self.held = HeldCycles()
         self._export_dir = shm_directory()  # where exports go while it has room (_export_path); None: beside traces
         self._largest_export = 0
         if record:
@@ -208,9 +208,7 @@ class TraceHandler:
         if not self._cuda:
             records = {}
         elif self._worker is not None:
-            held = self.held
-            records = shared_spool().take_all(held.windows(time.time_ns()), held.per_drain) if held is not None \
-                else shared_spool().take_all({}, {})
+            records = shared_spool().take_all(self.held.windows(time.time_ns()), self.held.per_drain)
         else:
             records = rec.drain_all()
         path = self._path_of(self._cycles)
@@ -365,7 +363,7 @@ class profile(torch.profiler.profile):
             self._proton_dir = tempfile.mkdtemp(prefix="l2topo-proton-")
             proton.start(os.path.join(self._proton_dir, "proton"), backend="instrumentation", data="trace")
         if self.handler.background:
-            self.handler.held = self._hold_cycles() if self.record else None
+            self.handler.held = self._hold_cycles() if self.record else HeldCycles()
             self.handler._worker.hold(self.max_held)
         if self.record and self._devices:  # the recorders made now (_hold_cycles sized them), not in the loop
             rec.set_up(self._devices, self.capacity, reset=False)
@@ -441,8 +439,7 @@ class profile(torch.profiler.profile):
         self._start_recording()
         if self._recording:  # the warmup's records, or a graph's replayed between cycles (a launch: only if any),
             rec.reset_dirty()  # unless a held drain still has to take the earlier cycles' records
-        if self.handler.held is not None:
-            self.handler.held.start_ns = time.time_ns()
+        self.handler.held.start_ns = time.time_ns()
         super().start_trace()
 
     def stop_trace(self) -> None:
