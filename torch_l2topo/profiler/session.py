@@ -391,7 +391,7 @@ class profile(torch.profiler.profile):
                               f"{exc}): its records are drained every cycle", stacklevel=3)
                 continue
             held.per_drain[d] = max(1, min(self.max_held + 1, recorder.capacity // per_cycle))
-            wanted = min(self.max_held, DEFAULT_MAX_HELD) + 1
+            wanted = held_capacity(per_cycle, self.max_held) // per_cycle
             if held.per_drain[d] < wanted:
                 warnings.warn(f"GPU {d}'s CTA recorder, made earlier, holds {recorder.capacity} records: its drains "
                               f"hold {held.per_drain[d]} cycles, not {wanted}, and cost the loop more "
