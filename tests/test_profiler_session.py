@@ -5,6 +5,7 @@ import copy
 import glob
 import json
 import os
+import types
 from pathlib import Path
 
 import numpy as np
@@ -74,12 +75,13 @@ def test_a_failed_enrichment_still_writes_the_profilers_trace(tmp_path, monkeypa
 
 def test_exports_go_to_shared_memory_only_while_it_has_room(tmp_path, monkeypatch):
     """The loop's export goes to tmpfs when it has room for a margin over the largest export, else beside the
-    trace; the enriched trace lands where it was asked for either way."""
+    trace; the enriched trace lands where it was asked for either way. The room is read again once a second, or
+    sooner when the last reading less the largest export for each export since falls short of the margin."""
     shm = tmp_path / "shm"
     shm.mkdir()
     handler = session.TraceHandler(tmp_path / "traces", topology=None, record=False)
     handler._export_dir = str(shm)
-    free = {"bytes": 10 << 30}
+    free, reads, clock_ns = {"bytes": 10 << 30}, [], [0]
 
     class Stat:  # statvfs of a tmpfs with free["bytes"] available
         f_frsize = 1
@@ -88,7 +90,12 @@ def test_exports_go_to_shared_memory_only_while_it_has_room(tmp_path, monkeypatc
         def f_bavail(self):
             return free["bytes"]
 
-    monkeypatch.setattr(session.os, "statvfs", lambda path: Stat())
+    def statvfs(path):
+        reads.append(path)
+        return Stat()
+
+    monkeypatch.setattr(session.os, "statvfs", statvfs)
+    monkeypatch.setattr(session, "time", types.SimpleNamespace(time_ns=lambda: clock_ns[0]))
     seen, text = [], json.dumps(cpu_trace(tmp_path))
 
     class Prof:
@@ -96,22 +103,26 @@ def test_exports_go_to_shared_memory_only_while_it_has_room(tmp_path, monkeypatc
             seen.append(path)
             Path(path).write_text(text)
 
-    handler(Prof())
-    assert Path(seen[0]).parent == shm and handler._largest_export > 0
-    free["bytes"] = session.EXPORT_ROOM_MIN - 1  # below the floor
-    handler(Prof())
-    assert Path(seen[1]).parent == tmp_path / "traces"
+    def export_at(seconds: float) -> Path:
+        clock_ns[0] = int(seconds * 1e9)
+        handler(Prof())
+        return Path(seen[-1]).parent
+
+    assert export_at(0) == shm and len(reads) == 1 and handler._largest_export == len(text)
+    free["bytes"] = session.EXPORT_ROOM_MIN - 1  # below the floor, but not read again within the second
+    assert export_at(0.5) == shm and len(reads) == 1
+    assert export_at(1.6) == tmp_path / "traces" and len(reads) == 2
     monkeypatch.setattr(session, "EXPORT_ROOM_MIN", 1)  # the margin over the largest export decides
-    free["bytes"] = session.EXPORT_ROOM_FACTOR * handler._largest_export - 1
-    handler(Prof())
-    assert Path(seen[2]).parent == tmp_path / "traces"
-    free["bytes"] = session.EXPORT_ROOM_FACTOR * handler._largest_export
-    handler(Prof())
-    assert Path(seen[3]).parent == shm
+    free["bytes"] = session.EXPORT_ROOM_FACTOR * len(text) - 1
+    assert export_at(2.7) == tmp_path / "traces" and len(reads) == 3
+    assert export_at(2.8) == tmp_path / "traces" and len(reads) == 4  # short last time: read for every export
+    free["bytes"] = (session.EXPORT_ROOM_FACTOR + 1) * len(text)  # the margin and one export more
+    assert export_at(2.9) == shm and len(reads) == 5
+    assert export_at(3.0) == shm and len(reads) == 5  # the reading less one export still holds the margin
+    assert export_at(3.1) == shm and len(reads) == 6  # less two does not: read again
     handler._export_dir = None  # no shared memory on this machine
-    handler(Prof())
-    assert Path(seen[4]).parent == tmp_path / "traces"
-    assert [p.name.split(".")[1] for p in handler.written] == ["0", "1", "2", "3", "4"]
+    assert export_at(5.0) == tmp_path / "traces" and len(reads) == 6
+    assert [p.name.split(".")[1] for p in handler.written] == [str(n) for n in range(len(seen))]
     assert all("l2topo" in load_trace(p) for p in handler.written)
     assert not any(Path(p).exists() for p in seen)  # every export removed once its trace is written
 

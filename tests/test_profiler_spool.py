@@ -209,7 +209,7 @@ def test_the_handler_releases_a_traces_slots_once_it_is_written(tmp_path, unpinn
     monkeypatch.setattr(session, "shared_spool", lambda: sp)
     handler = session.TraceHandler(tmp_path / "t.json", topology=None, record=False)
     spooled, _ = _spooled(sp, _records(10), seq=1)
-    handler._spooled[str(tmp_path / "t.json")] = [spooled]  # the handler keys its traces by path string
+    handler._spooled[str(tmp_path / "t.json")] = {0: spooled}  # the handler keys its traces by path string
     assert sp.busy() == 1
     handler._done(str(tmp_path / "t.json"), None)
     assert sp.busy() == 0 and handler.written == [tmp_path / "t.json"]

@@ -320,16 +320,22 @@ class _Closable:
         self.closed = True
 
 
-def test_a_forked_process_gets_its_own_and_closes_only_its_own(monkeypatch):
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_a_forked_process_gets_its_own_and_closes_only_its_own():
     shared = PerProcess(_Closable)
     parents = shared.get()
     assert shared.get() is parents
-    monkeypatch.setattr(os, "getpid", lambda: -1)  # now "in" a forked child
-    childs = shared.get()
-    assert childs is not parents
-    shared.close()
-    assert childs.closed and not parents.closed
-    monkeypatch.undo()
-    assert shared.get() is parents
+    pid = os.fork()
+    if pid == 0:  # the child: an object of its own, and closing it leaves the parent's alone
+        ok = False
+        try:
+            childs = shared.get()
+            shared.close()
+            ok = childs is not parents and childs.closed and not parents.closed and shared.existing() is None
+        finally:
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert shared.get() is parents and not parents.closed
     shared.close()
     assert parents.closed

@@ -32,10 +32,8 @@ class ClockLink:
 
     def to_device(self, host_lo: int, host_hi: int, drift_ppm: float = DRIFT_PPM) -> tuple:
         """(lo, hi): globaltimer ns that contain every moment of the host interval [host_lo, host_hi] (ns)."""
-        def slack(h: int) -> int:
-            return int(abs(h - self.host_ns) * drift_ppm * 1e-6)
-
-        return host_lo + self.lo_ns - slack(host_lo), host_hi + self.hi_ns + slack(host_hi)
+        return (host_lo + self.lo_ns - int(abs(host_lo - self.host_ns) * drift_ppm * 1e-6),
+                host_hi + self.hi_ns + int(abs(host_hi - self.host_ns) * drift_ppm * 1e-6))
 
 
 _words: dict = {}  # device -> the one-word tensor its readings go to (made, and the kernel loaded, once)

@@ -60,6 +60,7 @@ from .worker import DEFAULT_MAX_PENDING, check_max_held, check_max_pending, clos
 TOPOLOGY_MODES = ("cached", "calibrate")
 EXPORT_ROOM_MIN = 256 << 20  # bytes of shared memory left free before an export goes there (_export_path)
 EXPORT_ROOM_FACTOR = 4       # ... and this many times the largest export so far
+EXPORT_ROOM_RECHECK_NS = 1_000_000_000  # the room is read again (statvfs) at least this often (_export_path)
 DEFAULT_MAX_HELD = 8  # cycles a profile() block's worker leaves for its end (profile's max_held)
 LINK_REFRESH_NS = 1_000_000_000  # a clock link this old is measured again (HeldCycles.windows)
 REFRESH_READINGS = 3             # readings per measurement then (clock.READINGS when a block starts)
@@ -86,10 +87,12 @@ class HeldCycles:
         ns). A link older than LINK_REFRESH_NS is measured again first, so that the allowance for the clocks' drift
         stays near 0.1 ms; the GPU is idle then (the profiler has just synchronized it), and it happens once a
         second at most."""
+        windows = {}
         for d, link in self.links.items():
             if end_ns - link.host_ns > LINK_REFRESH_NS:
-                self.links[d] = clock.measure(d, REFRESH_READINGS)
-        return {d: link.to_device(self.start_ns, end_ns) for d, link in self.links.items()}
+                link = self.links[d] = clock.measure(d, REFRESH_READINGS)
+            windows[d] = link.to_device(self.start_ns, end_ns)
+        return windows
 
 
 class TraceHandler:
@@ -120,7 +123,7 @@ class TraceHandler:
         self._cycles = 0           # traces handed out (written, or in the worker's hands)
         self.max_pending = check_max_pending(max_pending)
         self._worker = shared_worker() if background else None
-        self._spooled: dict = {}   # trace path -> the SpooledRecords its job reads (released once it is written)
+        self._spooled: dict = {}   # trace path -> {device: SpooledRecords} its job reads (released once written)
         self._dir_made = False
         self._calibrations: dict = {}  # (devices recorded, maps looked up) -> calibrations()
         self._maps: dict = {}      # device -> SmMap or None (looked up once)
@@ -133,6 +136,8 @@ class TraceHandler:
         self.held = HeldCycles()
         self._export_dir = shm_directory()  # where exports go while it has room (_export_path); None: beside traces
         self._largest_export = 0
+        self._export_room = 0       # bytes free there when last read, less the exports written since
+        self._room_read_ns = 0      # when it was last read (host time.time_ns)
         if record:
             rec.follow_profiler()
 
@@ -203,25 +208,28 @@ class TraceHandler:
         return f"{self._target}{os.sep}{self._host}.{n}.l2topo.pt.trace.json{'.gz' if self.use_gzip else ''}"
 
     def __call__(self, prof) -> None:
+        now = time.time_ns()
         if self._cuda is None:
             self._cuda = torch.cuda.is_available()
         if not self._cuda:
             records = {}
         elif self._worker is not None:
-            records = shared_spool().take_all(self.held.windows(time.time_ns()), self.held.per_drain)
+            records = shared_spool().take_all(self.held.windows(now), self.held.per_drain)
         else:
             records = rec.drain_all()
         path = self._path_of(self._cycles)
         self._cycles += 1
         if records and self._worker is not None:
-            self._spooled[path] = list(records.values())
+            self._spooled[path] = records
         if not self._dir_made:  # every cycle's trace goes to one directory
             os.makedirs(self._directory, exist_ok=True)
             self._dir_made = True
-        export = self._export_path()
+        export = self._export_path(now)
         try:
             prof.export_chrome_trace(export)
-            self._largest_export = max(self._largest_export, os.path.getsize(export))
+            if self._room_read_ns == now:  # the room was read for this export: its size is read too
+                self._largest_export = max(self._largest_export, os.path.getsize(export))
+            self._export_room -= self._largest_export  # wherever it went: at worst the room is read again sooner
         except BaseException:
             Path(export).unlink(missing_ok=True)
             raise
@@ -231,20 +239,28 @@ class TraceHandler:
         else:
             self._done(path, run(job))
 
-    def _export_path(self) -> str:
+    def _export_path(self, now_ns: int) -> str:
         """Where the profiler exports the cycle's trace for the enrichment to read: shared memory (tmpfs) while it
         has room for EXPORT_ROOM_FACTOR times the largest export so far (and EXPORT_ROOM_MIN), else beside the
         traces. In tmpfs the loop's export writes no disk blocks, so it is not throttled behind the worker's trace
-        writes (the filesystem's writeback); torch's export does not report a full disk, hence the margin. A name
-        of this handler's own (not mkstemp: its random name and exclusive create cost the loop 0.1 ms)."""
+        writes (the filesystem's writeback); torch's export does not report a full disk, hence the margin. The
+        room is read (statvfs), and the export's size after it, when the last reading less the largest export for
+        each export since falls short, and at least once every EXPORT_ROOM_RECHECK_NS (others use /dev/shm too):
+        not every cycle, as each system call costs the loop at a cycle's edge (3 us each hot on the development
+        machine). A name of this handler's own (not mkstemp: its random name and exclusive create cost the loop
+        0.1 ms)."""
         name = f"l2topo-export-{self._pid}-{id(self):x}-{self._cycles}.json"
         if self._export_dir is not None:
-            try:
-                st = os.statvfs(self._export_dir)
-                if st.f_bavail * st.f_frsize >= max(EXPORT_ROOM_MIN, EXPORT_ROOM_FACTOR * self._largest_export):
-                    return f"{self._export_dir}{os.sep}{name}"
-            except OSError:
-                pass
+            need = max(EXPORT_ROOM_MIN, EXPORT_ROOM_FACTOR * self._largest_export)
+            if self._export_room < need or now_ns - self._room_read_ns > EXPORT_ROOM_RECHECK_NS:
+                try:
+                    st = os.statvfs(self._export_dir)
+                    self._export_room = st.f_bavail * st.f_frsize
+                except OSError:
+                    self._export_room = 0
+                self._room_read_ns = now_ns
+            if self._export_room >= need:
+                return f"{self._export_dir}{os.sep}{name}"
         return f"{self._directory}{os.sep}.{name}"
 
     def calibrations(self, records: dict) -> tuple:
@@ -264,7 +280,7 @@ class TraceHandler:
         return maps, {d: self._notes[d] for d in maps if d in self._notes}, tuple(sorted(self._given()))
 
     def _done(self, path: str, problem: str | None) -> None:
-        for spooled in self._spooled.pop(path, ()):
+        for spooled in self._spooled.pop(path, {}).values():
             shared_spool().release(spooled)
         if problem:
             warnings.warn(problem, stacklevel=3)

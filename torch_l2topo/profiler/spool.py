@@ -53,13 +53,14 @@ import tempfile
 import threading
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
 from ..layout import REC_CAPACITY, REC_CURSOR, REC_END_NS, REC_HEADER, REC_START_NS, REC_WORDS, recorder_words
-from ..placement.recording import CtaRecords
+from ..placement.recording import CtaRecords, recorders
 from .perprocess import PerProcess
 
 FLAG_WORD = 0          # slot word 0: the number of the GPU's drain whose copy is complete (1, 2, ...; cleared: -1)
@@ -72,17 +73,19 @@ class SpoolError(RuntimeError):
     """A slot's records never arrived (the GPU copy failed or the slot was reused)."""
 
 
-@dataclass(frozen=True)
-class SpooledRecords:
+class SpooledRecords(NamedTuple):
     """One GPU's records of one cycle, in a spool slot (picklable: the worker's job carries it). seq: the number
     the slot's flag word holds once the copy is there (the GPU's drain count); names, class_counts, device: as
-    CtaRecords; window: (lo, hi) %globaltimer ns, the cycle's records among those of the drain (start >= lo and
-    end <= hi; module docstring, Held drains), None for all of them."""
+    CtaRecords (the names and counts are shared snapshots: KernelTags.snapshot); window: (lo, hi) %globaltimer
+    ns, the cycle's records among those of the drain (start >= lo and end <= hi; module docstring, Held drains),
+    None for all of them. A named tuple, not a frozen dataclass: a cycle's handler makes one per GPU, and the
+    dataclass's init took 0.8 us of it on the development machine (each such line costs about three times that
+    at a cycle's edge: docs/profiler.md, Costs)."""
 
     path: str
     seq: int
-    names: dict = field(default_factory=dict)
-    class_counts: dict = field(default_factory=dict)
+    names: dict
+    class_counts: dict
     device: int | None = None
     window: tuple | None = None
 
@@ -388,8 +391,7 @@ class RecordSpool:
             _launch_before_load[(os.getpid(), slot.path, seq)] = self.flush
         drain.cycles += 1
         drain.slot.readers += 1
-        names, class_counts = recorder.tags.snapshot()
-        spooled = SpooledRecords(drain.slot.path, drain.seq, names, class_counts, device, window)
+        spooled = SpooledRecords(drain.slot.path, drain.seq, *recorder.tags.snapshot(), device, window)
         if drain.cycles >= cycles_per_drain:
             self._launch(device)
         return spooled
@@ -397,8 +399,6 @@ class RecordSpool:
     def take_all(self, windows: dict, cycles_per_drain: dict) -> dict:
         """{device: SpooledRecords} of every recorder made so far (recording.recorders()): take() with the device's
         window and cycles per drain (defaults: None and 1, a drain of this cycle alone)."""
-        from ..placement.recording import recorders
-
         return {index: self.take(r, windows.get(index), cycles_per_drain.get(index, 1))
                 for index, r in recorders().items()}
 
