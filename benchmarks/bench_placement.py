@@ -82,17 +82,21 @@ EAGER = False  # --eager: time eager launches behind a GPU spin (as "auto"'s tri
 SPIN_CYCLES = 200_000  # ~0.1 ms: the host queues the launch while the GPU spins, so its launch cost is not timed
 
 
-def interleaved(runs: dict, reps: int, per_run: int = 1, warmup: int = 2) -> dict:
+def interleaved(runs: dict, reps: int, per_run: int = 1, warmup: int = 2, spin: bool | None = None) -> dict:
     """{name: quantiles of ms per launch}: `reps` rounds, each replaying every entry's graph once (per_run
     launches), after `warmup` rounds. Side by side in rounds: timed one after the other in blocks, the same
-    0.07 ms gather read 0.068 ms in one block and 0.118 ms in another (the H200's latency states)."""
+    0.07 ms gather read 0.068 ms in one block and 0.118 ms in another (the H200's latency states). spin (default
+    EAGER): the GPU spins before each timed entry, so an eager launch is queued while it is busy and the events
+    time the kernel, not the host's launch (without it, two kernels of the same PTX read 0.043 and 0.061 ms on
+    an H100 machine whose host was slow: profiler_h100_fadce9f4e6f5.json, compiled_out)."""
     import torch
 
+    spin = EAGER if spin is None else spin
     events = {name: [] for name in runs}
     for r in range(warmup + reps):
         for name, replay in runs.items():
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            if EAGER:
+            if spin:
                 torch.cuda._sleep(SPIN_CYCLES)
             start.record()
             replay()

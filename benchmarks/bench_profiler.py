@@ -2,8 +2,9 @@
 
 1. Compiled out: with recording off, the recorder's demo kernel (row_sum_kernel, RECORD false) compiles to
    the same PTX as the kernel written without the recorder (row_sum_plain_kernel) on this GPU's Triton, and
-   takes the same time; RECORD true is timed beside them (the cost of one record per CTA). CUDA-event ms,
-   interleaved rounds (bench_placement.interleaved), median and quantiles.
+   takes the same time; RECORD true is timed beside them (the cost of one record per CTA). CUDA-event ms of
+   eager launches queued while the GPU spins (the kernel's time, not the host's launch), interleaved rounds
+   (bench_placement.interleaved), median and quantiles.
 2. Overhead against plain torch.profiler on the same steps: the example model (its @sm_aware gather and
    nn.Linear; where placement contract v2 has not landed yet, the same shape of model with the recorder's
    demo kernel in place of the gather, and the result says which). Each round runs CYCLES profiling cycles
@@ -90,7 +91,7 @@ def compiled_out(dev, reps: int) -> dict:
                                                                                   "row_sum_plain_kernel")
     times = interleaved({"plain_kernel": lambda: launch(row_sum_plain_kernel, False),
                          "record_off": lambda: launch(row_sum_kernel, False),
-                         "record_on": lambda: launch(row_sum_kernel, True)}, reps * 40)
+                         "record_on": lambda: launch(row_sum_kernel, True)}, reps * 40, spin=True)
     rec.drain()
     return {"ptx_equal_to_plain_kernel": same, "ms": times,
             "record_off_over_plain": times["record_off"]["p50"] / times["plain_kernel"]["p50"],
