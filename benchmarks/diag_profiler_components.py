@@ -146,7 +146,10 @@ KINDS = {
 class _NoHandOff:
     """Stands in for the worker: the job is dropped (export deleted) and reported done at once."""
 
-    def submit(self, job, on_done, max_pending=None):
+    def keeps_up(self, period_s) -> bool:
+        return False
+
+    def submit(self, job, on_done, max_pending=None, beside=False):
         os.unlink(job.export)
         on_done(job.path, None)
 

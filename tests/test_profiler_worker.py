@@ -8,6 +8,8 @@ import signal
 import subprocess
 import sys
 import time
+import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -339,3 +341,54 @@ def test_a_forked_process_gets_its_own_and_closes_only_its_own():
     assert shared.get() is parents and not parents.closed
     shared.close()
     assert parents.closed
+
+
+def test_the_worker_reports_each_jobs_time_and_jobs_go_beside_the_steps_once_it_keeps_up(tmp_path):
+    """A job submitted beside the steps goes to the worker at once, hold or not; the worker's answer says how long
+    the job took it, which is at most the time the parent saw between handing it over and reading the answer."""
+    done = []
+    w = ready_worker()
+    w.hold(8)
+    assert not w.keeps_up(1e9)  # no job answered yet
+    w.submit(_job(tmp_path, "held"), lambda path, problem: done.append(path))
+    assert len(w._waiting) == 1 and not w._handed
+    handed = time.perf_counter()
+    w.submit(_job(tmp_path, "beside"), lambda path, problem: done.append(path), beside=True)
+    assert not w._waiting and len(w._handed) == 2  # the held one went too
+    while w._handed:
+        w._read(wait=True)
+    seen = time.perf_counter() - handed
+    w.release()
+    w.close()
+    assert done == [tmp_path / "held.json", tmp_path / "beside.json"]
+    assert 0 < w.job_s <= seen
+    assert w.keeps_up(worker.KEEP_UP_FACTOR * w.job_s * 1.01) and not w.keeps_up(worker.KEEP_UP_FACTOR * w.job_s)
+    assert not w.keeps_up(None)
+
+
+def test_the_handler_sends_jobs_beside_the_steps_only_when_its_cycles_are_long_enough(tmp_path, monkeypatch):
+    """The handler measures its cycle as the time between its calls and asks the worker whether it keeps up."""
+    calls, clock_ns = [], [0]
+
+    class Answering(Worker):  # a worker whose last job took 0.2 s, answering at once
+        def submit(self, job, on_done, max_pending=None, beside=False):
+            calls.append(beside)
+            os.unlink(job.export)
+            on_done(job.path, None)
+
+    handler = session.TraceHandler(tmp_path / "traces", topology=None, record=False, background=True)
+    handler._worker = Answering()
+    handler._worker.job_s = 0.2
+    monkeypatch.setattr(session, "time", types.SimpleNamespace(time_ns=lambda: clock_ns[0]))
+
+    text = export(tmp_path).read_text()
+
+    class Prof:
+        def export_chrome_trace(self, path):
+            Path(path).write_text(text)
+
+    for seconds in (10.0, 11.0, 11.1, 11.5):
+        clock_ns[0] = int(seconds * 1e9)
+        handler(Prof())
+    assert calls == [False, True, False, False]  # no period yet; 1 s > 2 x 0.2 s; 0.1 s; 0.4 s is not more
+    assert len(handler.written) == 4

@@ -136,6 +136,7 @@ class TraceHandler:
         self.held = HeldCycles()
         self._export_dir = shm_directory()  # where exports go while it has room (_export_path); None: beside traces
         self._largest_export = 0
+        self._last_call_ns = None   # when the handler last ran (the cycle's period: Worker.keeps_up)
         self._export_room = 0       # bytes free there when last read, less the exports written since
         self._room_read_ns = 0      # when it was last read (host time.time_ns)
         if record:
@@ -235,7 +236,9 @@ class TraceHandler:
             raise
         job = CycleJob(export, path, records, *self.calibrations(records))
         if self._worker is not None:
-            self._worker.submit(job, self._done, self.max_pending)
+            period_s = None if self._last_call_ns is None else (now - self._last_call_ns) * 1e-9
+            self._last_call_ns = now
+            self._worker.submit(job, self._done, self.max_pending, beside=self._worker.keeps_up(period_s))
         else:
             self._done(path, run(job))
 
@@ -328,8 +331,10 @@ class profile(torch.profiler.profile):
     topology, include_ids, use_gzip: TraceHandler's. background: enrich and write each cycle's trace in a
     worker process (TraceHandler; every trace is written when the block ends). max_held: with background, the
     worker starts on a block's traces when its steps are over, or once more than max_held cycles wait (then it
-    works beside the steps; 0: from the first cycle on). Waiting cycles keep their export in shared memory and
-    their records in a spool slot. max_pending: TraceHandler's (more than max_held).
+    works beside the steps; 0: from the first cycle on), or as soon as the cycles last more than twice its last
+    job (worker.Worker.keeps_up: long steps, where its work beside them costs nothing measurable and the block's
+    end then waits for one trace, not for all). Waiting cycles keep their export in shared memory and their records
+    in a spool slot. max_pending: TraceHandler's (more than max_held).
     record: record CTAs of instrumented kernels.
     capacity: records per GPU per cycle (placement.recording.DEFAULT_CAPACITY). devices: GPUs whose
     recorders and calibrations are set up before profiling (default: the current one). proton: False, True

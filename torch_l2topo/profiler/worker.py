@@ -16,11 +16,13 @@ showed no consistent effect on the parent's own work there (benchmarks/diag_sign
 
 Protocol: the worker writes READY on stdout once its imports are done. The parent hands it a job only then, as a
 length-prefixed pickle on its stdin, and never more than IN_PIPE unanswered at a time; the worker answers each job,
-in order, with one line RESULT + JSON {"problem", "written"}. A job is small: its records stay in the spool's
-shared-memory slots (spool.py), whose held drain is launched as the job is handed over. A profile() block holds its
-jobs back (hold(max_held)): none goes to the worker until more than max_held wait, so a short block's enrichment
-runs once its steps are over, not beside them (docs/profiler.md, After the steps, not beside them, says what its
-work beside them cost). The jobs not handed over yet stay with the parent, which can therefore always take work back
+in order, with one line RESULT + JSON {"problem", "written", "seconds"}. A job is small: its records stay in the
+spool's shared-memory slots (spool.py), whose held drain is launched as the job is handed over. A profile() block
+holds its jobs back (hold(max_held)): none goes to the worker until more than max_held wait, so a short block's
+enrichment runs once its steps are over, not beside them (docs/profiler.md, After the steps, not beside them, says
+what its work beside them cost), unless the cycles are long enough for the worker to keep up (keeps_up: from its
+first answer on, the time it took for its last job against the cycle's). The jobs not handed over yet stay with the
+parent, which can therefore always take work back
 without a race: when it has to wait (drain(), or max_pending jobs in flight) it runs the newest waiting job itself
 while the worker goes on with the oldest, and a worker that is not ready yet (still importing at a block's end)
 leaves every job to the parent. Finished jobs are reported (on_done) in submission order. A worker that dies leaves
@@ -34,6 +36,7 @@ import pickle
 import select
 import subprocess
 import sys
+import time
 import warnings
 from collections import deque
 from dataclasses import dataclass
@@ -48,6 +51,7 @@ RESULT = b"l2topo-cycle-done "
 READY = b"l2topo-worker-ready"
 DEFAULT_MAX_PENDING = 16
 IN_PIPE = 2  # jobs the worker holds unanswered: one to work on, the next waiting, so it never idles for a hand-off
+KEEP_UP_FACTOR = 2  # the worker keeps up when a cycle lasts this many times its last job (Worker.keeps_up)
 _LENGTH = 8  # bytes of a job's length prefix
 # The worker is one thread of JSON work: without these, numpy's BLAS would start a thread per core that it never
 # uses.
@@ -78,6 +82,7 @@ class Worker:
         self._waiting: deque = deque()  # jobs not handed to the worker yet
         self._handed: deque = deque()   # jobs the worker holds, unanswered (it answers in order)
         self._holds: list = []  # max_held of each hold() not released yet (profile() blocks running)
+        self.job_s: float | None = None  # how long the worker process took for its last job (None: none answered)
 
     def start(self) -> None:
         """Start the worker process now if it is not running (submit does otherwise): its imports take seconds,
@@ -104,18 +109,27 @@ class Worker:
         (and works while the steps go on). Holds nest; the smallest max_held of those in force applies."""
         self._holds.append(check_max_held(max_held))
 
+    def keeps_up(self, period_s: float | None) -> bool:
+        """Whether jobs that come every `period_s` seconds (None: not known yet) may go to the worker beside the
+        steps, holds or not: it took less than 1 / KEEP_UP_FACTOR of that for its last job, so its work is a small
+        share of each cycle and a block's end need not wait for a backlog. With 0.8 s cycles of GPU-bound steps its
+        work beside them cost nothing measurable (benchmarks/results/profiler_h100_*.json, overhead_larger_step,
+        "concurrent"); with 4 ms cycles it cost several percent, and a job takes 0.2 s there."""
+        return self.job_s is not None and period_s is not None and period_s > KEEP_UP_FACTOR * self.job_s
+
     def release(self) -> None:
         """End the latest hold(); the jobs it kept go to the worker as it can take them (harvest, drain)."""
         if self._holds:
             self._holds.pop()
         self._hand_over()
 
-    def submit(self, job: CycleJob, on_done: Callable, max_pending: int | None = None) -> None:
+    def submit(self, job: CycleJob, on_done: Callable, max_pending: int | None = None, beside: bool = False) -> None:
         """Queue `job`; it goes to the worker as soon as the worker can take it. Returns at once unless
         `max_pending` (default: this worker's) jobs are in flight: then it first finishes the oldest work (module
-        docstring). Jobs the worker has answered by now are reported first, without waiting for the others."""
+        docstring). Jobs the worker has answered by now are reported first, without waiting for the others.
+        beside: the jobs held here (hold()) go to the worker now too (the caller found that it keeps up: keeps_up)."""
         limit = self.max_pending if max_pending is None else check_max_pending(max_pending)
-        if self._holds and not self._handed and len(self._waiting) < min(self._holds) and \
+        if not beside and self._holds and not self._handed and len(self._waiting) < min(self._holds) and \
                 len(self._entries) < limit and self._proc is not None:
             # held here, and the worker has nothing to answer: nothing to read, hand over or report (the full path
             # took 29-115 us a call at the cycle's edge on an H200 machine, where each Python line is slow:
@@ -132,7 +146,7 @@ class Worker:
         self._waiting.append(entry)
         if self._proc is None:  # not poll(): a worker that died is found by harvest (its pipe's end), and
             self._start()       # a poll costs the loop a system call per cycle
-        self._hand_over()
+        self._hand_over(beside)
 
     def harvest(self) -> None:
         """Take the answers already written, hand the worker more jobs, report what is finished (never blocks)."""
@@ -170,8 +184,8 @@ class Worker:
             self._read(wait=True)
         self._report()
 
-    def _hand_over(self) -> None:
-        keep = min(self._holds, default=0)  # jobs that stay here (hold())
+    def _hand_over(self, beside: bool = False) -> None:
+        keep = 0 if beside else min(self._holds, default=0)  # jobs that stay here (hold(); submit's beside)
         while len(self._waiting) > keep and len(self._handed) < IN_PIPE and self._proc is not None and self.ready():
             entry = self._waiting.popleft()
             launch_drains_for(entry.job.records)  # else the worker would wait for records this process still holds
@@ -209,6 +223,7 @@ class Worker:
                 return
 
     def _answered(self, entry: _Entry, answer: dict) -> None:
+        self.job_s = answer.get("seconds", self.job_s)
         if answer["written"]:
             entry.problem, entry.finished = answer["problem"], True
         else:  # the worker failed before writing (the export is still there): the job runs here
@@ -291,11 +306,13 @@ def main() -> None:
     out.flush()
     while len(head := jobs.read(_LENGTH)) == _LENGTH:
         blob = jobs.read(int.from_bytes(head, "little"))
+        started = time.perf_counter()
         try:
             problem, written = run(pickle.loads(blob)), True
         except Exception as exc:  # answered, never raised: the parent runs the job itself (the export stays)
             problem, written = f"{type(exc).__name__}: {exc}", False
-        out.write(RESULT + json.dumps({"problem": problem, "written": written}).encode() + b"\n")
+        answer = {"problem": problem, "written": written, "seconds": time.perf_counter() - started}
+        out.write(RESULT + json.dumps(answer).encode() + b"\n")
         out.flush()
 
 
