@@ -22,11 +22,11 @@ holds its jobs back (hold(max_held)): none goes to the worker until more than ma
 enrichment runs once its steps are over, not beside them (docs/profiler.md, After the steps, not beside them, says
 what its work beside them cost), unless the cycles are long enough for the worker to keep up (keeps_up: from its
 first answer on, the time it took for its last job against the cycle's). The jobs not handed over yet stay with the
-parent, which can therefore always take work back
-without a race: when it has to wait (drain(), or max_pending jobs in flight) it runs the newest waiting job itself
-while the worker goes on with the oldest, and a worker that is not ready yet (still importing at a block's end)
-leaves every job to the parent. Finished jobs are reported (on_done) in submission order. A worker that dies leaves
-its unanswered jobs to the parent (or to its successor): nothing is lost.
+parent, which can therefore always take work back without a race: when it has to wait (drain(), or max_pending jobs
+in flight) it runs the newest waiting job itself while the worker goes on with the oldest, and a worker that is not
+ready yet (still importing at a block's end) leaves every job to the parent. Finished jobs are reported (on_done)
+in submission order. A worker that dies leaves its unanswered jobs to the parent (or to its successor): nothing is
+lost.
 """
 from __future__ import annotations
 
