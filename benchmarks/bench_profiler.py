@@ -351,14 +351,14 @@ def hta_check(trace_path: Path, work: Path) -> dict:
 
 
 def main(argv=None) -> dict:
-    parser = gpu_parser(__doc__, reps=5)
-    parser.add_argument("--cycles", type=int, default=4, help="profiling cycles per profiler block")
+    parser = gpu_parser(__doc__, reps=16)
+    parser.add_argument("--cycles", type=int, default=8, help="profiling cycles per profiler block")
     parser.add_argument("--heavy-ms", type=float, default=100.0,
                         help="also time a larger step: the model plus this many ms of matmuls (0: skip)")
-    parser.add_argument("--heavy-reps", type=int, default=4, help="rounds of the larger step")
-    parser.add_argument("--adjacent-blocks", type=int, default=6,
+    parser.add_argument("--heavy-reps", type=int, default=3, help="rounds of the larger step")
+    parser.add_argument("--adjacent-blocks", type=int, default=16,
                         help=f"blocks of {ADJACENT_CYCLES} cycles, one of ours to three plain (0: skip)")
-    parser.add_argument("--inline-reps", type=int, default=4,
+    parser.add_argument("--inline-reps", type=int, default=1,
                         help="rounds that also time the inline variant (the first ones; each of its blocks takes s)")
     parser.add_argument("--keep-trace", default=None, help="directory to keep the last enriched trace in (gzipped)")
     args = parser.parse_args(argv)

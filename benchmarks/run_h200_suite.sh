@@ -45,7 +45,7 @@ for step in $steps; do
                    --out "$R/ops_full/$name.json" > "$R/ops_full/$name.log" 2>&1; tail -2 "$R/ops_full/$name.log")
                 pack
               done ;;
-    profiler) (cd benchmarks && python3 bench_profiler.py --device 0 --reps 4 --cycles 8 --out "$R/profiler_h200.json" 2>&1 | tee "$R/profiler.log" | tail -8) ;;
+    profiler) (cd benchmarks && python3 bench_profiler.py --device 0 --out "$R/profiler_h200.json" 2>&1 | tee "$R/profiler.log" | tail -8) ;;
   esac
 done
 cd "$OUT" && tar czf r.tgz r && rm -rf r && ls -la "$OUT"
