@@ -14,6 +14,11 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=lambda: _pid.__setitem__(0, os.getpid()))
 
 
+def this_pid() -> int:
+    """This process's id (os.getpid(), without the system call)."""
+    return _pid[0]
+
+
 class PerProcess:
     """get(): this process's object, made by make() on first use; existing(): it or None; close(): close it (if
     made) and forget it."""
@@ -23,7 +28,7 @@ class PerProcess:
         self._objects: dict = {}  # pid -> object
 
     def get(self):
-        pid = _pid[0]
+        pid = this_pid()
         obj = self._objects.get(pid)
         if obj is None:
             obj = self._objects[pid] = self._make()
@@ -31,9 +36,9 @@ class PerProcess:
 
     def existing(self):
         """This process's object if it was made, else None (nothing is made)."""
-        return self._objects.get(_pid[0])
+        return self._objects.get(this_pid())
 
     def close(self) -> None:
-        obj = self._objects.pop(_pid[0], None)
+        obj = self._objects.pop(this_pid(), None)
         if obj is not None:
             obj.close()

@@ -61,7 +61,7 @@ import numpy as np
 
 from ..layout import REC_CAPACITY, REC_CURSOR, REC_END_NS, REC_HEADER, REC_START_NS, REC_WORDS, recorder_words
 from ..placement.recording import CtaRecords, recorders
-from .perprocess import PerProcess
+from .perprocess import PerProcess, this_pid
 
 FLAG_WORD = 0          # slot word 0: the number of the GPU's drain whose copy is complete (1, 2, ...; cleared: -1)
 BUFFER_WORD = 1        # then the recorder's buffer as it was: REC_HEADER header words, then the rows
@@ -97,7 +97,7 @@ class SpooledRecords(NamedTuple):
         A full buffer kept its first rows and dropped the rest (the cursor counted them); the rows come in the
         order the CTAs ended, so a window that reaches past the last row kept may have lost rows, and reports
         the drain's whole count as dropped (an upper bound: the drain may hold later cycles too)."""
-        launch = _launch_before_load.get((os.getpid(), self.path, self.seq))
+        launch = _launch_before_load.get((this_pid(), self.path, self.seq))
         if launch is not None:
             launch()
         timeout_s = DEFAULT_LOAD_TIMEOUT_S if timeout_s is None else timeout_s
@@ -388,7 +388,7 @@ class RecordSpool:
             seq = self._drains[device] = self._drains.get(device, 0) + 1
             drain = self._open[device] = _Drain(slot, recorder, self._counter(recorder), seq)
             recorder.before_reset = self.flush
-            _launch_before_load[(os.getpid(), slot.path, seq)] = self.flush
+            _launch_before_load[(this_pid(), slot.path, seq)] = self.flush
         drain.cycles += 1
         drain.slot.readers += 1
         spooled = SpooledRecords(drain.slot.path, drain.seq, *recorder.tags.snapshot(), device, window)
@@ -422,7 +422,7 @@ class RecordSpool:
     def _launch(self, device: int) -> None:
         drain = self._open.pop(device)
         drain.recorder.before_reset = None
-        _launch_before_load.pop((os.getpid(), drain.slot.path, drain.seq), None)
+        _launch_before_load.pop((this_pid(), drain.slot.path, drain.seq), None)
         self._queue(drain.slot, drain.recorder, drain.counter)
         drain.recorder.dirty = drain.recorder.in_graphs  # the drain reset it
         if drain.slot.readers == 0:
