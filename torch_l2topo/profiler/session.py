@@ -66,10 +66,15 @@ LINK_REFRESH_NS = 1_000_000_000  # a clock link this old is measured again (Held
 REFRESH_READINGS = 3             # readings per measurement then (clock.READINGS when a block starts)
 
 
+def held_cycles(max_held: int = DEFAULT_MAX_HELD) -> int:
+    """Cycles whose records profile() sizes one drain for: max_held + 1, DEFAULT_MAX_HELD + 1 at most."""
+    return min(max_held, DEFAULT_MAX_HELD) + 1
+
+
 def held_capacity(capacity: int | None = None, max_held: int = DEFAULT_MAX_HELD) -> int:
     """Records of the recorder profile() asks for: `capacity` records (default recording.DEFAULT_CAPACITY) for
-    each cycle a drain may hold (max_held + 1, DEFAULT_MAX_HELD + 1 at most; HeldCycles)."""
-    return (capacity or rec.DEFAULT_CAPACITY) * (min(max_held, DEFAULT_MAX_HELD) + 1)
+    each cycle a drain may hold (held_cycles; HeldCycles)."""
+    return (capacity or rec.DEFAULT_CAPACITY) * held_cycles(max_held)
 
 
 @dataclass
@@ -401,9 +406,10 @@ class profile(torch.profiler.profile):
         slots with their drains captured (the held drain's, and the next one's while the first is read), and the
         clock link, all now rather than in the loop (page-locking a slot takes milliseconds)."""
         per_cycle = self.capacity or rec.DEFAULT_CAPACITY
+        wanted = held_cycles(self.max_held)
         held = HeldCycles()
         for d in self._devices:
-            recorder = rec.recorder(d, held_capacity(per_cycle, self.max_held), at_least=per_cycle)
+            recorder = rec.recorder(d, per_cycle * wanted, at_least=per_cycle)
             shared_spool().reserve(d, recorder.capacity, 2, recorder)
             try:
                 held.links[d] = clock.measure(d)
@@ -412,7 +418,6 @@ class profile(torch.profiler.profile):
                               f"{exc}): its records are drained every cycle", stacklevel=3)
                 continue
             held.per_drain[d] = max(1, min(self.max_held + 1, recorder.capacity // per_cycle))
-            wanted = held_capacity(per_cycle, self.max_held) // per_cycle
             if held.per_drain[d] < wanted:
                 warnings.warn(f"GPU {d}'s CTA recorder, made earlier, holds {recorder.capacity} records: its drains "
                               f"hold {held.per_drain[d]} cycles, not {wanted}, and cost the loop more "
