@@ -1,9 +1,11 @@
-"""One profiled cycle's trace, from the profiler's export to the enriched file: the job that TraceHandler
-runs itself, or hands to the background worker (worker.py) so that the training loop does not wait for it.
+"""One profiled cycle's enrichment: the job that TraceHandler runs itself, or hands to a trace worker process
+(worker.py) so that the training loop does not wait for it.
 
-A CycleJob carries everything the enrichment needs and nothing that needs the GPU: the exported trace's
-path, the CTA records already drained (or where the spool puts them: spool.py), and the calibrations already
-looked up, so the same job gives the same file wherever it runs.
+A CycleJob carries everything the enrichment needs and nothing that needs the GPU: the path of the cycle's
+trace, which the profiler has already exported there (the plain trace), the CTA records already drained (or
+where the spool puts them: spool.py), and the calibrations already looked up, so the same job gives the same
+file wherever it runs. run() replaces the plain trace with its enriched version atomically, or leaves it as it
+is and says why: it never raises for anything the trace, the records or the disk do (docs/profiler.md, Safety).
 """
 from __future__ import annotations
 
@@ -18,12 +20,11 @@ from .tracefile import dumps, is_ours, parse, read_text, splice, write_trace
 
 @dataclass
 class CycleJob:
-    """export: the profiler's exported trace (a temporary file, removed once the job is done); path: where the
-    enriched trace goes (each a str or Path); records: {device: CtaRecords or spool.SpooledRecords}; maps:
-    {device: SmMap or None}; notes: {device: why it has no map}; given: devices whose calibration the caller gave
-    (their map is shown even without kernels)."""
+    """path: the cycle's trace as the profiler exported it, replaced by the enriched trace; records: {device:
+    CtaRecords or spool.SpooledRecords}; maps: {device: SmMap or None}; notes: {device, or None for the whole
+    trace: why there is no map}; given: devices whose calibration the caller gave (their map is shown even
+    without kernels)."""
 
-    export: str | Path
     path: str | Path
     records: dict = field(default_factory=dict)
     maps: dict = field(default_factory=dict)
@@ -38,27 +39,25 @@ def enrich_with(trace: dict, maps: dict, notes: dict, given, records: dict, prot
     devices = sorted(set(kernels_by_device(trace)) | set(records) | set(given))
     return enrichment(trace, maps={d: maps[d] for d in devices if maps.get(d) is not None},
                       records={d: r for d, r in records.items() if len(r) or r.dropped}, proton=proton,
-                      proton_quantum_ns=proton_quantum_ns, notes=[notes[d] for d in devices if d in notes])
+                      proton_quantum_ns=proton_quantum_ns,
+                      notes=[notes[d] for d in (None, *devices) if d in notes])
 
 
-def run(job: CycleJob) -> str | None:
-    """Write the enriched trace of `job` to job.path: the profiler's text as it was plus what this package adds
-    (tracefile.splice). If enriching fails, write the profiler's trace as it is and return why (None when all
-    went well). The export is removed either way, once something is written."""
+def run(job: CycleJob, timeout_s: float | None = None) -> str | None:
+    """Replace the plain trace at job.path by its enriched version (the profiler's text as it was plus what this
+    package adds: tracefile.splice), atomically. None when that is done; otherwise the trace is left as it was
+    and the reason comes back, one line naming the trace. timeout_s bounds the wait for spooled records."""
     path = Path(job.path)
-    text = read_text(job.export)
-    problem = None
     try:
+        text = read_text(path)
         trace, end = parse(text, path.name)
-        added = enrich_with(trace, job.maps, job.notes, job.given, load_records(job.records))
-        if any(is_ours(ev) for ev in trace["traceEvents"]):  # enriched before: rewritten whole
+        added = enrich_with(trace, job.maps, job.notes, job.given, load_records(job.records, timeout_s))
+        if end < 0 or any(is_ours(ev) for ev in trace["traceEvents"]):  # enriched before, or not spliceable
             data = dumps(added.trace())
         else:
             data = splice(text, end, added.fragments(), added.meta)
-    except Exception as exc:  # nothing lost: the profiler's own trace is written
-        problem = f"torch_l2topo could not enrich {path.name} ({type(exc).__name__}: {exc}); wrote the plain " \
-                  f"torch.profiler trace"
-        data = text
-    write_trace(data, path)
-    Path(job.export).unlink(missing_ok=True)
-    return problem
+        write_trace(data, path)
+    except Exception as exc:  # whatever went wrong: the plain trace stays and the job goes on
+        return f"torch_l2topo could not enrich {path} ({type(exc).__name__}: {exc}); it stays as torch.profiler " \
+               f"wrote it"
+    return None

@@ -20,8 +20,8 @@ def this_pid() -> int:
 
 
 class PerProcess:
-    """get(): this process's object, made by make() on first use; existing(): it or None; close(): close it (if
-    made) and forget it."""
+    """get(): this process's object, made by make() on first use; existing(): it or None; close(*args): close it
+    (if made) and forget it."""
 
     def __init__(self, make: Callable):
         self._make = make
@@ -38,7 +38,8 @@ class PerProcess:
         """This process's object if it was made, else None (nothing is made)."""
         return self._objects.get(this_pid())
 
-    def close(self) -> None:
+    def close(self, *args) -> None:
+        """Close this process's object (if made) with `args`, and forget it."""
         obj = self._objects.pop(this_pid(), None)
         if obj is not None:
-            obj.close()
+            obj.close(*args)

@@ -1,42 +1,24 @@
-"""The torch.profiler hook: trace_handler() for on_trace_ready, and profile(), a thin torch.profiler.profile
-that also manages the CTA recorders and Proton.
+"""The torch.profiler hook: trace_handler() for on_trace_ready, and profile(), a torch.profiler.profile that
+also manages the CTA recorders, the background enrichment and Proton.
 
-    with torch_l2topo.profile("traces/", schedule=torch.profiler.schedule(wait=1, warmup=1, active=2),
-                              activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with torch_l2topo.profile("traces/", schedule=torch.profiler.schedule(wait=1, warmup=1, active=2)) as prof:
         for batch in data:
             model(batch)
-            prof.step()          # one enriched trace per active cycle, in traces/
+            prof.step()          # one trace per active cycle in traces/, enriched in place
 
-    # or, with torch.profiler.profile itself:
-    torch.profiler.profile(..., on_trace_ready=torch_l2topo.profiler.trace_handler("traces/"))
-
-Each trace is the profiler's own export plus what enrich.py adds (the L2 map, per-CTA tracks, per-launch
-metrics); if the enrichment fails, the profiler's plain trace is written instead and the reason is warned.
-
-Recording: kernels built on the recorder helpers (and @sm_aware kernels) record their CTAs while
-torch.profiler collects events (a TraceHandler switches that on; it is off during wait and warmup steps).
-profile() does more: it switches recording on from the warmup steps of a block's first cycle, so the
-recording variant of each kernel compiles before the active steps (a kernel first launched in a later cycle
-compiles it in that cycle's first active launch); with background enrichment (the default) one drain takes up
-to max_held + 1 cycles' records and each cycle's job keeps those of its own time window (HeldCycles, spool.py),
-so the records CUDA graphs write when replayed between cycles (they record whenever replayed, if captured while
-recording) and the first warmup's are left out; a recorder no drain holds is reset when a cycle starts. Capture
-graphs while recording is on (inside profile(), or recording()) to see their CTAs.
-
-Calibrations: topology="cached" (default) uses the latest cached calibration of each GPU in the trace and
-never measures (a GPU without one gets no L2 map, and a note says how to make one); "calibrate" measures
-missing ones with torch_l2topo.calibrate() (profile() does it before profiling starts); a Topology (for
-the GPU its metadata names, else GPU 0) or {device index: Topology} is used as given; None: no map.
-
-Proton: profile(proton=True) runs Proton's instrumentation for the whole block and merges its per-CTA
-records into every trace at the end (Triton kernels with proton scopes, including kernels you did not
-write); proton="path.chrome_trace" merges a Proton trace you recorded yourself. merge_proton() does it for
-files written earlier.
+Each cycle's trace is first exported where it belongs, exactly as torch.profiler's own handler would write it,
+then replaced atomically by its enriched version (enrich.py: the L2 map, per-CTA tracks, per-launch metrics).
+Nothing of ours raises from prof.step() or the block's end, and every wait is bounded: a failure costs that
+cycle's enrichment and one warning (docs/profiler.md, Safety). Calibrations: topology="cached" (the latest
+cached calibration of each GPU; never measures), "calibrate" (measures missing ones before profiling), a
+Topology or {device: Topology}, or None. docs/profiler.md is the guide.
 """
 from __future__ import annotations
 
 import atexit
+import math
 import os
+import shutil
 import socket
 import tempfile
 import time
@@ -46,21 +28,18 @@ from pathlib import Path
 
 import torch
 
-from ..errors import L2TopoError, TopologyFormatError
+from ..errors import TopologyFormatError
 from ..placement import recording as rec
-from . import clock, readback
+from . import clock, lifecycle, readback
 from .cycle import CycleJob, enrich_with, run
 from .enrich import Enrichment
 from .proton_trace import load_proton, proton_records
 from .smmap import map_of, map_of_file
-from .spool import close_shared_spool, flush_shared_spool, shared_spool, shm_directory
+from .spool import SpooledRecords, close_shared_spool, flush_shared_spool, shared_spool
 from .tracefile import load_trace, write_trace
 from .worker import DEFAULT_MAX_PENDING, check_max_held, check_max_pending, close_shared_worker, shared_worker
 
 TOPOLOGY_MODES = ("cached", "calibrate")
-EXPORT_ROOM_MIN = 256 << 20  # bytes of shared memory left free before an export goes there (_export_path)
-EXPORT_ROOM_FACTOR = 4       # ... and this many times the largest export so far
-EXPORT_ROOM_RECHECK_NS = 1_000_000_000  # the room is read again (statvfs) at least this often (_export_path)
 DEFAULT_MAX_HELD = 8  # cycles a profile() block's worker leaves for its end (profile's max_held)
 LINK_REFRESH_NS = 1_000_000_000  # a clock link this old is measured again (HeldCycles.windows)
 REFRESH_READINGS = 3             # readings per measurement then (clock.READINGS when a block starts)
@@ -101,55 +80,58 @@ class HeldCycles:
 
 
 class TraceHandler:
-    """on_trace_ready handler: export the cycle's trace, drain the CTA recorders, enrich, write.
+    """on_trace_ready handler: export the cycle's trace where it belongs, then enrich it in place.
 
     path_or_dir: a file name ending in .json or .json.gz (cycle n > 0 goes to name.n.json[.gz]) or a
     directory (one file per cycle: <host>_<pid>.<cycle>.l2topo.pt.trace.json, .gz with use_gzip).
     topology, include_ids: module docstring and SmMap. record: switch CTA recording on while torch.profiler
-    collects. background: hand each cycle's enrichment and writing to the process's worker (worker.py), and
-    its records to it through shared memory (spool.py), so the training loop waits only for the profiler's
-    export and a few asynchronous copies; at most max_pending cycles in flight (in the process's worker, every
-    background handler's together); call wait() (or close()) before reading the traces. written: the paths
-    written so far.
+    collects. background: enrich in the process's trace worker (worker.py), its records handed over through
+    shared memory (spool.py), so the training loop waits only for the profiler's export; at most max_pending
+    cycles in flight (beyond that a trace stays plain, warned). timeout_s: how long wait() and a profile()
+    block's end wait for the enrichment (None: worker.Worker.default_timeout). written: the traces on disk.
+
+    Safety (docs/profiler.md): a call never raises; each cycle's plain trace is on disk when the call returns,
+    and enrichment only replaces it atomically; any failure costs that cycle's enrichment and one warning.
     """
 
     def __init__(self, path_or_dir, *, topology="cached", include_ids: bool = False, record: bool = True,
-                 use_gzip: bool = False, background: bool = False, max_pending: int = DEFAULT_MAX_PENDING):
+                 use_gzip: bool = False, background: bool = False, max_pending: int = DEFAULT_MAX_PENDING,
+                 timeout_s: float | None = None):
         if isinstance(topology, str) and topology not in TOPOLOGY_MODES:
             raise ValueError(f"topology must be a Topology, a dict of them, None or one of {TOPOLOGY_MODES}; "
                              f"got {topology!r}")
+        if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
+                                      or not 0 <= timeout_s < math.inf):
+            raise ValueError(f"timeout_s must be a finite number of seconds >= 0, or None; got {timeout_s!r}")
         self.target = Path(path_or_dir)
         self.is_file = self.target.name.endswith((".json", ".json.gz"))
         self._target = str(self.target)
-        self._directory = str(self.target.parent if self.is_file else self.target)
+        self.directory = str(self.target.parent if self.is_file else self.target)
         self.use_gzip = use_gzip
         self.topology, self.include_ids = topology, include_ids
+        self.timeout_s = timeout_s
         self.written: list = []
-        self._cycles = 0           # traces handed out (written, or in the worker's hands)
+        self._cycles = 0           # cycles handled
         self.max_pending = check_max_pending(max_pending)
         self._worker = shared_worker() if background else None
-        self._spooled: dict = {}   # trace path -> {device: SpooledRecords} its job reads (released once written)
+        self._spooled: dict = {}   # trace path -> {device: SpooledRecords} its job reads (released once done)
         self._dir_made = False
         self._calibrations: dict = {}  # (devices recorded, maps looked up) -> calibrations()
         self._maps: dict = {}      # device -> SmMap or None (looked up once)
-        self._notes: dict = {}     # device -> why it has no map
-        self._pid = os.getpid()
-        self._host = f"{socket.gethostname()}_{self._pid}"
+        self._notes: dict = {}     # device (None: the whole trace) -> why it has no map
+        self._host = f"{socket.gethostname()}_{os.getpid()}"
         self._cuda = None          # whether CUDA is available (asked once)
         # profile() sets it (background only): what lets one drain hold several cycles' records; as made here (no
         # clock link), each cycle's records are drained whole when it ends
         self.held = HeldCycles()
-        self._export_dir = shm_directory()  # where exports go while it has room (_export_path); None: beside traces
-        self._largest_export = 0
-        self._last_call_ns = None   # when the handler last ran (the cycle's period: Worker.keeps_up)
-        self._export_room = 0       # bytes free there when last read, less the exports written since
-        self._room_read_ns = 0      # when it was last read (host time.time_ns)
+        self._last_call_ns = None  # when the handler last ran (the cycle's period: Worker.keeps_up)
+        lifecycle.install_signal_handlers()
         if record:
             rec.follow_profiler()
 
     @property
     def background(self) -> bool:
-        """Whether a worker process enriches and writes the traces (the background option)."""
+        """Whether a worker process enriches the traces (the background option)."""
         return self._worker is not None
 
     # ---- calibrations --------------------------------------------------------------------------------------
@@ -197,6 +179,10 @@ class TraceHandler:
         profiling starts."""
         for d in devices:
             self.smmap(d)
+        if isinstance(self.topology, str) and not torch.cuda.is_available() and None not in self._notes:
+            self._notes[None] = "no CUDA GPU visible to this process: no L2 map and no CTA records in this trace"
+            warnings.warn(f"torch_l2topo.profile: {self._notes[None]}; the traces are torch.profiler's own plus "
+                          f"this note")
         if self._worker is not None:
             self._worker.start()
 
@@ -214,62 +200,65 @@ class TraceHandler:
         return f"{self._target}{os.sep}{self._host}.{n}.l2topo.pt.trace.json{'.gz' if self.use_gzip else ''}"
 
     def __call__(self, prof) -> None:
+        """The cycle's end: records taken, the plain trace exported to its path, its enrichment queued or run.
+        Never raises: a failure leaves the plain trace (or, if torch could not write it, nothing more than torch
+        wrote) and warns once, naming the trace."""
         now = time.time_ns()
+        path = self._path_of(self._cycles)
+        self._cycles += 1
+        try:
+            records = self._take_records(now)
+        except Exception as exc:
+            records = {}
+            warnings.warn(f"torch_l2topo could not take the CTA records of {path} ({type(exc).__name__}: {exc}); "
+                          f"it has none")
+        try:
+            if not self._dir_made:  # every cycle's trace goes to one directory
+                os.makedirs(self.directory, exist_ok=True)
+                self._dir_made = True
+            prof.export_chrome_trace(path)
+            if not os.path.getsize(path):  # torch only logs a failed write (a full disk)
+                raise OSError(f"torch.profiler wrote an empty {path} (is its disk full?)")
+        except Exception as exc:
+            self._release(records)
+            warnings.warn(f"torch_l2topo: cycle {self._cycles - 1}'s trace {path} was not written whole "
+                          f"({type(exc).__name__}: {exc}); the job goes on")
+            return
+        self.written.append(Path(path))
+        try:
+            if records and self._worker is not None:
+                self._spooled[path] = records
+            job = CycleJob(path, records, *self.calibrations(records))
+            if self._worker is None:
+                self._done(path, run(job))
+                return
+            period_s = None if self._last_call_ns is None else (now - self._last_call_ns) * 1e-9
+            self._last_call_ns = now
+            if not self._worker.submit(job, self._done, self.max_pending, beside=self._worker.keeps_up(period_s)):
+                self._done(path, f"{path} stays as torch.profiler wrote it: {self.max_pending} traces were already "
+                                 f"waiting for their enrichment (max_pending)")
+        except Exception as exc:
+            self._spooled.pop(path, None)
+            self._release(records)
+            warnings.warn(f"torch_l2topo could not enrich {path} ({type(exc).__name__}: {exc}); it stays as "
+                          f"torch.profiler wrote it")
+
+    def _take_records(self, now_ns: int) -> dict:
+        """This cycle's CTA records ({device: CtaRecords or SpooledRecords}); none without CUDA."""
         if self._cuda is None:
             self._cuda = torch.cuda.is_available()
         if not self._cuda:
-            records = {}
-        elif self._worker is not None:
-            records = shared_spool().take_all(self.held.windows(now), self.held.per_drain)
-        else:
-            records = rec.drain_all()
-        path = self._path_of(self._cycles)
-        self._cycles += 1
-        if records and self._worker is not None:
-            self._spooled[path] = records
-        if not self._dir_made:  # every cycle's trace goes to one directory
-            os.makedirs(self._directory, exist_ok=True)
-            self._dir_made = True
-        export = self._export_path(now)
-        try:
-            prof.export_chrome_trace(export)
-            if self._room_read_ns == now:  # the room was read for this export: its size is read too
-                self._largest_export = max(self._largest_export, os.path.getsize(export))
-            self._export_room -= self._largest_export  # wherever it went: at worst the room is read again sooner
-        except BaseException:
-            Path(export).unlink(missing_ok=True)
-            raise
-        job = CycleJob(export, path, records, *self.calibrations(records))
+            return {}
         if self._worker is not None:
-            period_s = None if self._last_call_ns is None else (now - self._last_call_ns) * 1e-9
-            self._last_call_ns = now
-            self._worker.submit(job, self._done, self.max_pending, beside=self._worker.keeps_up(period_s))
-        else:
-            self._done(path, run(job))
+            return shared_spool().take_all(self.held.windows(now_ns), self.held.per_drain)
+        return rec.drain_all()
 
-    def _export_path(self, now_ns: int) -> str:
-        """Where the profiler exports the cycle's trace for the enrichment to read: shared memory (tmpfs) while it
-        has room for EXPORT_ROOM_FACTOR times the largest export so far (and EXPORT_ROOM_MIN), else beside the
-        traces. In tmpfs the loop's export writes no disk blocks, so it is not throttled behind the worker's trace
-        writes (the filesystem's writeback); torch's export does not report a full disk, hence the margin. The
-        room is read (statvfs), and the export's size after it, when the last reading less the largest export for
-        each export since falls short, and at least once every EXPORT_ROOM_RECHECK_NS (others use /dev/shm too):
-        not every cycle, as each system call costs the loop at a cycle's edge (3 us each hot on the development
-        machine). A name of this handler's own (not mkstemp: its random name and exclusive create cost the loop
-        0.1 ms)."""
-        name = f"l2topo-export-{self._pid}-{id(self):x}-{self._cycles}.json"
-        if self._export_dir is not None:
-            need = max(EXPORT_ROOM_MIN, EXPORT_ROOM_FACTOR * self._largest_export)
-            if self._export_room < need or now_ns - self._room_read_ns > EXPORT_ROOM_RECHECK_NS:
-                try:
-                    st = os.statvfs(self._export_dir)
-                    self._export_room = st.f_bavail * st.f_frsize
-                except OSError:
-                    self._export_room = 0
-                self._room_read_ns = now_ns
-            if self._export_room >= need:
-                return f"{self._export_dir}{os.sep}{name}"
-        return f"{self._directory}{os.sep}.{name}"
+    @staticmethod
+    def _release(records: dict) -> None:
+        """Free the spool slots that `records` read from (their trace is done, or will not be enriched)."""
+        for r in records.values():
+            if isinstance(r, SpooledRecords):
+                shared_spool().release(r)
 
     def calibrations(self, records: dict) -> tuple:
         """({device: SmMap or None}, {device: note}, given devices) for the GPUs a trace may hold: those given,
@@ -285,24 +274,27 @@ class TraceHandler:
         if self.topology == "cached" and torch.cuda.is_available():
             devices |= set(range(torch.cuda.device_count()))
         maps = {d: self.smmap(d) for d in sorted(devices)}
-        return maps, {d: self._notes[d] for d in maps if d in self._notes}, tuple(sorted(self._given()))
+        notes = {d: self._notes[d] for d in (None, *maps) if d in self._notes}
+        return maps, notes, tuple(sorted(self._given()))
 
     def _done(self, path: str, problem: str | None) -> None:
-        for spooled in self._spooled.pop(path, {}).values():
-            shared_spool().release(spooled)
+        self._release(self._spooled.pop(path, {}))
         if problem:
-            warnings.warn(problem, stacklevel=3)
-        self.written.append(Path(path))
+            warnings.warn(problem)  # attributed to this module, as every warning of the profiler's
 
-    def wait(self) -> None:
-        """Wait until every trace handed to the background worker is written (profile() does it when it stops;
-        this process helps with the traces the worker has not started)."""
-        if self._worker is not None:
+    def wait(self, timeout_s: float | None = None) -> None:
+        """Wait until every trace handed to the background worker is enriched, at most timeout_s (default: the
+        handler's timeout_s); traces still waiting then stay plain, each warned. Never raises."""
+        if self._worker is None:
+            return
+        try:
             flush_shared_spool()
-            self._worker.drain()
+        except Exception as exc:  # the held records will not come: their traces stay plain (the drain says so)
+            warnings.warn(f"torch_l2topo could not copy the held CTA records ({type(exc).__name__}: {exc})")
+        self._worker.drain(self.timeout_s if timeout_s is None else timeout_s)
 
     def close(self) -> None:
-        """wait(). The worker process stays for the process's later handlers; it ends at exit."""
+        """wait(). The worker processes stay for the process's later handlers; they end at exit."""
         self.wait()
 
     def enrichment(self, trace: dict, records: dict, proton=None, proton_quantum_ns: float = 0.0) -> Enrichment:
@@ -317,15 +309,21 @@ class TraceHandler:
 
 @atexit.register
 def _close_at_exit() -> None:
-    """Nothing lost at exit: the worker writes every trace still in flight and ends, then the spool's slots go."""
-    close_shared_worker()
-    close_shared_spool()
+    """At exit: the worker finishes the traces in flight (bounded: Worker.drain) and ends, then the slots go."""
+    for close in (close_shared_worker, close_shared_spool):
+        try:
+            close()
+        except Exception as exc:  # at exit: say so, and let the other go on
+            warnings.warn(f"torch_l2topo at exit: {close.__name__} failed ({type(exc).__name__}: {exc})")
 
 
 def trace_handler(path_or_dir, **options) -> TraceHandler:
-    """An on_trace_ready handler for torch.profiler.profile that writes enriched traces to `path_or_dir`
-    (TraceHandler has the options). Creating it switches per-CTA recording on for the steps torch.profiler
-    collects."""
+    """An on_trace_ready handler for torch.profiler.profile that writes enriched traces to `path_or_dir`.
+
+    Args: path_or_dir and **options as TraceHandler (topology, include_ids, record, use_gzip, background,
+    max_pending, timeout_s). Returns: the TraceHandler; creating it switches per-CTA recording on for the steps
+    torch.profiler collects. Raises: ValueError for a bad option; the handler itself never raises.
+    """
     return TraceHandler(path_or_dir, **options)
 
 
@@ -333,32 +331,33 @@ class profile(torch.profiler.profile):
     """torch.profiler.profile writing enriched traces to `path_or_dir` (module docstring), with the CTA
     recorders switched on from the warmup steps and reset when each cycle starts.
 
-    topology, include_ids, use_gzip: TraceHandler's. background: enrich and write each cycle's trace in a
-    worker process (TraceHandler; every trace is written when the block ends). max_held: with background, the
-    worker starts on a block's traces when its steps are over, or once more than max_held cycles wait (then it
-    works beside the steps; 0: from the first cycle on), or as soon as the cycles last more than twice its last
-    job (worker.Worker.keeps_up: long steps, where its work beside them costs nothing measurable and the block's
-    end then waits for one trace, not for all). Waiting cycles keep their export in shared memory and their records
-    in a spool slot. max_pending: TraceHandler's (more than max_held).
-    record: record CTAs of instrumented kernels.
-    capacity: records per GPU per cycle (placement.recording.DEFAULT_CAPACITY). devices: GPUs whose
-    recorders and calibrations are set up before profiling (default: the current one). proton: False, True
-    (run Proton's instrumentation for the block) or the path of a Proton trace to merge at the end. Every
-    other keyword goes to torch.profiler.profile (activities, schedule, record_shapes, ...); on_trace_ready
-    is this class's own.
+    Args:
+        path_or_dir: a directory (one trace per cycle) or a .json/.json.gz file name (TraceHandler).
+        topology, include_ids, use_gzip, max_pending, timeout_s: TraceHandler's.
+        background: enrich in worker processes (default); the block's end waits for them, at most timeout_s.
+        max_held: with background, the workers start on a block's traces when its steps are over, or once more
+            than max_held wait (0: from the first cycle on), or as soon as the cycles last more than twice their
+            last job (worker.Worker.keeps_up).
+        record: record the CTAs of instrumented kernels. capacity: records per GPU per cycle
+            (recording.DEFAULT_CAPACITY). devices: GPUs set up before profiling (default: the current one).
+        proton: False, True (run Proton's instrumentation for the block) or the path of a Proton trace to merge.
+        **profiler_options: torch.profiler.profile's (activities, schedule, record_shapes, ...).
+    Raises: TypeError for on_trace_ready (this class's own), ValueError for a bad option. Nothing of ours raises
+    from prof.step() or the block's end (docs/profiler.md, Safety).
     """
 
     def __init__(self, path_or_dir="l2topo_traces", *, topology="cached", include_ids: bool = False,
                  record: bool = True, capacity: int | None = None, devices=None, proton=False,
                  use_gzip: bool = False, background: bool = True, max_held: int = DEFAULT_MAX_HELD,
-                 max_pending: int = DEFAULT_MAX_PENDING, **profiler_options):
+                 max_pending: int = DEFAULT_MAX_PENDING, timeout_s: float | None = None, **profiler_options):
         if "on_trace_ready" in profiler_options:
             raise TypeError("torch_l2topo.profile writes its own traces; to combine with another on_trace_ready, "
                             "use torch.profiler.profile(on_trace_ready=...) and call a TraceHandler from it")
         # record=False: this class switches recording itself (prepare_trace .. stop_trace), so that a plain
         # torch.profiler run in the same process does not start recording
         self.handler = TraceHandler(path_or_dir, topology=topology, include_ids=include_ids, record=False,
-                                    use_gzip=use_gzip, background=background, max_pending=max_pending)
+                                    use_gzip=use_gzip, background=background, max_pending=max_pending,
+                                    timeout_s=timeout_s)
         self.record, self.capacity, self.proton = record, capacity, proton
         self.max_held = check_max_held(max_held, self.handler.max_pending)
         self.devices = devices
@@ -382,17 +381,23 @@ class profile(torch.profiler.profile):
         devices = self._device_list()
         # the GPUs to record on, found once a block: prepare_trace and start_trace run in the training loop
         self._devices = devices if torch.cuda.is_available() else []
+        lifecycle.install_signal_handlers()
+        lifecycle.remove_stale(self.handler.directory)
         self.handler.prepare(devices)
         if self.proton is True:
             import triton.profiler as proton
 
             self._proton_dir = tempfile.mkdtemp(prefix="l2topo-proton-")
             proton.start(os.path.join(self._proton_dir, "proton"), backend="instrumentation", data="trace")
+        if self.record and self._devices:
+            try:
+                self._set_up_recording()
+            except Exception as exc:  # profiling goes on without CTA records
+                self._devices = []
+                warnings.warn(f"torch_l2topo could not set up CTA recording ({type(exc).__name__}: {exc}): this "
+                              f"block's traces have no CTA tracks")
         if self.handler.background:
-            self.handler.held = self._hold_cycles() if self.record else HeldCycles()
             self.handler._worker.hold(self.max_held)
-        if self.record and self._devices:  # the recorders made now (_hold_cycles sized them), not in the loop
-            rec.set_up(self._devices, self.capacity, reset=False)
         try:
             super().start()
         except BaseException:
@@ -400,11 +405,18 @@ class profile(torch.profiler.profile):
                 self.handler._worker.release()
             raise
 
+    def _set_up_recording(self) -> None:
+        """The recorders (and with background, the slots and clock links that let one drain hold several cycles:
+        _hold_cycles), made now rather than in the loop (page-locking a slot takes milliseconds)."""
+        if self.handler.background:
+            self.handler.held = self._hold_cycles()
+        rec.set_up(self._devices, self.capacity, reset=False)
+
     def _hold_cycles(self) -> HeldCycles:
         """Set up each GPU so that one drain holds up to max_held + 1 cycles (spool.py, Held drains): a recorder of
         that many cycles' capacity (DEFAULT_MAX_HELD + 1 at most; an existing smaller recorder holds fewer), two
         slots with their drains captured (the held drain's, and the next one's while the first is read), and the
-        clock link, all now rather than in the loop (page-locking a slot takes milliseconds)."""
+        clock link."""
         per_cycle = self.capacity or rec.DEFAULT_CAPACITY
         wanted = held_cycles(self.max_held)
         held = HeldCycles()
@@ -415,7 +427,7 @@ class profile(torch.profiler.profile):
                 held.links[d] = clock.measure(d)
             except Exception as exc:  # no Triton, or the kernel failed: each cycle drained whole, as without profile()
                 warnings.warn(f"torch_l2topo could not relate GPU {d}'s clock to the host's ({type(exc).__name__}: "
-                              f"{exc}): its records are drained every cycle", stacklevel=3)
+                              f"{exc}): its records are drained every cycle")
                 continue
             held.per_drain[d] = max(1, min(self.max_held + 1, recorder.capacity // per_cycle))
             if held.per_drain[d] < wanted:
@@ -423,7 +435,7 @@ class profile(torch.profiler.profile):
                               f"hold {held.per_drain[d]} cycles, not {wanted}, and cost the loop more "
                               f"(docs/profiler.md, Costs); make it first with "
                               f"torch_l2topo.placement.recording.recorder({d}, "
-                              f"torch_l2topo.profiler.held_capacity({self.capacity or ''}))", stacklevel=3)
+                              f"torch_l2topo.profiler.held_capacity({self.capacity or ''}))")
         return held
 
     def stop(self) -> None:
@@ -432,24 +444,39 @@ class profile(torch.profiler.profile):
         finally:
             if self.handler.background:
                 self.handler._worker.release()
-        self.handler.close()  # every trace written before stop() returns
-        if self.proton is True and self._proton_dir is not None:
-            import triton.profiler as proton
+            self.handler.wait()  # bounded; never raises
+            self._merge_proton()
 
-            proton.finalize()
-            found = sorted(Path(self._proton_dir).glob("proton*"))
-            self._merge(found[0] if found else None)
-        elif self.proton:
-            self._merge(self.proton)
-
-    def _merge(self, proton_path) -> None:
-        """Merge Proton's trace into every trace written; a problem is warned, not raised (the traces stand)."""
+    def _merge_proton(self) -> None:
+        """Merge Proton's trace into every trace written (proton=True: the block's own, then its directory goes);
+        a problem is warned, not raised (the traces stand)."""
         try:
-            if proton_path is None:
-                raise FileNotFoundError("Proton wrote no trace (did a kernel with proton scopes run?)")
-            self.handler.merge_proton(proton_path)
-        except (OSError, ValueError, L2TopoError) as exc:
-            warnings.warn(f"Proton's CTAs were not merged: {exc}", stacklevel=3)
+            if self.proton is True and self._proton_dir is not None:
+                import triton.profiler as proton
+
+                proton.finalize()
+                found = sorted(Path(self._proton_dir).glob("proton*"))
+                if not found:
+                    raise FileNotFoundError("Proton wrote no trace (did a kernel with proton scopes run?)")
+                self.handler.merge_proton(found[0])
+            elif self.proton:
+                self.handler.merge_proton(self.proton)
+        except Exception as exc:
+            warnings.warn(f"Proton's CTAs were not merged: {type(exc).__name__}: {exc}")
+        finally:
+            if self._proton_dir is not None:
+                shutil.rmtree(self._proton_dir, ignore_errors=True)
+                self._proton_dir = None
+
+    def _quietly(self, what: str, action) -> None:
+        """Run our part of a profiler transition; a failure stops this block's CTA recording, warned, and never
+        reaches prof.step()."""
+        try:
+            action()
+        except Exception as exc:
+            self._devices, self.record = [], False
+            warnings.warn(f"torch_l2topo: {what} failed ({type(exc).__name__}: {exc}); CTA recording is off for "
+                          f"the rest of this block")
 
     def _start_recording(self) -> None:
         if self.record and not self._recording and self._devices:
@@ -458,22 +485,29 @@ class profile(torch.profiler.profile):
 
     def prepare_trace(self) -> None:
         if not self._recorded:  # the block's first cycle records from its warmup: the kernels compile there
-            self._start_recording()
+            self._quietly("starting CTA recording", self._start_recording)
         super().prepare_trace()
 
     def start_trace(self) -> None:
-        self._start_recording()
-        if self._recording:  # the warmup's records, or a graph's replayed between cycles (a launch: only if any),
-            rec.reset_dirty()  # unless a held drain still has to take the earlier cycles' records
-        self.handler.held.start_ns = time.time_ns()
+        def start():
+            self._start_recording()
+            if self._recording:  # the warmup's records, or a graph's replayed between cycles (a launch: only if
+                rec.reset_dirty()  # any), unless a held drain still has to take the earlier cycles' records
+            self.handler.held.start_ns = time.time_ns()
+
+        self._quietly("starting a cycle's CTA recording", start)
         super().start_trace()
 
     def stop_trace(self) -> None:
         super().stop_trace()
-        if self._recording:
-            rec.set_profiling(False)
-            self._recording = False
-            self._recorded = True
+
+        def stop():
+            if self._recording:
+                self._recording = False
+                self._recorded = True
+                rec.set_profiling(False)
+
+        self._quietly("stopping CTA recording", stop)
 
 
 def merge_proton(trace_path, proton_path, dst=None, *, topology=None, include_ids: bool = False) -> Path:

@@ -59,10 +59,12 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..files import owner_tag
 from ..layout import REC_CAPACITY, REC_CURSOR, REC_END_NS, REC_HEADER, REC_START_NS, REC_WORDS, recorder_words
 from ..placement.recording import CtaRecords, recorders
 from .perprocess import PerProcess, this_pid
 
+SLOT_PREFIX = "l2topo-records-"  # then files.owner_tag()-<device>-<random>.bin (lifecycle.remove_stale)
 FLAG_WORD = 0          # slot word 0: the number of the GPU's drain whose copy is complete (1, 2, ...; cleared: -1)
 BUFFER_WORD = 1        # then the recorder's buffer as it was: REC_HEADER header words, then the rows
 DEFAULT_LOAD_TIMEOUT_S = 60.0
@@ -133,9 +135,10 @@ def _word(mm, index: int) -> int:
 _launch_before_load: dict = {}
 
 
-def load_records(records: dict) -> dict:
-    """{device: CtaRecords} from a job's records, each a CtaRecords or SpooledRecords."""
-    return {d: r.load() if isinstance(r, SpooledRecords) else r for d, r in records.items()}
+def load_records(records: dict, timeout_s: float | None = None) -> dict:
+    """{device: CtaRecords} from a job's records, each a CtaRecords or SpooledRecords (SpooledRecords.load's
+    timeout_s)."""
+    return {d: r.load(timeout_s) if isinstance(r, SpooledRecords) else r for d, r in records.items()}
 
 
 def shm_directory() -> str | None:
@@ -160,7 +163,7 @@ class _Slot:
         # whole pages: cudaHostRegister refused a size that ends inside a page on the H200 machine
         # (benchmarks/diag_host_register.py registers page multiples of every kind of memory there)
         n_bytes = -(-(BUFFER_WORD + recorder_words(capacity)) * 8 // mmap.PAGESIZE) * mmap.PAGESIZE
-        fd, self.path = _backed_file(directory, f"l2topo-records-{os.getpid()}-{device}-", n_bytes)
+        fd, self.path = _backed_file(directory, f"{SLOT_PREFIX}{owner_tag()}-{device}-", n_bytes)
         try:
             self._mm = mmap.mmap(fd, n_bytes)
         finally:
@@ -450,6 +453,11 @@ class RecordSpool:
                 if slot.readers == 0 and (held is None or held.slot is not slot):
                     self._put_back(slot)
 
+    def remove_files(self) -> None:
+        """Remove the slots' files now (the process is ending: its mappings stay valid until then; no CUDA call)."""
+        for slot in self._slots:
+            Path(slot.path).unlink(missing_ok=True)
+
     def busy(self) -> int:
         return sum(s.busy for s in self._slots)
 
@@ -484,6 +492,11 @@ def launch_drains_for(records: dict) -> None:
     spool = _shared.existing()
     if spool is not None:
         spool.launch_for(records)
+
+
+def existing_spool() -> RecordSpool | None:
+    """The process's spool if it was made, else None."""
+    return _shared.existing()
 
 
 def close_shared_spool() -> None:

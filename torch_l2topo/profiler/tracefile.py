@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
 import zlib
 from pathlib import Path
@@ -47,16 +48,24 @@ def read_text(path) -> str:
 
 
 def parse(text: str, source: str) -> tuple:
-    """(trace, end): the Kineto trace in `text` and the offset just past its traceEvents array (where splice()
-    appends). The array, nearly all of a trace, is parsed once; TraceFormatError for anything else."""
+    """(trace, end): the Kineto trace in `text` and the offset just past its top-level traceEvents array (where
+    splice() appends), or -1 where that array could not be located in the text (a key written with escapes):
+    splice() then does not apply. The array, nearly all of a trace, is parsed once; TraceFormatError for
+    anything else."""
     try:
         at = _EVENTS_KEY.search(text)
+        if at is not None:
+            events, end = json.JSONDecoder().raw_decode(text, at.end() - 1)
+            # the first match must be the top-level key, not one inside an earlier value: the rest of the text,
+            # with a marker in place of the array, must give the marker back as the top-level traceEvents
+            marker = f"l2topo-events-{os.urandom(8).hex()}"
+            trace = json.loads(f'{text[:at.end() - 1]}"{marker}"{text[end:]}')
+            if isinstance(trace, dict) and trace.get("traceEvents") == marker:
+                trace["traceEvents"] = events
+            else:
+                at = None
         if at is None:
             trace, end = json.loads(text), -1
-        else:
-            events, end = json.JSONDecoder().raw_decode(text, at.end() - 1)
-            trace = json.loads(text[:at.end() - 1] + "[]" + text[end:])
-            trace["traceEvents"] = events
     except json.JSONDecodeError as exc:
         # a file cut short fails where its text ends (even right after an event's closing brace), or does not
         # end with the closing brace of a whole JSON object
@@ -78,6 +87,8 @@ def splice(text: str, end: int, fragments: list, metadata: dict) -> bytes:
     """`text` (a trace and parse()'s `end`) with `fragments` (JSON text of events, comma-separated, as bytes)
     appended to its traceEvents and `metadata` under METADATA_KEY, as bytes, leaving the profiler's own text
     as it was: no second serialization of its events, and the added text copied once."""
+    if end < 0:
+        raise ValueError("splice() needs the end of the top-level traceEvents array (parse() found none)")
     close = end - 1  # the array's "]"
     head, tail = text[:close], text[close:]
     added = [f for f in fragments if f]
