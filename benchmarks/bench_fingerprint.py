@@ -28,7 +28,7 @@ import itertools
 from pathlib import Path
 
 import numpy as np
-from common import cpu_environment, write_json
+from common import cpu_environment, row, write_json
 
 from torch_l2topo import Topology, TopologyFormatError
 from torch_l2topo.analysis.labels import sm_labels
@@ -269,6 +269,25 @@ def chain_refinement(train: Topology, items: list, clf: SMClassifier) -> dict:
     return {"gap_cycles": gap, "groups": groups, "n_tpc": len(tpc_chain), "n_units": clf.n_units}
 
 
+TABLE = "fingerprint"
+RATES = ("false_match", "false_non_match", "ambiguous_same", "ambiguous_different", "serial_collisions")
+
+
+def table_rows(figures: dict) -> list:
+    """The decision band fit on the tuning sessions, its error rates on the held-out pairs, and the signature's
+    distances within and between devices."""
+    c, s = figures["collection"], figures["signature"]
+    rows = [row("collection fit", k, "distance" if k == "threshold" else "x", c["fit"][k])
+            for k in ("threshold", "factor")]
+    rows += [row("collection test", k, "rate", c["test"][k]["rate"]) for k in RATES]
+    if s.get("threshold") is not None:
+        rows += [row("signature", "threshold", "distance", s["threshold"]), row("signature", "margin", "x",
+                                                                             s["margin"])]
+    if "accuracy_default" in s.get("hashed", {}):
+        rows.append(row("hashed signature", "accuracy_default", "rate", s["hashed"]["accuracy_default"]))
+    return rows
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "fingerprint_h200_cpu.json"),
@@ -290,7 +309,7 @@ def main(argv=None) -> dict:
         "near_far": near_far_figures(topos),
         "localization": localization_figures(topos),
     }
-    write_json(args.out, figures, cpu_environment())
+    write_json(args.out, figures, cpu_environment(), TABLE, table_rows(figures))
     _print_summary(figures)
     return figures
 

@@ -39,7 +39,7 @@
 4. HolisticTraceAnalysis (where importable: carry its wheels, docs/profiler.md): the kernel breakdown of
    the enriched trace equals that of the plain trace of the same run.
 
-    python benchmarks/bench_profiler.py --device 0 --out benchmarks/results/profiler_h200.json
+    python benchmarks/bench_profiler.py --device 0 --out benchmarks/results/profiler/profiler_h200.json
 """
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from bench_placement import interleaved
-from common import bootstrap_ci90, calibrated_device, gpu_parser, quantiles, write_result
+from common import bootstrap_ci90, calibrated_device, gpu_parser, quantile_rows, quantiles, row, write_result
 
 from torch_l2topo import layout
 from torch_l2topo.placement import recording
@@ -350,6 +350,35 @@ def hta_check(trace_path: Path, work: Path) -> dict:
     return {"breakdown_equal": same, "kernels": int(len(a[1]))}
 
 
+TABLE = "profiler"
+OVERHEAD_QUANTILES = {"cycle_wall_s": "s", "loop_s_per_cycle": "s", "exit_s": "s", "active_gpu_ms": "ms",
+                      "handler_s": "s"}
+
+
+def table_rows(figures: dict) -> list:
+    """Compiled out (ms per launch), the overhead against plain torch.profiler per variant (the loop per cycle,
+    the block's end, the GPU time of the active steps, the handler; the loop's overhead as a fraction of
+    plain's), the adjacent-cycle comparison (us per profiled cycle) and whether HTA read the trace alike."""
+    c = figures["compiled_out"]
+    rows = quantile_rows(c["ms"], "compiled out", "ms") + [row("compiled out", k, "x", c[k]) for k in (
+        "ptx_equal_to_plain_kernel", "record_off_over_plain", "record_on_over_plain")]
+    for key, case in (("overhead", "overhead"), ("overhead_larger_step", "overhead, larger step")):
+        o = figures.get(key)
+        if o:
+            for metric, unit in OVERHEAD_QUANTILES.items():
+                rows += [row(case, f"{metric.rsplit('_', 1)[0]} {variant}", unit, q)
+                         for variant, q in o.get(metric, {}).items()]
+            rows += [row(case, f"loop_overhead {v}", "fraction", x) for v, x in o["loop_overhead"].items()]
+    a = figures.get("overhead_adjacent_cycles")
+    if a:
+        rows += [row("adjacent cycles", "diff", "us", a["diff_us"]),
+                 row("adjacent cycles", "mean_diff_over_plain_cycle", "fraction",
+                     a.get("mean_diff_over_b_median", a["diff_over_b_median"]))]
+    if "breakdown_equal" in figures.get("hta", {}):
+        rows.append(row("hta", "breakdown_equal", "bool", figures["hta"]["breakdown_equal"]))
+    return rows
+
+
 def main(argv=None) -> dict:
     parser = gpu_parser(__doc__, reps=16)
     parser.add_argument("--cycles", type=int, default=8, help="profiling cycles per profiler block")
@@ -405,7 +434,7 @@ def main(argv=None) -> dict:
     if args.keep_trace:  # the last enriched trace, gzipped: HTA or the summary can be rerun on it elsewhere
         write_trace(load_trace(last), Path(args.keep_trace) / "profiler_h200_last_trace.json.gz")
     print("coverage:", figures["coverage"]["kernels"], "hta:", figures["hta"], flush=True)
-    path = write_result(args.out, figures, args.device)
+    path = write_result(args.out, figures, args.device, TABLE, table_rows(figures))
     print(f"wrote {path}")
     return figures
 

@@ -186,6 +186,17 @@ def quantile_rows(tree, case: str, unit: str) -> list:
     return [row(case, str(k), unit, v) for k, v in tree.items() if isinstance(v, dict) and set(QUANTILES) <= set(v)]
 
 
+def case_rows(items, describe, unit: str, measured: str = "impl", ratios=()) -> list:
+    """Rows of a benchmark's list of cases (dicts): one per quantiles dict under item[measured] (metric: its key,
+    in `unit`) and one per key of `ratios` the item has (a ratio: unit "x"), all with case describe(item)."""
+    rows = []
+    for item in items:
+        case = describe(item)
+        rows += quantile_rows(item.get(measured, {}), case, unit)
+        rows += [row(case, k, "x", item[k]) for k in ratios if item.get(k) is not None]
+    return rows
+
+
 def _number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)
 

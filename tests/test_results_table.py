@@ -93,3 +93,33 @@ def test_write_json_appends_its_rows_with_the_header_it_writes(tmp_path, monkeyp
     common.write_json(tmp_path / "run" / "partial.json", {}, ENV)  # no rows: a partial result, no table row
     assert len(appended) == 1
 
+
+
+def test_tabulate_finds_the_benchmark_of_a_command():
+    import tabulate
+
+    assert tabulate.script_of("python bench_ops.py --reps 9 --out /tmp/r/ops_h200.json") == "bench_ops"
+    assert tabulate.script_of("CUDA_VISIBLE_DEVICES=1 python benchmarks/run_geometry.py --device 0") == "run_geometry"
+    assert tabulate.script_of("python benchmarks/bench_fleet.py paper --out x") == "bench_fleet"
+    assert tabulate.script_of("python diag_claim_costs.py --out x") is None
+    assert tabulate.script_of("python my_bench_ops.py.bak") is None
+
+
+def test_tabulate_appends_a_result_file_once_and_refuses_a_diagnosis(tmp_path):
+    import tabulate
+
+    figures = {"compile_s": {}, "cached_s": SPREAD, "cold_s": {"triton/waves": SPREAD},
+               "maps": {"triton/waves": {"chain_mean": 284.0}},
+               "repeat": {"triton/waves": {"chain": {"max_after_offset": 0.1}}}}
+    run = tmp_path / "calibrate.json"
+    run.write_text(json.dumps({"command": "python bench_calibrate.py --device 0 --out x", "commit": "abc",
+                               "env": ENV, "figures": figures}))
+    assert tabulate.tabulate(run, tmp_path) == ("calibrate", 4)
+    assert tabulate.tabulate(run, tmp_path) == ("calibrate", 0)
+    got = {(r["case"], r["metric"]): r.get("value", r.get("p50")) for r in _lines(tmp_path / "calibrate.jsonl")}
+    assert got == {("cold", "triton/waves"): 2.0, ("cached", "calibrate"): 2.0,
+                   ("triton/waves", "chain_mean"): 284.0, ("triton/waves", "repeat_max_after_offset"): 0.1}
+    diag = tmp_path / "diag.json"
+    diag.write_text(json.dumps({"command": "python diag_claim_costs.py --out x", "env": ENV, "figures": {}}))
+    with pytest.raises(ValueError, match="names no benchmark"):
+        tabulate.tabulate(diag, tmp_path)
