@@ -2,7 +2,7 @@
 
 Timing: report.analyze() (NUCA fit, partitions, twins, GPC clusters, symmetry, slice classes) on a 132 x 4096
 matrix built from real data: the 512 line columns of the eight waves- and serialized-mode calibrations in
-benchmarks/results/calibrations (two H200s x two backends x two modes) side by side. Each block is a real
+tests/data/calibrations (two H200s x two backends x two modes) side by side. Each block is a real
 calibration of the same 512 lines, so the matrix carries real structure and noise at 8x the width.
 Figures: analyze() on each bundled calibration against the other backend's calibration of the same GPU
 (partition agreement, slice-class stability), the same comparison between GPUs, and the latency clusters
@@ -33,7 +33,7 @@ WIDE_SOURCES = tuple(f"h200-{gpu}-{backend}-{mode}" for gpu in ("d557bc", "f7893
 
 
 def wide_matrix() -> tuple[np.ndarray, float]:
-    topos = [Topology.load(ROOT / "benchmarks" / "results" / "calibrations" / f"{name}.npz") for name in WIDE_SOURCES]
+    topos = [Topology.load(ROOT / "tests" / "data" / "calibrations" / f"{name}.npz") for name in WIDE_SOURCES]
     return np.hstack([t.line_cycles for t in topos]).astype(np.float64), max(repeat_sigma(t) for t in topos)
 
 
@@ -54,7 +54,7 @@ def timing(repeats: int) -> dict:
         fn(model)
         stages[name] = time.perf_counter() - t0
     return {"matrix": f"132 x {m.shape[1]}: line columns of {', '.join(WIDE_SOURCES)} side by side "
-                      "(benchmarks/results/calibrations); timing only: two GPUs side by side are no one GPU's "
+                      "(tests/data/calibrations); timing only: two GPUs side by side are no one GPU's "
                       "structure",
             "shape": list(m.shape), "noise_sigma": sigma, "analyze_s": quantiles(walls), "stage_s_one_pass": stages}
 

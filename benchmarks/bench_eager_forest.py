@@ -16,7 +16,7 @@ Rows have bench_ops.py's format, with "auto" (eager) or "eager C++" (gpu) as our
 (tests/test_ops_forest.py checks the line against that run). Hummingbird and scikit-learn are bench_ops.py's
 (`--only forest`).
 
-    python benchmarks/bench_eager_forest.py --out benchmarks/results/eager_forest/eager_forest_h200.json
+    python benchmarks/bench_eager_forest.py --out benchmarks/results/eager_forest/eager_forest_h200_<uuid>.json
     python benchmarks/bench_eager_forest.py --forests held_out --out FILE
 """
 from __future__ import annotations

@@ -8,7 +8,7 @@ tests/test_ops_embedding_bag.py checks where embedding_bag's eager rule sends ca
 times. (The committed runs of 2026-12-02, tests/data/eager_kernel/ and results/eager_kernel/, timed graphs of one
 call: their graph times of calls of a few microseconds are the host's replay rate, bench_ops.py says why.)
 
-    python benchmarks/bench_eager_kernel.py --out benchmarks/results/eager_kernel/eager_kernel_h200.json [--part K/N]
+    python benchmarks/bench_eager_kernel.py --out benchmarks/results/eager_kernel/eager_kernel_h200_<uuid>.json
 """
 from __future__ import annotations
 

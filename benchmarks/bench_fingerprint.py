@@ -1,6 +1,6 @@
 """Device fingerprinting and SM localization on recorded calibrations (CPU only): the figures of issues 4 and 11.
 
-The decision (issue 11), on the labelled collection benchmarks/results/fingerprints/manifest.csv (many GPUs,
+The decision (issue 11), on the labelled collection tests/data/fingerprints/manifest.csv (many GPUs,
 sessions, machines; collect_fingerprints.py grows it):
 - every calibration screened with the trust module (untrusted ones listed and left out, never widening the
   threshold); ground truth per pair: the board serial where both calibrations have one, else the uuid;
@@ -9,7 +9,7 @@ sessions, machines; collect_fingerprints.py grows it):
   non-match and ambiguous rates with 95% Clopper-Pearson intervals, per calibration pair and per device pair;
 - chain maps of every trusted record, raw repeats included: which devices (by uuid or serial) have
   near-identical maps, and whether any serial was seen under several uuids.
-On the calibrations of issue 4 (bundled + benchmarks/results/calibrations; identical arrays counted once):
+On the calibrations of issue 4 (bundled + tests/data/calibrations; identical arrays counted once):
 - signature distances within (same uuid hash) and between devices, the threshold calibrate_threshold() derives;
 - the same for hashed exports (Hamming fractions over several salts);
 - why per-SM near/far latencies are not in the signature: how far apart two disjoint halves of one
@@ -18,7 +18,7 @@ On the calibrations of issue 4 (bundled + benchmarks/results/calibrations; ident
   other calibrations of the same line buffer, for k = 4, 8, 16 lines, accuracy per level (sm, tpc = sm // 2,
   partition from the line matrix, gpc when the calibration carries extras["gpc_truth"]).
 
-    python benchmarks/bench_fingerprint.py --out benchmarks/results/fingerprint_h200_cpu.json
+    python benchmarks/bench_fingerprint.py --out benchmarks/results/fingerprint/fingerprint_h200_cpu.json
 """
 from __future__ import annotations
 
@@ -40,8 +40,8 @@ from torch_l2topo.identity.localize import SMClassifier, evaluate
 
 ROOT = Path(__file__).resolve().parents[1]
 
-CALIBRATION_DIRS = (DATA_DIR, ROOT / "benchmarks" / "results" / "calibrations")
-MANIFEST = ROOT / "benchmarks" / "results" / "fingerprints" / "manifest.csv"
+CALIBRATION_DIRS = (DATA_DIR, ROOT / "tests" / "data" / "calibrations")
+MANIFEST = ROOT / "tests" / "data" / "fingerprints" / "manifest.csv"
 # The sessions the decision band is fit on: two GPUs at 05:37 (unknown machine) and machine A's two at 21:34
 # (2026-11-30). Every other session is held out; tests/recorded.py keeps the same split.
 TUNING_SESSIONS = ("2026-11-30T05:37", "2026-11-30T21:34")
@@ -290,7 +290,7 @@ def table_rows(figures: dict) -> list:
 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "fingerprint_h200_cpu.json"),
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "fingerprint" / "fingerprint_h200_cpu.json"),
                    help="result JSON path")
     p.add_argument("--tuning-sessions", nargs="+", default=TUNING_SESSIONS,
                    help="sessions (manifest column) the decision band is fit on; the rest is the test set")

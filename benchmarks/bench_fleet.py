@@ -41,7 +41,7 @@ from common import command_line, cpu_environment, quantile_rows, quantiles, row,
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-MANIFEST = RESULTS / "fingerprints" / "manifest.csv"
+MANIFEST = ROOT / "tests" / "data" / "fingerprints" / "manifest.csv"
 TABLE = "fleet"
 # health.PEER_LIMITS are set on the sessions before this time and tested on the later ones (8 and 7 H200 boards)
 HELD_OUT_FROM = "2026-11-30T23"
@@ -296,7 +296,7 @@ def recorded_calibration_times() -> dict:
     """Per-rank calibration times measured on H200s (bench_calibrate.py's results): cold waves (Triton and CUDA),
     the first Triton calibration of a process (JIT compile), a cached calibrate()."""
     out = {}
-    for path in sorted(RESULTS.glob("calibrate_h200_*.json")):
+    for path in sorted((RESULTS / "calibrate").glob("calibrate_h200_*.json")):
         f = json.loads(path.read_text())["figures"]
         out[path.stem] = {"cold_triton_waves_p50": f["cold_s"]["triton/waves"]["p50"],
                           "cold_cuda_waves_p50": f["cold_s"]["cuda/waves"]["p50"],

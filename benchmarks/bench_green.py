@@ -13,7 +13,7 @@
 Every result is checked against the run as is; makespan = CUDA-event time, median over --reps rounds in
 which every variant runs once (interleaved, so that clock and cache drift touch all variants alike).
 
-    python benchmarks/bench_green.py --device 0 --out benchmarks/results/green/green_h200.json
+    python benchmarks/bench_green.py --device 0 --out benchmarks/results/green/green_h200_<uuid>.json
 """
 from __future__ import annotations
 

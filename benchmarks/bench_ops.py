@@ -25,7 +25,7 @@ depth 4-12, batch 1-1M; docs/ops_full_grid.md): its forests alone take minutes e
 runs in slices (--part K/N, one file each) within a device call's 10 minutes; the default grid (~3 min on an
 H200) keeps the target shape and one point per axis.
 
-    python benchmarks/bench_ops.py --out benchmarks/results/ops/ops_h200.json [--grid full] [--only forest]
+    python benchmarks/bench_ops.py --out benchmarks/results/ops/ops_h200_<uuid>.json [--grid full] [--only forest]
     python benchmarks/bench_ops.py --grid full --only forest --part 2/6 --out FILE   # one slice of a long grid
 """
 from __future__ import annotations

@@ -16,7 +16,7 @@ the same walk over the same rows, each checked against the host's expected end r
 Blocks and SMs are labelled by the calibration (partition_map homes, sm_labels partitions), so "its own
 partition" is near by measurement, not by assumption.
 
-    python benchmarks/bench_replication.py --device 0 --out benchmarks/results/replication_h200.json
+    python benchmarks/bench_replication.py --device 0 --out benchmarks/results/replication/replication_h200.json
 """
 from __future__ import annotations
 

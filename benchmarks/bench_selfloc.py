@@ -8,7 +8,7 @@ against %smid, per level, writing the JSON of figures.
 
     python benchmarks/bench_selfloc.py record --device 0 --out /tmp/selfloc_gpu0.npz
     python benchmarks/bench_selfloc.py evaluate benchmarks/results/selfloc/*.npz \
-        --out benchmarks/results/selfloc_h200.json
+        --out benchmarks/results/selfloc/selfloc_h200.json
 """
 from __future__ import annotations
 

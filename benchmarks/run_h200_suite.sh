@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU measurement behind benchmarks/results/, in one call on the device machine (one or two H200s).
 # Writes everything under $OUT/r and packs it as $OUT/r.tgz. Steps are independent: one failing does not
-# stop the others (each logs to $OUT/r/<step>.log).
+# stop the others (each logs to $OUT/r/<step>.log). Back here, the result files go to benchmarks/results/<benchmark>/
+# and `python benchmarks/tabulate_runs.py FILE...` appends their rows to the tables.
 #   bash benchmarks/run_h200_suite.sh [steps...]     steps: tests noise trust placement partition green replication
 #                                                    fingerprints sanitizer ops ops-full profiler
 # ops-full: the ops' full grid (docs/ops_full_grid.md) in slices, $OPS_FULL of them (default all ten:

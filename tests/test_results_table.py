@@ -1,6 +1,7 @@
 """benchmarks/common.py's results tables on CPU: append_rows writes the documented fields, only ever appends (a
 run tabulated twice adds nothing), and refuses a bad row before writing anything; write_json appends its rows with
-the header it writes."""
+the header it writes. The committed tables (benchmarks/results/*.jsonl) pass the same checks, and the top level of
+benchmarks/results holds only them and the README."""
 import json
 import sys
 from pathlib import Path
@@ -96,17 +97,18 @@ def test_write_json_appends_its_rows_with_the_header_it_writes(tmp_path, monkeyp
 
 
 def test_tabulate_finds_the_benchmark_of_a_command():
-    import tabulate
+    import tabulate_runs
 
-    assert tabulate.script_of("python bench_ops.py --reps 9 --out /tmp/r/ops_h200.json") == "bench_ops"
-    assert tabulate.script_of("CUDA_VISIBLE_DEVICES=1 python benchmarks/run_geometry.py --device 0") == "run_geometry"
-    assert tabulate.script_of("python benchmarks/bench_fleet.py paper --out x") == "bench_fleet"
-    assert tabulate.script_of("python diag_claim_costs.py --out x") is None
-    assert tabulate.script_of("python my_bench_ops.py.bak") is None
+    assert tabulate_runs.script_of("python bench_ops.py --reps 9 --out /tmp/r/ops_h200.json") == "bench_ops"
+    script_of = tabulate_runs.script_of
+    assert script_of("CUDA_VISIBLE_DEVICES=1 python benchmarks/run_geometry.py --device 0") == "run_geometry"
+    assert tabulate_runs.script_of("python benchmarks/bench_fleet.py paper --out x") == "bench_fleet"
+    assert tabulate_runs.script_of("python diag_claim_costs.py --out x") is None
+    assert tabulate_runs.script_of("python my_bench_ops.py.bak") is None
 
 
 def test_tabulate_appends_a_result_file_once_and_refuses_a_diagnosis(tmp_path):
-    import tabulate
+    import tabulate_runs
 
     figures = {"compile_s": {}, "cached_s": SPREAD, "cold_s": {"triton/waves": SPREAD},
                "maps": {"triton/waves": {"chain_mean": 284.0}},
@@ -114,12 +116,28 @@ def test_tabulate_appends_a_result_file_once_and_refuses_a_diagnosis(tmp_path):
     run = tmp_path / "calibrate.json"
     run.write_text(json.dumps({"command": "python bench_calibrate.py --device 0 --out x", "commit": "abc",
                                "env": ENV, "figures": figures}))
-    assert tabulate.tabulate(run, tmp_path) == ("calibrate", 4)
-    assert tabulate.tabulate(run, tmp_path) == ("calibrate", 0)
+    assert tabulate_runs.tabulate(run, tmp_path) == ("calibrate", 4)
+    assert tabulate_runs.tabulate(run, tmp_path) == ("calibrate", 0)
     got = {(r["case"], r["metric"]): r.get("value", r.get("p50")) for r in _lines(tmp_path / "calibrate.jsonl")}
     assert got == {("cold", "triton/waves"): 2.0, ("cached", "calibrate"): 2.0,
                    ("triton/waves", "chain_mean"): 284.0, ("triton/waves", "repeat_max_after_offset"): 0.1}
     diag = tmp_path / "diag.json"
     diag.write_text(json.dumps({"command": "python diag_claim_costs.py --out x", "env": ENV, "figures": {}}))
     with pytest.raises(ValueError, match="names no benchmark"):
-        tabulate.tabulate(diag, tmp_path)
+        tabulate_runs.tabulate(diag, tmp_path)
+
+
+def test_the_committed_tables_pass_the_checks_and_stand_alone_at_the_top():
+    results = ROOT / "benchmarks" / "results"
+    tables = sorted(results.glob("*.jsonl"))
+    assert len(tables) >= 15
+    for table in tables:
+        rows = _lines(table)
+        assert rows, f"{table.name} is empty"
+        for r in rows:
+            common.check_row(r)
+            assert r["benchmark"] == table.stem, f"{table.name}: a row of {r['benchmark']}"
+    loose = sorted(p.name for p in results.iterdir() if p.is_file() and p.suffix != ".jsonl")
+    assert loose == ["README.md"], f"files at the top of benchmarks/results besides the tables: {loose}"
+    readme = (results / "README.md").read_text()
+    assert all(f"`{t.name}`" in readme for t in tables), "benchmarks/results/README.md names every table"

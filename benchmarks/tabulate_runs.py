@@ -5,7 +5,7 @@ Each file is a benchmark's result JSON ({"command", "env", "figures"[, "commit"]
 that wrote it (bench_*.py, run_geometry.py), whose TABLE and table_rows() give the table and the rows. Rows
 already in the table (the same run) are skipped, so a file tabulated twice adds nothing.
 
-    python benchmarks/tabulate.py RESULT.json [RESULT.json ...] [--table-dir benchmarks/results]
+    python benchmarks/tabulate_runs.py RESULT.json [RESULT.json ...] [--table-dir benchmarks/results]
 """
 from __future__ import annotations
 
