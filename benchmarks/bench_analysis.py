@@ -2,13 +2,13 @@
 
 Timing: report.analyze() (NUCA fit, partitions, twins, GPC clusters, symmetry, slice classes) on a 132 x 4096
 matrix built from real data: the 512 line columns of the eight waves- and serialized-mode calibrations in
-benchmarks/results/calibrations (two H200s x two backends x two modes) side by side. Each block is a real
+tests/data/calibrations (two H200s x two backends x two modes) side by side. Each block is a real
 calibration of the same 512 lines, so the matrix carries real structure and noise at 8x the width.
 Figures: analyze() on each bundled calibration against the other backend's calibration of the same GPU
 (partition agreement, slice-class stability), the same comparison between GPUs, and the latency clusters
 against the thread-block-cluster GPC ground truth where a calibration carries it.
 
-    python benchmarks/bench_analysis.py --out benchmarks/results/analysis_h200.json
+    python benchmarks/bench_analysis.py --out benchmarks/results/analysis/analysis_h200.json
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from common import cpu_environment, quantiles, write_json
+from common import cpu_environment, quantiles, row, write_json
 
 from torch_l2topo import Topology, list_examples, load_example
 from torch_l2topo.analysis.labels import find_partitions
@@ -33,7 +33,7 @@ WIDE_SOURCES = tuple(f"h200-{gpu}-{backend}-{mode}" for gpu in ("d557bc", "f7893
 
 
 def wide_matrix() -> tuple[np.ndarray, float]:
-    topos = [Topology.load(ROOT / "benchmarks" / "results" / "calibrations" / f"{name}.npz") for name in WIDE_SOURCES]
+    topos = [Topology.load(ROOT / "tests" / "data" / "calibrations" / f"{name}.npz") for name in WIDE_SOURCES]
     return np.hstack([t.line_cycles for t in topos]).astype(np.float64), max(repeat_sigma(t) for t in topos)
 
 
@@ -54,7 +54,7 @@ def timing(repeats: int) -> dict:
         fn(model)
         stages[name] = time.perf_counter() - t0
     return {"matrix": f"132 x {m.shape[1]}: line columns of {', '.join(WIDE_SOURCES)} side by side "
-                      "(benchmarks/results/calibrations); timing only: two GPUs side by side are no one GPU's "
+                      "(tests/data/calibrations); timing only: two GPUs side by side are no one GPU's "
                       "structure",
             "shape": list(m.shape), "noise_sigma": sigma, "analyze_s": quantiles(walls), "stage_s_one_pass": stages}
 
@@ -105,15 +105,34 @@ def headline(per: dict, between: dict) -> dict:
             "gpc_vs_truth": {name: x["gpc_truth"] for name, x in per.items() if x.get("gpc_truth")}}
 
 
+TABLE = "analysis"
+
+
+def table_rows(figures: dict) -> list:
+    """The table's rows: analyze()'s time on the 132 x 4096 matrix, and per calibration what it found."""
+    rows = [row("132x4096", "analyze", "s", figures["timing_132x4096"]["analyze_s"])]
+    for name, x in figures["per_calibration"].items():
+        rows += [row(name, "noise_sigma", "cycles", x["noise_sigma"]),
+                 row(name, "significant_rank", "count", x["significant_rank"]),
+                 row(name, "twins", "count", x["twins"]["count"]), row(name, "gpc_clusters", "count",
+                                                                        x["gpc_clusters"]["k"]),
+                 row(name, "slice_classes", "count", x["slices"]["count"])]
+        if x["partitions"].get("found"):
+            rows.append(row(name, "partition_gap", "cycles", x["partitions"]["gap_cycles"]))
+        if x.get("gpc_truth"):
+            rows.append(row(name, "gpc_ari_vs_truth", "ari", x["gpc_truth"]["ari"]))
+    return rows
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "analysis_h200.json"))
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "analysis" / "analysis_h200.json"))
     p.add_argument("--repeats", type=int, default=5, help="timed analyze() runs on the 132 x 4096 matrix")
     args = p.parse_args(argv)
     real = bundled()
     figures = {"headline": headline(real["per_calibration"], real["between_gpus_cuda_waves"]),
                "timing_132x4096": timing(args.repeats), **real}
-    write_json(args.out, figures, cpu_environment())
+    write_json(args.out, figures, cpu_environment(), TABLE, table_rows(figures))
     print(json.dumps(figures["headline"], indent=1))
     t = figures["timing_132x4096"]
     print(f"analyze() on {t['shape']}: p50 {t['analyze_s']['p50']:.2f} s; stages "

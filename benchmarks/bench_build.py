@@ -1,7 +1,7 @@
 """One-time compilation cost, reported apart from calibration time: the CUDA extension's cold JIT build
 and Triton's cold compile of the probe kernels, each into an empty cache directory.
 
-    python benchmarks/bench_build.py --out benchmarks/results/build_h200.json
+    python benchmarks/bench_build.py --out benchmarks/results/build/build_h200.json
 """
 from __future__ import annotations
 
@@ -10,7 +10,14 @@ import os
 import tempfile
 import time
 
-from common import write_result
+from common import row, write_result
+
+TABLE = "build"
+STEPS = ("cuda_ext_cold_build_s", "triton_first_probe_launches_s", "triton_cached_probe_launches_s")
+
+
+def table_rows(figures: dict) -> list:
+    return [row("cold caches", step.removesuffix("_s"), "s", figures[step]) for step in STEPS]
 
 
 def main(argv=None) -> dict:
@@ -34,12 +41,12 @@ def main(argv=None) -> dict:
     extension.load(torch.cuda.get_device_capability(dev))
     figures["cuda_ext_cold_build_s"] = time.perf_counter() - t0
     plan = ring_plan(256, n_sm)
-    for label in ("triton_first_probe_launches_s", "triton_cached_probe_launches_s"):
+    for label in STEPS[1:]:
         t0 = time.perf_counter()
         run_chain(dev, n_sm, plan, "triton", "waves", 2.0)
         run_lines(dev, n_sm, 16, 2, 8, "triton", "waves", 2.0)
         figures[label] = time.perf_counter() - t0
-    write_result(args.out, figures, 0)
+    write_result(args.out, figures, 0, TABLE, table_rows(figures))
     print(figures)
     return figures
 

@@ -16,16 +16,23 @@ Rows have bench_ops.py's format, with "auto" (eager) or "eager C++" (gpu) as our
 (tests/test_ops_forest.py checks the line against that run). Hummingbird and scikit-learn are bench_ops.py's
 (`--only forest`).
 
-    python benchmarks/bench_eager_forest.py --out benchmarks/results/eager_forest_h200.json
-    python benchmarks/bench_eager_forest.py --forests held_out --out benchmarks/results/eager_forest_h200_held_out.json
+    python benchmarks/bench_eager_forest.py --out benchmarks/results/eager_forest/eager_forest_h200_<uuid>.json
+    python benchmarks/bench_eager_forest.py --forests held_out --out FILE
 """
 from __future__ import annotations
 
 import time
 
 import numpy as np
-from bench_ops import FOREST_GRIDS, N_FEATURES, _fit, _print, gpu_rounds, quantiles, summary
-from common import gpu_parser, write_result
+from bench_ops import FOREST_GRIDS, N_FEATURES, RATIOS, _fit, _print, forest_case, gpu_rounds, quantiles, summary
+from common import case_rows, gpu_parser, write_result
+
+TABLE = "eager_forest"
+
+
+def table_rows(figures: dict) -> list:
+    return case_rows(figures["forest"], forest_case, "ms", ratios=RATIOS)
+
 
 RUNS = {  # (forests (kind, trees, depth), batches)
     "default": (FOREST_GRIDS["default"][0] + [("boosting", 500, 8)], (1, 16, 132, 1024, 16384, 65536)),
@@ -120,7 +127,7 @@ def main(argv=None) -> dict:
         torch.cuda.empty_cache()
     print(f"{len(models)} forests: {time.perf_counter() - start:.0f} s", flush=True)
     figures = {"reps": args.reps, "forests": args.forests, "forest": rows}
-    write_result(args.out, figures, args.device)
+    write_result(args.out, figures, args.device, TABLE, table_rows(figures))
     return figures
 
 

@@ -5,17 +5,24 @@ Per shape, checked equal to torch's op first, the same three calls ("eager C++",
 kernel as an unchecked plain launch, "plain") in CUDA graphs of bench_ops.GRAPH_CALLS calls (GPU time per call)
 and eager, back to back (the whole call), with bench_ops.py's interleaved rounds. Rows have bench_ops.py's format;
 tests/test_ops_embedding_bag.py checks where embedding_bag's eager rule sends calls against the three eager calls'
-times. (The committed runs of 2026-12-02, results/eager_kernel_h200*.json, timed graphs of one call: their graph
-times of calls of a few microseconds are the host's replay rate, bench_ops.py says why.)
+times. (The committed runs of 2026-12-02, tests/data/eager_kernel/ and results/eager_kernel/, timed graphs of one
+call: their graph times of calls of a few microseconds are the host's replay rate, bench_ops.py says why.)
 
-    python benchmarks/bench_eager_kernel.py --out benchmarks/results/eager_kernel_h200.json [--part K/N]
+    python benchmarks/bench_eager_kernel.py --out benchmarks/results/eager_kernel/eager_kernel_h200_<uuid>.json
 """
 from __future__ import annotations
 
 import time
 
-from bench_ops import BAG_GRIDS, _print, gpu_rounds, graph_rounds, parse_part, part_of, summary
-from common import gpu_parser, write_result
+from bench_ops import BAG_GRIDS, RATIOS, _print, bag_case, gpu_rounds, graph_rounds, parse_part, part_of, summary
+from common import case_rows, gpu_parser, write_result
+
+TABLE = "eager_kernel"
+
+
+def table_rows(figures: dict) -> list:
+    return case_rows(figures["embedding_bag"], bag_case, "ms", ratios=RATIOS)
+
 
 SHAPES = BAG_GRIDS["full"] + [s for s in BAG_GRIDS["default"] if s not in BAG_GRIDS["full"]]
 OURS = "eager C++"
@@ -78,7 +85,7 @@ def main(argv=None) -> dict:
         rows += [eager, in_graph]
     print(f"{len(shapes)} shapes: {time.perf_counter() - start:.0f} s", flush=True)
     figures = {"reps": args.reps, "part": "{}/{}".format(*args.part), "embedding_bag": rows}
-    write_result(args.out, figures, args.device)
+    write_result(args.out, figures, args.device, TABLE, table_rows(figures))
     return figures
 
 

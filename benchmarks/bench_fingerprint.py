@@ -1,6 +1,6 @@
 """Device fingerprinting and SM localization on recorded calibrations (CPU only): the figures of issues 4 and 11.
 
-The decision (issue 11), on the labelled collection benchmarks/results/fingerprints/manifest.csv (many GPUs,
+The decision (issue 11), on the labelled collection tests/data/fingerprints/manifest.csv (many GPUs,
 sessions, machines; collect_fingerprints.py grows it):
 - every calibration screened with the trust module (untrusted ones listed and left out, never widening the
   threshold); ground truth per pair: the board serial where both calibrations have one, else the uuid;
@@ -9,7 +9,7 @@ sessions, machines; collect_fingerprints.py grows it):
   non-match and ambiguous rates with 95% Clopper-Pearson intervals, per calibration pair and per device pair;
 - chain maps of every trusted record, raw repeats included: which devices (by uuid or serial) have
   near-identical maps, and whether any serial was seen under several uuids.
-On the calibrations of issue 4 (bundled + benchmarks/results/calibrations; identical arrays counted once):
+On the calibrations of issue 4 (bundled + tests/data/calibrations; identical arrays counted once):
 - signature distances within (same uuid hash) and between devices, the threshold calibrate_threshold() derives;
 - the same for hashed exports (Hamming fractions over several salts);
 - why per-SM near/far latencies are not in the signature: how far apart two disjoint halves of one
@@ -18,7 +18,7 @@ On the calibrations of issue 4 (bundled + benchmarks/results/calibrations; ident
   other calibrations of the same line buffer, for k = 4, 8, 16 lines, accuracy per level (sm, tpc = sm // 2,
   partition from the line matrix, gpc when the calibration carries extras["gpc_truth"]).
 
-    python benchmarks/bench_fingerprint.py --out benchmarks/results/fingerprint_h200_cpu.json
+    python benchmarks/bench_fingerprint.py --out benchmarks/results/fingerprint/fingerprint_h200_cpu.json
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ import itertools
 from pathlib import Path
 
 import numpy as np
-from common import cpu_environment, write_json
+from common import cpu_environment, row, write_json
 
 from torch_l2topo import Topology, TopologyFormatError
 from torch_l2topo.analysis.labels import sm_labels
@@ -40,8 +40,8 @@ from torch_l2topo.identity.localize import SMClassifier, evaluate
 
 ROOT = Path(__file__).resolve().parents[1]
 
-CALIBRATION_DIRS = (DATA_DIR, ROOT / "benchmarks" / "results" / "calibrations")
-MANIFEST = ROOT / "benchmarks" / "results" / "fingerprints" / "manifest.csv"
+CALIBRATION_DIRS = (DATA_DIR, ROOT / "tests" / "data" / "calibrations")
+MANIFEST = ROOT / "tests" / "data" / "fingerprints" / "manifest.csv"
 # The sessions the decision band is fit on: two GPUs at 05:37 (unknown machine) and machine A's two at 21:34
 # (2026-11-30). Every other session is held out; tests/recorded.py keeps the same split.
 TUNING_SESSIONS = ("2026-11-30T05:37", "2026-11-30T21:34")
@@ -269,9 +269,28 @@ def chain_refinement(train: Topology, items: list, clf: SMClassifier) -> dict:
     return {"gap_cycles": gap, "groups": groups, "n_tpc": len(tpc_chain), "n_units": clf.n_units}
 
 
+TABLE = "fingerprint"
+RATES = ("false_match", "false_non_match", "ambiguous_same", "ambiguous_different", "serial_collisions")
+
+
+def table_rows(figures: dict) -> list:
+    """The decision band fit on the tuning sessions, its error rates on the held-out pairs, and the signature's
+    distances within and between devices."""
+    c, s = figures["collection"], figures["signature"]
+    rows = [row("collection fit", k, "distance" if k == "threshold" else "x", c["fit"][k])
+            for k in ("threshold", "factor")]
+    rows += [row("collection test", k, "rate", c["test"][k]["rate"]) for k in RATES]
+    if s.get("threshold") is not None:
+        rows += [row("signature", "threshold", "distance", s["threshold"]), row("signature", "margin", "x",
+                                                                             s["margin"])]
+    if "accuracy_default" in s.get("hashed", {}):
+        rows.append(row("hashed signature", "accuracy_default", "rate", s["hashed"]["accuracy_default"]))
+    return rows
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "fingerprint_h200_cpu.json"),
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "fingerprint" / "fingerprint_h200_cpu.json"),
                    help="result JSON path")
     p.add_argument("--tuning-sessions", nargs="+", default=TUNING_SESSIONS,
                    help="sessions (manifest column) the decision band is fit on; the rest is the test set")
@@ -290,7 +309,7 @@ def main(argv=None) -> dict:
         "near_far": near_far_figures(topos),
         "localization": localization_figures(topos),
     }
-    write_json(args.out, figures, cpu_environment())
+    write_json(args.out, figures, cpu_environment(), TABLE, table_rows(figures))
     _print_summary(figures)
     return figures
 

@@ -4,7 +4,7 @@ Each call is one process: optionally keeps every SM busy (matrix products) for -
 calibrates with both backends (force, no cache) and saves the calibrations (uuid hashed) as
 h200-<uuid hash>-<backend>-waves-<phase>.npz. The distances are computed on CPU by bench_fingerprint.py.
 
-    python benchmarks/bench_fingerprint_gpu.py --device 0 --phase restart --out benchmarks/results/calibrations
+    python benchmarks/bench_fingerprint_gpu.py --device 0 --phase restart --out tests/data/calibrations
     python benchmarks/bench_fingerprint_gpu.py --device 0 --phase load --burn-s 120 --out ...
 """
 from __future__ import annotations

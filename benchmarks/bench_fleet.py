@@ -1,10 +1,12 @@
 """Fleets: calibrate_all() on the local GPUs, the fleet table of a torchrun job, and a 1,000-GPU job on paper.
 
-Three parts, one command each (results under benchmarks/results/, with the usual header):
+Three parts, one command each (results under benchmarks/results/fleet/, with the usual header; rows in
+benchmarks/results/fleet.jsonl):
 
-    python benchmarks/bench_fleet.py calibrate-all --out benchmarks/results/fleet_h200_calibrate_all_1gpu.json
-    torchrun --nproc_per_node=N benchmarks/bench_fleet.py gather --out benchmarks/results/fleet_h200_table_<N>gpu.json
-    python benchmarks/bench_fleet.py paper --out benchmarks/results/fleet_h200_cpu.json
+    python benchmarks/bench_fleet.py calibrate-all --out benchmarks/results/fleet/fleet_h200_calibrate_all_1gpu.json
+    torchrun --nproc_per_node=N benchmarks/bench_fleet.py gather \\
+        --out benchmarks/results/fleet/fleet_h200_table_<N>gpu.json
+    python benchmarks/bench_fleet.py paper --out benchmarks/results/fleet/fleet_h200_cpu.json
 
 calibrate-all (a GPU machine; every visible GPU): wall time of calibrating 1, 2, ... N GPUs, uncached, three
 ways side by side in one run: one after the other with calibrate() (what a user would write instead), and
@@ -35,11 +37,12 @@ import time
 from pathlib import Path
 
 import numpy as np
-from common import command_line, cpu_environment, quantiles, write_json, write_result
+from common import command_line, cpu_environment, quantile_rows, quantiles, row, write_json, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-MANIFEST = RESULTS / "fingerprints" / "manifest.csv"
+MANIFEST = ROOT / "tests" / "data" / "fingerprints" / "manifest.csv"
+TABLE = "fleet"
 # health.PEER_LIMITS are set on the sessions before this time and tested on the later ones (8 and 7 H200 boards)
 HELD_OUT_FROM = "2026-11-30T23"
 LIMIT_FACTOR = 3.0  # limit = this x the largest healthy deviation of the tuning sessions, rounded up to 0.5
@@ -100,8 +103,23 @@ def calibrate_all_part(args) -> dict:
     figures["fresh_process_s"] = {k: quantiles(v) | {"all": v} for k, v in figures["fresh_process_s"].items()}
     figures["decision"] = decide_mechanism(figures["wall_s"], figures["fresh_process_s"], counts)
     print(json.dumps(figures["decision"], indent=1))
-    write_result(args.out, figures, 0)
+    write_result(args.out, figures, 0, TABLE, table_rows(figures))
     return figures
+
+
+def table_rows(figures: dict) -> list:
+    """The rows of whichever part wrote the figures: calibrate-all's wall times (warm and in a new process) per
+    GPU count and way; gather's per-rank times; paper's fleet build times and peer limits."""
+    if "wall_s" in figures:
+        return quantile_rows(figures["wall_s"], "calibrate-all", "s") + quantile_rows(
+            figures["fresh_process_s"], "calibrate-all, new process", "s")
+    if "per_rank" in figures:
+        return [row(f"gather, {figures['world']} ranks, rank {r['rank']}", f"wall_{k}", "s", v)
+                for r in figures["per_rank"] for k, v in r["wall_s"].items()]
+    rows = [row(f"paper, {n} ranks", k.removesuffix("_s"), "s", b[k]) for n, b in figures["fleet_build"].items()
+            for k in ("pairwise_distances_s", "fleet_from_records_s")]
+    return rows + [row("paper", f"peer_limit_{metric}", "cycles" if "cycles" in metric else "ns", v["limit"])
+                   for metric, v in figures["peer_limits"].items()]
 
 
 FRESH = {"sequential": "[torch_l2topo.calibrate(i, use_cache=False) for i in range(torch.cuda.device_count())]",
@@ -174,9 +192,9 @@ def gather_part(args) -> dict | None:
     print(runs["cold"]["fleet"].summary())
     print(json.dumps(everyone, indent=1))
     if device is not None:
-        write_result(args.out, figures, device)
+        write_result(args.out, figures, device, TABLE, table_rows(figures))
     else:
-        write_json(args.out, figures, cpu_environment())
+        write_json(args.out, figures, cpu_environment(), TABLE, table_rows(figures))
     return figures
 
 
@@ -248,7 +266,7 @@ def paper_part(args) -> dict:
     figures["calibration_per_rank_s"] = recorded_calibration_times()
     figures["load_average_1_5_15"] = os.getloadavg()  # this machine is shared: timings above are under this load
     figures["openblas_num_threads"] = os.environ.get("OPENBLAS_NUM_THREADS")  # 1 on a 2-core machine (see docs)
-    write_json(args.out, figures, cpu_environment())
+    write_json(args.out, figures, cpu_environment(), TABLE, table_rows(figures))
     print(json.dumps({"peer_limits": limits, "bytes_per_rank": figures["bytes_per_rank"]}, indent=1))
     return figures
 
@@ -278,7 +296,7 @@ def recorded_calibration_times() -> dict:
     """Per-rank calibration times measured on H200s (bench_calibrate.py's results): cold waves (Triton and CUDA),
     the first Triton calibration of a process (JIT compile), a cached calibrate()."""
     out = {}
-    for path in sorted(RESULTS.glob("calibrate_h200_*.json")):
+    for path in sorted((RESULTS / "calibrate").glob("calibrate_h200_*.json")):
         f = json.loads(path.read_text())["figures"]
         out[path.stem] = {"cold_triton_waves_p50": f["cold_s"]["triton/waves"]["p50"],
                           "cold_cuda_waves_p50": f["cold_s"]["cuda/waves"]["p50"],

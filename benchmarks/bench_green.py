@@ -13,7 +13,7 @@
 Every result is checked against the run as is; makespan = CUDA-event time, median over --reps rounds in
 which every variant runs once (interleaved, so that clock and cache drift touch all variants alike).
 
-    python benchmarks/bench_green.py --device 0 --out benchmarks/results/green_h200.json
+    python benchmarks/bench_green.py --device 0 --out benchmarks/results/green/green_h200_<uuid>.json
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import contextlib
 import time
 
 import numpy as np
-from common import calibrated_device, gpu_parser, write_result
+from common import calibrated_device, gpu_parser, quantile_rows, row, write_result
 from placement_workloads import chase_plain_kernel, chase_workload
 
 import torch_l2topo
@@ -143,6 +143,16 @@ def bench_overhead(dev, topo) -> dict:
     return res
 
 
+TABLE = "green"
+
+
+def table_rows(figures: dict) -> list:
+    """Makespans (ms) per workload and variant (as is, on chosen SMs), and on_sms()'s host overhead."""
+    rows = [r for part in ("chase", "embedding_bag") for case, variants in figures[part].items()
+            if isinstance(variants, dict) for r in quantile_rows(variants, f"{part} {case}", "ms")]
+    return rows + [row("on_sms", "overhead", "us", figures["overhead"]["overhead_us"])]
+
+
 def main(argv=None) -> dict:
     args = gpu_parser(__doc__, reps=30).parse_args(argv)
     from torch_l2topo.placement.green_contexts import sm_groups
@@ -158,7 +168,7 @@ def main(argv=None) -> dict:
         figures[part] = fn(dev, topo, args.reps)
         write_result(args.out, figures, args.device)
     figures["overhead"] = bench_overhead(dev, topo)
-    write_result(args.out, figures, args.device)
+    write_result(args.out, figures, args.device, TABLE, table_rows(figures))
     return figures
 
 

@@ -23,7 +23,7 @@ import tempfile
 import time
 
 import numpy as np
-from common import quantiles, write_result
+from common import quantiles, row, write_result
 
 BACKENDS = ("triton", "cuda")
 VARIANTS = {"default": {}, "repeats5": {"repeats": 5}}
@@ -49,6 +49,20 @@ def pair_figures(maps: list[np.ndarray], wave: int) -> dict:
     return {"max_abs_diff": max(raw), "max_after_offset": max(after), "pairs": len(raw),
             "per_pair_max_after_offset": after, "wave_mean_abs_max": max(common), "within_wave_sd_mean":
             float(np.mean(within))}
+
+
+TABLE = "noise"
+
+
+def table_rows(figures: dict) -> list:
+    """Per backend/variant: cold calibration time, and how far calibrations of one GPU differ (largest
+    difference after a constant offset, between calibrations and against the serialized mode)."""
+    rows = []
+    for name, f in figures["results"].items():
+        rows += [row(name, "cold", "s", f["cold_s"]),
+                 row(name, "between_max_after_offset", "cycles", f["between_calibrations"]["max_after_offset"]),
+                 row(name, "vs_serialized_max_after_offset", "cycles", f["vs_serialized"]["max_after_offset"])]
+    return rows
 
 
 def main(argv=None) -> dict:
@@ -107,7 +121,7 @@ def main(argv=None) -> dict:
             "clock_ghz": [t.meta["trust"]["figures"]["clock_ghz_median"] for t in topos]}
     figures["serialized_backend_offset"] = compare_maps(serialized["cuda"].chain_cycles,
                                                         serialized["triton"].chain_cycles)
-    write_result(args.out, figures, dev)
+    write_result(args.out, figures, dev, TABLE, table_rows(figures))
     if args.raw:
         np.savez_compressed(args.raw, **raw)
     for name, f in figures["results"].items():

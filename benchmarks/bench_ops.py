@@ -25,7 +25,7 @@ depth 4-12, batch 1-1M; docs/ops_full_grid.md): its forests alone take minutes e
 runs in slices (--part K/N, one file each) within a device call's 10 minutes; the default grid (~3 min on an
 H200) keeps the target shape and one point per axis.
 
-    python benchmarks/bench_ops.py --out benchmarks/results/ops_h200.json [--grid full] [--only forest]
+    python benchmarks/bench_ops.py --out benchmarks/results/ops/ops_h200_<uuid>.json [--grid full] [--only forest]
     python benchmarks/bench_ops.py --grid full --only forest --part 2/6 --out FILE   # one slice of a long grid
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ import argparse
 import time
 
 import numpy as np
-from common import gpu_parser, quantiles, write_result
+from common import case_rows, gpu_parser, quantiles, write_result
 
 # embedding_bag rows: (table MB, dim, dtype, rows per bag, bags, mode)
 TARGET = (16, 64, "float32", 32, 65536, "sum")  # the issue's target: >= 2x torch
@@ -180,6 +180,28 @@ def summary(row: dict, ours: str, references: tuple, plain: str) -> dict:
                vs_reference=times[ours]["p50"] / times[best]["p50"] if best else None,
                vs_plain=times[ours]["p50"] / times[plain]["p50"], auto_chose="plain")
     return row
+
+
+TABLE = "ops"
+RATIOS = ("vs_reference", "vs_plain")
+
+
+def bag_case(row: dict) -> str:
+    """An embedding_bag row's case in the tables: its shape and timing."""
+    return (f"{row['table_mb']} MB x {row['dim']} {row['dtype']}, {row['batch']} bags of {row['bag']}, {row['mode']}, "
+            f"{row['timing']}")
+
+
+def forest_case(row: dict) -> str:
+    """A forest row's case in the tables: the forest, the batch and (where rows say) the timing."""
+    timing = f", {row['timing']}" if row.get("timing") else ""
+    return f"{row['model']} {row['trees']} x d{row['depth']}, batch {row['batch']}{timing}"
+
+
+def table_rows(figures: dict) -> list:
+    """Every row's times per call (ms) of each implementation, and its ratios."""
+    return (case_rows(figures.get("embedding_bag", []), bag_case, "ms", ratios=RATIOS)
+            + case_rows(figures.get("forest", []), forest_case, "ms", ratios=RATIOS))
 
 
 def _print(row: dict, label: str) -> None:
@@ -452,6 +474,7 @@ def main(argv=None) -> dict:
             figures[op] = fn(args.grid, args.reps, args.part)
             print(f"{op}: {time.perf_counter() - start:.0f} s", flush=True)
             write_result(args.out, figures, args.device)  # keep what is done if a later part fails
+    write_result(args.out, figures, args.device, TABLE, table_rows(figures))
     return figures
 
 

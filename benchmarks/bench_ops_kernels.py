@@ -18,12 +18,12 @@ eager fast path are set from).
 - forest_sum: forest_predict's in-kernel chunk sum at several widths (SUM_VALUES), the same forests and batches,
   in CUDA graphs: what forest_predict.SUM_VALUES is set from.
 
-    python benchmarks/bench_ops_kernels.py --out benchmarks/results/ops_kernels_h200.json
+    python benchmarks/bench_ops_kernels.py --out benchmarks/results/ops_kernels/ops_kernels_h200.json
 """
 from __future__ import annotations
 
 from bench_ops import GRAPH_CALLS, gpu_rounds, graphed
-from common import gpu_parser, write_result
+from common import case_rows, gpu_parser, quantile_rows, write_result
 
 SHAPES = {  # name: (table MB, dim, dtype, rows per bag, bags)
     "target_fp32": (16, 64, "float32", 32, 65536),
@@ -209,6 +209,19 @@ def forest_sum(reps: int) -> list:
 
 
 SECTIONS = {"host": host, "tiles": tiles, "forest_copies": forest_copies, "forest_sum": forest_sum}
+TABLE = "ops_kernels"
+
+
+def table_rows(figures: dict) -> list:
+    """host: ms per eager call; tiles, forest_copies, forest_sum: ms per CUDA graph of graph_calls calls."""
+    per_graph = f"ms/{figures['graph_calls']} calls"
+    rows = quantile_rows(figures.get("host", {}), "host, one bag of 32 rows", "ms")
+    for shape, t in figures.get("tiles", {}).items():
+        rows += quantile_rows(t["impl"], f"tiles {shape}", per_graph)
+    for section in ("forest_copies", "forest_sum"):
+        rows += case_rows(figures.get(section, []), lambda r, s=section: f"{s} {r['trees']} x d{r['depth']}, batch "
+                          f"{r['batch']}", per_graph, ratios=("per_partition_vs_one_copy", "far_vs_near_copies"))
+    return rows
 
 
 def main(argv=None) -> dict:
@@ -221,7 +234,7 @@ def main(argv=None) -> dict:
     figures = {"reps": args.reps, "graph_calls": GRAPH_CALLS}
     for name in args.only or SECTIONS:
         figures[name] = SECTIONS[name](args.reps)
-    write_result(args.out, figures, args.device)
+    write_result(args.out, figures, args.device, TABLE, table_rows(figures))
     return figures
 
 

@@ -6,7 +6,7 @@ calls served from the cache, how often two cold maps of one tensor agree, and th
 with reprobe() on a random sample of blocks (two SMs, one per partition, one at a time, 16 loads a block).
 Target on the H200: <= 5 ms cold for 32 MB, >= 99.9% agreement.
 
-    python benchmarks/bench_partition_map.py --device 0 --out benchmarks/results/partition_map_h200.json
+    python benchmarks/bench_partition_map.py --device 0 --out benchmarks/results/partition_map/partition_map_h200.json
 """
 from __future__ import annotations
 
@@ -14,10 +14,20 @@ import argparse
 import time
 
 import numpy as np
-from common import quantiles, write_result
+from common import quantiles, row, write_result
 
 SIZES_MB = (4, 32, 128)
 WARM_CALLS = 200  # cached calls are microseconds: many of them for a stable median
+TABLE = "partition_map"
+
+
+def table_rows(figures: dict) -> list:
+    """Per tensor size: cold, probe and warm times, and the agreement with the serialized reprobe."""
+    rows = [row("first call", "compile_and_setup", "s", figures["first_call_s"])]
+    for mb, f in figures["sizes"].items():
+        rows += [row(f"{mb} MB", k.removesuffix("_s"), "s", f[k]) for k in ("cold_s", "probe_s", "warm_s")]
+        rows += [row(f"{mb} MB", k, "fraction", f[k]) for k in ("reprobe_agreement", "undecided_fraction")]
+    return rows
 
 
 def main(argv=None) -> dict:
@@ -87,7 +97,7 @@ def main(argv=None) -> dict:
         }
         del t, m
         pm.clear_cache()
-    path = write_result(args.out, figures, args.device)
+    path = write_result(args.out, figures, args.device, TABLE, table_rows(figures))
     _print_table(figures)
     print(f"wrote {path}")
     return figures

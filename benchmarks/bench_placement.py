@@ -29,7 +29,7 @@ way out step by step, every item traced, the gather's floors).
 
     python benchmarks/bench_placement.py --only uniform --out benchmarks/results/diagnosis/placement_uniform_h200.json
 
-    python benchmarks/bench_placement.py --device 0 --out benchmarks/results/placement_h200.json
+    python benchmarks/bench_placement.py --device 0 --out benchmarks/results/placement/placement_h200.json
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ import itertools
 import time
 
 import numpy as np
-from common import calibrated_device, gpu_parser, quantiles, write_result
+from common import calibrated_device, case_rows, gpu_parser, quantiles, row, write_result
 from placement_workloads import (
     chase_kernel,
     chase_plain_kernel,
@@ -639,6 +639,27 @@ def bench_partition_map_sizes(dev) -> dict:
     return out
 
 
+TABLE = "placement"
+RATIOS = ("auto_vs_plain_kernel", "best_fixed_vs_plain_kernel", "uniform_equal_concurrency_vs_plain_kernel")
+
+
+def table_rows(figures: dict) -> list:
+    """Per workload and items per SM: each entry's ms per launch and the ratios to the hand plain kernel; the
+    @sm_aware launch overhead; a partition map's plan for a tensor size not seen before (the diagnosis parts,
+    diagnosis and uniform, stay in the JSON)."""
+    rows = []
+    for part in ("chase", "gather", "capped"):
+        rows += case_rows(figures.get(part, []), lambda r, p=part: f"{p}, {r['items_per_sm']:g} items per SM", "ms",
+                          measured="entries", ratios=RATIOS)
+    for policy, o in figures.get("overhead", {}).items():
+        rows += [row(f"@sm_aware launch, policy {policy}", k, "us", o[k])
+                 for k in ("eager_overhead_us", "graph_overhead_us")]
+    if "new_size_plan_ms" in figures.get("partition_map", {}):
+        rows.append(row("partition map, new size", "plan_median", "ms",
+                        figures["partition_map"]["new_size_plan_ms"]["median"]))
+    return rows
+
+
 PARTS = {"chase": bench_chase, "gather": bench_gather, "capped": bench_capped, "diagnosis": bench_diagnosis,
          "uniform": bench_uniform}
 
@@ -669,6 +690,7 @@ def main(argv=None) -> dict:
             figures[part] = bench_partition_map_sizes(dev)
         print(f"   {part}: {time.perf_counter() - t0:.1f} s", flush=True)
         write_result(args.out, figures, args.device)  # keep what is done if a later part fails
+    write_result(args.out, figures, args.device, TABLE, table_rows(figures))
     return figures
 
 

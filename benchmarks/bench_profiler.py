@@ -30,8 +30,8 @@
    another resolve a 2% difference only over hundreds of rounds): torch_l2topo.profile blocks of 100 cycles in
    which three of every four cycles are plain (no recording; the handler only exports to disk), each of our
    cycles plus the one after it against the two-cycle units of plain cycles on either side
-   (benchmarks/diag_profiler_components.py, part 1; that script also measures what a process doing the worker's
-   job costs a plain cycle). One drain holds up to nine of our cycles (profiler/spool.py, Held drains), so one
+   (benchmarks/profiler_cycles.py; diagnose/diag_profiler_components.py also measures what a process doing the
+   worker's job costs a plain cycle). One drain holds up to nine of our cycles (profiler/spool.py, Held drains), so one
    unit in nine pays it: the target is read on the mean difference, which counts it at its share (the median,
    reported too, leaves it out).
 3. Coverage: in the last enriched trace, every CTA of every instrumented launch appears once, on an SM of
@@ -39,11 +39,10 @@
 4. HolisticTraceAnalysis (where importable: carry its wheels, docs/profiler.md): the kernel breakdown of
    the enriched trace equals that of the plain trace of the same run.
 
-    python benchmarks/bench_profiler.py --device 0 --out benchmarks/results/profiler_h200.json
+    python benchmarks/bench_profiler.py --device 0 --out benchmarks/results/profiler/profiler_h200.json
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import tempfile
 import time
@@ -52,23 +51,18 @@ from pathlib import Path
 import numpy as np
 import torch
 from bench_placement import interleaved
-from common import bootstrap_ci90, calibrated_device, gpu_parser, quantiles, write_result
+from common import bootstrap_ci90, calibrated_device, gpu_parser, quantile_rows, quantiles, row, write_result
+from profiler_cycles import ACTIVE, CAPACITY, DIM, GRID, ROWS, model_step, ours_against_plain
 
-from torch_l2topo import layout
 from torch_l2topo.placement import recording
 from torch_l2topo.profiler import session
 from torch_l2topo.profiler.align import TICK_NS
-from torch_l2topo.profiler.demo import ptx_instructions, row_sums
+from torch_l2topo.profiler.demo import ptx_instructions
 from torch_l2topo.profiler.readback import launches
 from torch_l2topo.profiler.tracefile import load_trace, strip, write_trace
 from torch_l2topo.profiler.tracks import CTA_CATEGORY
 
-ROWS, DIM, GRID = 65_536, 64, 528
-ACTIVE = 5
-CAPACITY = 1 << 17  # records per cycle: 5 active steps of the example's 16,384-CTA gather fit
-ROOT = Path(__file__).resolve().parents[1]
 ADJACENT_CYCLES = 100  # per block of the adjacent-cycle comparison
-EXAMPLE = "examples/profile_model.py (@sm_aware gather + nn.Linear)"  # the model the figures are of
 VARIANTS = ("plain", "background", "concurrent", "inline")  # overhead(): plain torch.profiler, then ours
 
 
@@ -97,30 +91,6 @@ def compiled_out(dev, reps: int) -> dict:
             "record_off_over_plain": times["record_off"]["p50"] / times["plain_kernel"]["p50"],
             "record_on_over_plain": times["record_on"]["p50"] / times["plain_kernel"]["p50"],
             "grid": GRID, "rows": ROWS}
-
-
-def example_model(dev) -> tuple:
-    """(examples/profile_model.py's Model on `dev`, a batch of its row indices)."""
-    spec = importlib.util.spec_from_file_location("profile_model", ROOT / "examples" / "profile_model.py")
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
-    return example.Model(example.gather_op()).to(dev), torch.randint(0, example.N_ROWS, (example.BATCH,), device=dev)
-
-
-def model_step(dev):
-    """(the step to profile, which model it is): the example's if contract v2 has landed, else the demo one."""
-    if hasattr(layout, "PLACE_RECORD"):
-        model, idx = example_model(dev)
-        return (lambda: model(idx)), EXAMPLE
-    x = torch.randn(ROWS, DIM, device=dev)
-    proj = torch.nn.Linear(DIM, DIM).to(dev)
-    out = torch.empty(ROWS, device=dev)
-
-    def step():
-        row_sums(x, grid=GRID, out=out)
-        return proj(x)
-
-    return step, "demo model (row_sums + nn.Linear): placement contract v2 not merged, no @sm_aware gather yet"
 
 
 def _loop(step, make_profiler, cycles: int, gpu_ms: list, later_cycles: list, loop_cpu: list | None = None) -> tuple:
@@ -350,6 +320,35 @@ def hta_check(trace_path: Path, work: Path) -> dict:
     return {"breakdown_equal": same, "kernels": int(len(a[1]))}
 
 
+TABLE = "profiler"
+OVERHEAD_QUANTILES = {"cycle_wall_s": "s", "loop_s_per_cycle": "s", "exit_s": "s", "active_gpu_ms": "ms",
+                      "handler_s": "s"}
+
+
+def table_rows(figures: dict) -> list:
+    """Compiled out (ms per launch), the overhead against plain torch.profiler per variant (the loop per cycle,
+    the block's end, the GPU time of the active steps, the handler; the loop's overhead as a fraction of
+    plain's), the adjacent-cycle comparison (us per profiled cycle) and whether HTA read the trace alike."""
+    c = figures["compiled_out"]
+    rows = quantile_rows(c["ms"], "compiled out", "ms") + [row("compiled out", k, "x", c[k]) for k in (
+        "ptx_equal_to_plain_kernel", "record_off_over_plain", "record_on_over_plain")]
+    for key, case in (("overhead", "overhead"), ("overhead_larger_step", "overhead, larger step")):
+        o = figures.get(key)
+        if o:
+            for metric, unit in OVERHEAD_QUANTILES.items():
+                rows += [row(case, f"{metric.rsplit('_', 1)[0]} {variant}", unit, q)
+                         for variant, q in o.get(metric, {}).items()]
+            rows += [row(case, f"loop_overhead {v}", "fraction", x) for v, x in o["loop_overhead"].items()]
+    a = figures.get("overhead_adjacent_cycles")
+    if a:
+        rows += [row("adjacent cycles", "diff", "us", a["diff_us"]),
+                 row("adjacent cycles", "mean_diff_over_plain_cycle", "fraction",
+                     a.get("mean_diff_over_b_median", a["diff_over_b_median"]))]
+    if "breakdown_equal" in figures.get("hta", {}):
+        rows.append(row("hta", "breakdown_equal", "bool", figures["hta"]["breakdown_equal"]))
+    return rows
+
+
 def main(argv=None) -> dict:
     parser = gpu_parser(__doc__, reps=16)
     parser.add_argument("--cycles", type=int, default=8, help="profiling cycles per profiler block")
@@ -374,14 +373,12 @@ def main(argv=None) -> dict:
                                                             "cycle_overhead", "post_processing_s", "meets_target")},
           flush=True)
     if args.adjacent_blocks > 0:
-        from diag_profiler_components import ours_against_plain  # here: that module imports this one
-
         with torch.no_grad():
             adjacent = ours_against_plain(step, dev, work / "adjacent", args.adjacent_blocks, ADJACENT_CYCLES,
                                           ("ours",))
         figures["overhead_adjacent_cycles"] = {
             "what": "each torch_l2topo.profile cycle plus the cycle after it against the two-cycle units of plain "
-                    "cycles on either side, in the same blocks (benchmarks/diag_profiler_components.py, part 1): "
+                    "cycles on either side, in the same blocks (benchmarks/profiler_cycles.py): "
                     "the loop's drift cancels; diff_us per profiled cycle, (mean_)diff_over_b_median over one "
                     "plain cycle; the target is read on the mean, which counts a drain held for several cycles at "
                     "its share",
@@ -405,7 +402,7 @@ def main(argv=None) -> dict:
     if args.keep_trace:  # the last enriched trace, gzipped: HTA or the summary can be rerun on it elsewhere
         write_trace(load_trace(last), Path(args.keep_trace) / "profiler_h200_last_trace.json.gz")
     print("coverage:", figures["coverage"]["kernels"], "hta:", figures["hta"], flush=True)
-    path = write_result(args.out, figures, args.device)
+    path = write_result(args.out, figures, args.device, TABLE, table_rows(figures))
     print(f"wrote {path}")
     return figures
 

@@ -16,7 +16,7 @@ the same walk over the same rows, each checked against the host's expected end r
 Blocks and SMs are labelled by the calibration (partition_map homes, sm_labels partitions), so "its own
 partition" is near by measurement, not by assumption.
 
-    python benchmarks/bench_replication.py --device 0 --out benchmarks/results/replication_h200.json
+    python benchmarks/bench_replication.py --device 0 --out benchmarks/results/replication/replication_h200.json
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import numpy as np
 import triton
 import triton.language as tl
 from bench_placement import timed
-from common import calibrated_device, gpu_parser, write_result
+from common import calibrated_device, gpu_parser, quantile_rows, write_result
 
 from torch_l2topo.triton_kernels.protocol import chase, sm_id
 
@@ -175,11 +175,19 @@ def run(dev, topo, reps: int) -> dict:
     return figures
 
 
+TABLE = "replication"
+
+
+def table_rows(figures: dict) -> list:
+    """Per table size and CTAs per SM: each walk's ms (single buffer, replicated per partition)."""
+    return [r for case, walks in figures["walks"].items() for r in quantile_rows(walks, case, "ms")]
+
+
 def main(argv=None) -> dict:
     args = gpu_parser(__doc__, reps=15).parse_args(argv)
     dev, topo, calibration = calibrated_device(args.device, "replication")
     figures = {"calibration": calibration, "walks": run(dev, topo, args.reps)}
-    write_result(args.out, figures, args.device)
+    write_result(args.out, figures, args.device, TABLE, table_rows(figures))
     return figures
 
 

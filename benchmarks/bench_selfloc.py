@@ -8,7 +8,7 @@ against %smid, per level, writing the JSON of figures.
 
     python benchmarks/bench_selfloc.py record --device 0 --out /tmp/selfloc_gpu0.npz
     python benchmarks/bench_selfloc.py evaluate benchmarks/results/selfloc/*.npz \
-        --out benchmarks/results/selfloc_h200.json
+        --out benchmarks/results/selfloc/selfloc_h200.json
 """
 from __future__ import annotations
 
@@ -55,6 +55,18 @@ def record(device: int, out: str) -> None:
     print(f"recorded {out}")
 
 
+TABLE = "selfloc"
+
+
+def table_rows(figures: dict) -> list:
+    """Per recording and signature size: the accuracy (fraction) at each level per backend setting, and the
+    wall time of one launch."""
+    from common import row
+
+    return [row(f"{name}, {setting}", level, "ms" if level == "wall_ms_per_launch" else "fraction", v)
+            for name, f in figures.items() for setting, acc in f["accuracy"].items() for level, v in acc.items()]
+
+
 def evaluate(paths: list[str], out: str) -> dict:
     from common import cpu_environment, write_json
 
@@ -91,7 +103,7 @@ def evaluate(paths: list[str], out: str) -> dict:
                                        "finest_level": clf.finest_level, "signature_lines": k,
                                        "loads_per_signature": int(k * 10), "accuracy": by_setting,
                                        "runs": runs}
-    write_json(out, figures, cpu_environment())
+    write_json(out, figures, cpu_environment(), TABLE, table_rows(figures))
     for name, f in figures.items():
         print(name, f"units {f['units']} resolvable {f['resolvable']}")
         for setting, acc in f["accuracy"].items():

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from common import write_result
+from common import row, write_result
 
 MATMUL = """
 import sys, time, torch
@@ -116,6 +116,20 @@ def run_condition(dev, name, idle_map=None) -> tuple[dict, dict]:
     return out, arrays
 
 
+TABLE = "trust"
+
+
+def table_rows(figures: dict) -> list:
+    """Per condition: whether calibrate() trusted it (1) or refused (0), its wall time, and the unchecked
+    calibration's largest resident ratio (a chain load's latency over the line probe's L2 hits)."""
+    rows = []
+    for condition, f in figures.items():
+        rows += [row(condition, "trusted", "bool", f["outcome"] == "trusted"), row(condition, "wall", "s", f["wall_s"])]
+        if "figures" in f.get("unchecked", {}):
+            rows.append(row(condition, "resident_ratio_max", "x", f["unchecked"]["figures"]["resident_ratio_max"]))
+    return rows
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", type=int, default=0)
@@ -143,7 +157,7 @@ def main(argv=None) -> dict:
     arrays.update(a)
     figures["idle_after"], a = run_condition(dev, "idle2", idle_map)
     arrays.update(a)
-    write_result(args.out, figures, dev)
+    write_result(args.out, figures, dev, TABLE, table_rows(figures))
     os.makedirs(os.path.dirname(os.path.abspath(args.raw)), exist_ok=True)
     np.savez_compressed(args.raw, **arrays)
     return figures

@@ -9,7 +9,7 @@ than lost, after calibrate's own retries), each saved with the uuid replaced by 
 apart this session's GPUs are, and identifies each against the committed collection (one registry entry per
 device).
 
-merge (here, after copying the output back): copies the .npz files into benchmarks/results/fingerprints/ and
+merge (here, after copying the output back): copies the .npz files into tests/data/fingerprints/ and
 adds their rows to its manifest; rows already there (same file) are skipped, so merging twice is harmless.
 
     python benchmarks/collect_fingerprints.py collect --out $OUT/fingerprints [--machine A] [--rounds 2]
@@ -34,7 +34,7 @@ from common import command_line
 from torch_l2topo.identity.evaluation import read_manifest, write_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
-COLLECTION = ROOT / "benchmarks" / "results" / "fingerprints"
+COLLECTION = ROOT / "tests" / "data" / "fingerprints"
 MANIFEST = COLLECTION / "manifest.csv"
 BACKENDS = ("triton", "cuda")
 
@@ -149,7 +149,7 @@ def main(argv=None) -> None:
     c.add_argument("--machine", help="machine label (default: 'host-' + a hash of the host name)")
     c.add_argument("--rounds", type=int, default=2, help="calibrations per backend and GPU (within-session pairs)")
     c.add_argument("--mode", default="waves", help="calibration mode (waves: the default calibrate() mode)")
-    m = sub.add_parser("merge", help="merge a collect output directory into benchmarks/results/fingerprints/")
+    m = sub.add_parser("merge", help="merge a collect output directory into tests/data/fingerprints/")
     m.add_argument("src", type=Path)
     args = p.parse_args(argv)
     if args.command == "collect":

@@ -1,7 +1,9 @@
-"""What every benchmark records with its figures: device, versions, clocks, date, and its own command.
+"""What every benchmark records with its figures: device, versions, clocks, date, commit and its own command.
 
-Results are JSON files under benchmarks/results/, one object per run: {"env": ..., "command": ...,
-"figures": ...}, so results from different days and GPUs can be compared.
+A run writes its full result as one JSON object, {"command", "commit", "env", "figures"}, where --out says, and
+appends its key figures as tidy rows to its benchmark's table, benchmarks/results/<benchmark>.jsonl (append_rows:
+one JSON object per line, ROW_FIELDS), so results from different days and GPUs can be compared row by row.
+benchmarks/results/README.md says how to read the tables.
 """
 from __future__ import annotations
 
@@ -20,6 +22,11 @@ import numpy as np
 
 from torch_l2topo.files import json_default
 from torch_l2topo.measure.timing import Measurement
+
+RESULTS = Path(__file__).resolve().parent / "results"
+# Every row of a table has these fields, and either QUANTILES (a spread; "n" optional) or "value" (a scalar)
+ROW_FIELDS = ("benchmark", "case", "metric", "unit", "gpu", "device_hash", "commit", "date", "command")
+QUANTILES = ("p20", "p50", "p80")
 
 
 def environment(device_index: int = 0) -> dict:
@@ -127,15 +134,120 @@ def calibrated_device(index: int, name: str):
     return dev, topo, {"uuid_hash": topo.meta["uuid_hash"], "trust": topo.meta.get("trust", {}).get("trusted")}
 
 
-def write_result(path, figures: dict, device_index: int = 0) -> Path:
-    """A GPU benchmark's result file: figures with the GPU's environment and the command."""
-    return write_json(path, figures, environment(device_index))
+def git_commit() -> str | None:
+    """The short hash of the checkout's HEAD, or None outside a git checkout (a copy of the tree)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=Path(__file__).parent,
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    return out.stdout.strip() or None
 
 
-def write_json(path, figures: dict, env: dict) -> Path:
+def write_result(path, figures: dict, device_index: int = 0, benchmark: str | None = None,
+                 rows: list | None = None) -> Path:
+    """A GPU benchmark's result file: figures with the GPU's environment and the command; with `rows`, those
+    rows are appended to the benchmark's table as well (append_rows)."""
+    return write_json(path, figures, environment(device_index), benchmark, rows)
+
+
+def write_json(path, figures: dict, env: dict, benchmark: str | None = None, rows: list | None = None) -> Path:
+    """The result file {"command", "commit", "env", "figures"} at path; with `rows`, the rows appended to
+    the table of `benchmark` with that header."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"command": command_line(), "env": env, "figures": figures}
+    doc = {"command": command_line(), "commit": git_commit(), "env": env, "figures": figures}
     path.write_text(json.dumps(doc, indent=1, default=json_default) + "\n")
+    if rows is not None:
+        append_rows(benchmark, rows, env, doc["command"], doc["commit"])
     return path
+
+
+def row(case: str, metric: str, unit: str, measured) -> dict:
+    """One row of a table, before append_rows adds the header: `measured` is a quantiles dict ({"p20", "p50",
+    "p80"[, "n"]}, as quantiles() gives) or one number (a scalar metric: a ratio, a count, a single time; a
+    bool becomes 1 or 0)."""
+    if isinstance(measured, dict):
+        return {"case": case, "metric": metric, "unit": unit, **{k: _plain(measured[k]) for k in (*QUANTILES, "n")
+                                                                if k in measured}}
+    return {"case": case, "metric": metric, "unit": unit, "value": _plain(measured)}
+
+
+def _plain(v):
+    """A Python number for a numpy scalar or a bool (JSON and the checks below see plain numbers)."""
+    v = v.item() if isinstance(v, np.generic) else v
+    return int(v) if isinstance(v, bool) else v
+
+
+def quantile_rows(tree, case: str, unit: str) -> list:
+    """A row (metric: its key) for each quantiles dict directly under `tree`; other entries are left out."""
+    return [row(case, str(k), unit, v) for k, v in tree.items() if isinstance(v, dict) and set(QUANTILES) <= set(v)]
+
+
+def case_rows(items, describe, unit: str, measured: str = "impl", ratios=()) -> list:
+    """Rows of a benchmark's list of cases (dicts): one per quantiles dict under item[measured] (metric: its key,
+    in `unit`) and one per key of `ratios` the item has (a ratio: unit "x"), all with case describe(item)."""
+    rows = []
+    for item in items:
+        case = describe(item)
+        rows += quantile_rows(item.get(measured, {}), case, unit)
+        rows += [row(case, k, "x", item[k]) for k in ratios if item.get(k) is not None]
+    return rows
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)
+
+
+def check_row(r: dict) -> None:
+    """ValueError naming what is wrong with a complete table row: a field missing, unknown or empty, quantiles
+    out of order, or both (or neither of) quantiles and a value."""
+    missing = [k for k in ROW_FIELDS if k not in r]
+    if missing:
+        raise ValueError(f"table row {r.get('case')!r}/{r.get('metric')!r} lacks {', '.join(missing)}")
+    unknown = set(r) - {*ROW_FIELDS, *QUANTILES, "n", "value"}
+    if unknown:
+        raise ValueError(f"table row {r['case']!r}/{r['metric']!r} has unknown fields {sorted(unknown)}")
+    for k in ("benchmark", "case", "metric", "unit", "gpu", "date", "command"):
+        if not isinstance(r[k], str) or not r[k]:
+            raise ValueError(f"table row {r['case']!r}/{r['metric']!r}: {k} must be a non-empty string, got {r[k]!r}")
+    spread = [k for k in QUANTILES if k in r]
+    if ("value" in r) == bool(spread) or spread not in ([], list(QUANTILES)):
+        raise ValueError(f"table row {r['case']!r}/{r['metric']!r} needs p20, p50 and p80, or a value (not both)")
+    numbers = [r[k] for k in spread] or [r["value"]]
+    if not all(map(_number, numbers)):
+        raise ValueError(f"table row {r['case']!r}/{r['metric']!r}: not finite numbers: {numbers}")
+    if spread and not r["p20"] <= r["p50"] <= r["p80"]:
+        raise ValueError(f"table row {r['case']!r}/{r['metric']!r}: p20 <= p50 <= p80 fails: {numbers}")
+
+
+def table_path(benchmark: str, table_dir=RESULTS) -> Path:
+    return Path(table_dir) / f"{benchmark}.jsonl"
+
+
+def append_rows(benchmark: str, rows: list, env: dict, command: str, commit: str | None = None,
+                table_dir=RESULTS) -> int:
+    """Append rows (row()'s) to the table benchmarks/results/<benchmark>.jsonl with the run's header: the GPU
+    model ("cpu" for a CPU-only run), its uuid hash, the commit, the date and the command. Rows already in the
+    table (the same case, metric, device, date and command: the same run tabulated twice) are skipped; nothing is
+    ever rewritten. Every row is checked before any is written. Returns the number of rows appended."""
+    if not isinstance(benchmark, str) or not benchmark.isidentifier():
+        raise ValueError(f"benchmark must name a table (letters, digits, _), got {benchmark!r}")
+    header = {"benchmark": benchmark, "gpu": env.get("gpu") or "cpu", "device_hash": env.get("uuid_hash"),
+              "commit": commit, "date": env.get("date"), "command": command}
+    full = [{**r, **header} for r in rows]
+    for r in full:
+        check_row(r)
+    path = table_path(benchmark, table_dir)
+    key = lambda r: (r["case"], r["metric"], r["device_hash"], r["date"], r["command"])  # noqa: E731
+    seen = {key(json.loads(line)) for line in path.read_text().splitlines()} if path.exists() else set()
+    new = [r for r in full if key(r) not in seen]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        for r in new:
+            f.write(json.dumps({k: r[k] for k in (*ROW_FIELDS, *QUANTILES, "n", "value") if k in r},
+                               default=json_default) + "\n")
+    return len(new)
 

@@ -4,8 +4,8 @@
     python benchmarks/fit_eager_rule.py [--impl "F.embedding_bag" | --impl "eager C++"] [--from RESULT.json ...]
 
 Reads an implementation's CUDA-graph times (p50) from bench_ops.py-format results (bench_ops.py for torch's op:
-the issue's full grid of 2026-12-01, results/ops_full/one_call_graphs/, whose graphs held one call each;
-bench_eager_kernel.py for the C++ kernel, results/eager_kernel_h200.json)
+the issue's full grid of 2026-12-01, tests/data/ops/full_one_call_graphs/, whose graphs held one call each;
+bench_eager_kernel.py for the C++ kernel, tests/data/eager_kernel/eager_kernel_h200.json)
 and fits, by non-negative least squares on relative error, microseconds as a sum of five terms:
 - per row of the mean bag: both walk a bag's rows in turn (torch's op one row at a time: one bag of 256 rows takes
   ~29 us however few bags there are; the C++ kernel four or sixteen at a time);
@@ -24,10 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
-RESULTS = Path(__file__).resolve().parent / "results"
+DATA = Path(__file__).resolve().parents[1] / "tests" / "data"  # the runs the fits are tested on too
 IMPLS = {  # implementation timed: (ops.eager_kernels' constant, the runs it is fitted to)
-    "F.embedding_bag": ("TORCH_OP_US", sorted((RESULTS / "ops_full" / "one_call_graphs").glob("*.json"))),
-    "eager C++": ("EAGER_KERNEL_US", [RESULTS / "eager_kernel_h200.json"]),
+    "F.embedding_bag": ("TORCH_OP_US", sorted((DATA / "ops" / "full_one_call_graphs").glob("*.json"))),
+    "eager C++": ("EAGER_KERNEL_US", [DATA / "eager_kernel" / "eager_kernel_h200.json"]),
 }
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 

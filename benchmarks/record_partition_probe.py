@@ -6,7 +6,7 @@ For tensors of --sizes MB: the map probe's raw timings (cycles per load, 2 timin
 and the serialized re-probe (the calibration's best pair, 16 loads, one SM at a time) of every block of
 the smallest tensor and of a sample of the others. Everything goes to one .npz.
 
-    python benchmarks/record_partition_probe.py --device 0 --out /tmp/partition_gpu0.npz
+    python benchmarks/record_partition_probe.py --device 0 --out /tmp/partition_gpu0.npz  # tests: tests/data/partition/
 """
 from __future__ import annotations
 

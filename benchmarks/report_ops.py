@@ -1,6 +1,6 @@
 """The ops' measured ratios as a Markdown table and one figure per op, from a bench_ops.py result (no GPU needed).
 
-    python benchmarks/report_ops.py --from benchmarks/results/ops_h200.json --figures docs/figures
+    python benchmarks/report_ops.py --from tests/data/ops/ops_h200.json --figures docs/figures
     python benchmarks/report_ops.py --from part1.json part2.json ...   # the slices of one grid (--part K/N)
 
 Prints the tables docs/ops.md shows (one row per shape and timing: ours in ms, the best reference and ours over

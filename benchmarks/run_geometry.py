@@ -1,8 +1,9 @@
 """The L2 geometry suite, recorded: every curve and derived number of `run_suite` as one result JSON
-(benchmarks/results/geometry_<gpu>_<uuidhash>.json, with the environment, the command and the run times) and
-the curves the CPU tests read back (benchmarks/results/geometry/<uuidhash>.npz).
+(benchmarks/results/geometry/geometry_<gpu>_<uuidhash>.json, with the environment, the command and the run
+times; its key numbers appended to benchmarks/results/geometry.jsonl) and the curves the CPU tests read back
+(tests/data/geometry/<name>.npz).
 
-    python benchmarks/run_geometry.py [--quick] [--device N] [--out-dir benchmarks/results]
+    python benchmarks/run_geometry.py [--quick] [--device N] [--out-dir DIR] [--curves-dir DIR]
     ncu -k regex:lanes_chase --metrics <counters> python benchmarks/run_geometry.py --ncu-target
 """
 from __future__ import annotations
@@ -15,10 +16,29 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import environment, write_json
+from common import environment, row, write_json
 
 from torch_l2topo.geometry.suite import contention_for_profiler, run_suite
 from torch_l2topo.geometry.summary import summary_lines
+
+ROOT = Path(__file__).resolve().parents[1]
+TABLE = "geometry"
+FOUND = {  # experiment: (number, unit) of what it found
+    "first_touch": (("granule_bytes", "bytes"), ("hit_cycles", "cycles"), ("miss_cycles", "cycles")),
+    "stride_sweep": (("line_bytes", "bytes"),),
+    "capacity": (("effective_capacity_bytes", "bytes"),),
+    "address_bits": (("partition_granularity_bytes", "bytes"), ("slice_classes", "count")),
+    "contention": (("one_saturates_at_k", "lanes"), ("spread_saturates_at_k", "lanes")),
+    "persisting": (("max_persisting_l2_bytes", "bytes"),),
+}
+
+
+def table_rows(result: dict) -> list:
+    """What each experiment found (where it found it), and each experiment's run time."""
+    e = result["experiments"]
+    rows = [row(name, key, unit, e[name][key]) for name, found in FOUND.items() for key, unit in found
+            if isinstance(e.get(name, {}).get(key), (int, float))]
+    return rows + [row(name, "elapsed", "s", x["elapsed_s"]) for name, x in e.items() if "elapsed_s" in x]
 
 
 def curves(result: dict) -> dict:
@@ -58,7 +78,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="the quick suite (<= 20 s) instead of the full one")
     ap.add_argument("--device", type=int, default=0, help="CUDA device index")
-    ap.add_argument("--out-dir", default=str(Path(__file__).resolve().parent / "results"))
+    ap.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results" / "geometry"), help="result JSON")
+    ap.add_argument("--curves-dir", default=str(ROOT / "tests" / "data" / "geometry"), help="curves the tests read")
     ap.add_argument("--ncu-target", action="store_true",
                     help="only the two contention launches, for `ncu -k regex:lanes_chase --metrics ...`")
     args = ap.parse_args(argv)
@@ -71,9 +92,9 @@ def main(argv=None) -> int:
     out = Path(args.out_dir)
     name = f"geometry{'_quick' if args.quick else ''}_h200_{env['uuid_hash']}" if "H200" in env["gpu"] else \
         f"geometry{'_quick' if args.quick else ''}_{env['uuid_hash']}"
-    path = write_json(out / f"{name}.json", result, env)
-    (out / "geometry").mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(out / "geometry" / f"{name}.npz", **curves(result))
+    path = write_json(out / f"{name}.json", result, env, TABLE, table_rows(result))
+    Path(args.curves_dir).mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(Path(args.curves_dir) / f"{name}.npz", **curves(result))
     print("\n".join(summary_lines(result)))
     print(f"wrote {path}")
     return 0

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU measurement behind benchmarks/results/, in one call on the device machine (one or two H200s).
 # Writes everything under $OUT/r and packs it as $OUT/r.tgz. Steps are independent: one failing does not
-# stop the others (each logs to $OUT/r/<step>.log).
+# stop the others (each logs to $OUT/r/<step>.log). Back here, the result files go to benchmarks/results/<benchmark>/
+# and `python benchmarks/tabulate_runs.py FILE...` appends their rows to the tables.
 #   bash benchmarks/run_h200_suite.sh [steps...]     steps: tests noise trust placement partition green replication
 #                                                    fingerprints sanitizer ops ops-full profiler
 # ops-full: the ops' full grid (docs/ops_full_grid.md) in slices, $OPS_FULL of them (default all ten:
@@ -37,7 +38,7 @@ for step in $steps; do
           python3 bench_ops_kernels.py --only forest_copies --reps 7 --out "$R/ops_forest_copies_h200.json" 2>&1 | tee "$R/copies.log" | tail -7
           python3 bench_ops.py --reps 9 --out "$R/ops_h200.json" 2>&1 | tee "$R/ops.log" | tail -40
           python3 bench_eager_kernel.py --out "$R/eager_kernel_h200.json" > "$R/eager_kernel.log" 2>&1; tail -1 "$R/eager_kernel.log"
-          python3 diag_eager_host.py --out "$R/eager_host_h200.json" > "$R/eager_host.log" 2>&1; tail -1 "$R/eager_host.log") ;;
+          python3 diagnose/diag_eager_host.py --out "$R/eager_host_h200.json" > "$R/eager_host.log" 2>&1; tail -1 "$R/eager_host.log") ;;
     ops-full) mkdir -p "$R/ops_full"
               for slice in $OPS_FULL; do
                 op=${slice%%:*} part=${slice#*:}; short=${op/embedding_bag/eb}; name="ops_full_h200_${short}_${part%%/*}"

@@ -25,8 +25,7 @@ constexpr int LONG_BAG = 32;
 // time in the same runs). With few bags half warps mostly cost (a bag's row is read in four 64-byte pieces instead of
 // two 128-byte ones): relative to torch's time, at <= 1,024 bags they took 0.84-1.38x a whole warp's (over 1.02x in 56
 // of 96 shapes), from 4,096 bags 0.51-1.03x (42 shapes; CUDA graphs of 20 calls, every grid shape of rows of 64
-// elements or fewer: benchmarks/results/diagnosis/eager_kernel_h200_half_warps_everywhere.json, where every such call
-// took half warps, against results/eager_kernel_h200_graph20.json).
+// elements or fewer, every such call on half warps, against whole warps).
 constexpr int NARROW_DIM = 16 * VEC;
 constexpr int64_t HALF_WARP_BAGS = 4096;
 

@@ -3,7 +3,7 @@ real H200 calibration behind the real calibrate() (its cache, key, lock and self
 
 install(patch, gpus, current) patches the device lookups of calibrate(), device.py (what placement's
 check_topology reads), gather.py and multi.py: device index i is gpus[i], a FakeGpu naming a recording under
-benchmarks/results/calibrations/ and a uuid (two indices with one uuid are one GPU seen twice). A FakeGpu may
+tests/data/calibrations/ and a uuid (two indices with one uuid are one GPU seen twice). A FakeGpu may
 be disturbed (every measurement's ring evicted, as under another process's matmuls: calibrate() raises
 CalibrationDisturbed) or slow (each measurement takes measure_s). Each measurement appends (index, start,
 end) to `log` when one is given, so tests can see which ran at the same time.
@@ -25,7 +25,7 @@ from torch_l2topo.topology import Topology
 
 @dataclass(frozen=True)
 class FakeGpu:
-    recording: str            # file stem under benchmarks/results/calibrations/
+    recording: str            # file stem under tests/data/calibrations/
     uuid: str
     disturbed: bool = False   # every measurement evicted: calibrate() refuses it after its attempts
     measure_s: float = 0.0    # how long one measurement takes

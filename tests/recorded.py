@@ -1,9 +1,9 @@
 """The recorded H200 calibrations behind the CPU tests, and which of them tuned which constant.
 
-benchmarks/results/calibrations/ holds real calibrations of four H200s (uuid hashes in the names), each
+tests/data/calibrations/ holds real calibrations of four H200s (uuid hashes in the names), each
 with both backends and several modes. Two of them tuned constants: localize.SEPARATION_IN_NOISE and
 fingerprint.DEFAULT_THRESHOLD (and hashed.DEFAULT_HASH_THRESHOLD) were chosen on TUNING_GPUS
-(benchmarks/bench_fingerprint.py, benchmarks/results/fingerprint_h200_cpu.json). Tests that check those
+(benchmarks/bench_fingerprint.py, benchmarks/results/fingerprint/fingerprint_h200_cpu.json). Tests that check those
 constants use TEST_GPUS only, so a constant that merely fits the data it was tuned on fails them.
 """
 from pathlib import Path
@@ -11,7 +11,7 @@ from pathlib import Path
 from torch_l2topo import Topology
 from torch_l2topo.identity.fingerprint import DeviceSignature
 
-CALIBRATIONS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "calibrations"
+CALIBRATIONS = Path(__file__).resolve().parent / "data" / "calibrations"
 TUNING_GPUS = ("d557bc", "f78934")
 TEST_GPUS = ("1e5731", "d00e55")
 
@@ -19,7 +19,7 @@ TEST_GPUS = ("1e5731", "d00e55")
 # on pairs inside TUNING_SESSIONS (benchmarks/bench_fingerprint.py keeps the same split); tests of the
 # decision use pairs with at least one calibration from another session.
 ROOT = Path(__file__).resolve().parents[1]
-COLLECTION_MANIFEST = ROOT / "benchmarks" / "results" / "fingerprints" / "manifest.csv"
+COLLECTION_MANIFEST = ROOT / "tests" / "data" / "fingerprints" / "manifest.csv"
 TUNING_SESSIONS = ("2026-11-30T05:37", "2026-11-30T21:34")
 
 

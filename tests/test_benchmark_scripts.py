@@ -1,7 +1,7 @@
-"""Every benchmark script still runs, on CPU: each command-line script answers `python benchmarks/X.py --help`
-with its usage and exit status 0 (so its imports, the package's names it uses included, resolve and its
-arguments parse), each helper module imports, and each shell script passes `bash -n`. The GPU runs themselves
-are the lead's (benchmarks/run_h200_suite.sh)."""
+"""Every benchmark script still runs, on CPU: each command-line script of benchmarks/ and benchmarks/diagnose/
+answers `python benchmarks/X.py --help` with its usage and exit status 0 (so its imports, the package's names it
+uses included, resolve and its arguments parse), each helper module imports, and each shell script passes
+`bash -n`. The GPU runs themselves are the lead's (benchmarks/run_h200_suite.sh)."""
 import json
 import os
 import subprocess
@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
-SCRIPTS = sorted(BENCH.glob("*.py"))
+SCRIPTS = sorted(BENCH.glob("*.py")) + sorted(BENCH.glob("diagnose/*.py"))
 SHELL = sorted(BENCH.glob("*.sh"))
 
 
@@ -40,16 +40,20 @@ def ran() -> dict:
     return {r["script"]: (r["status"], r["output"]) for r in rows}
 
 
+def test_script_names_are_unique():
+    assert len({p.name for p in SCRIPTS}) == len(SCRIPTS), "the runner reports scripts by file name"
+
+
 def test_there_are_scripts_of_both_kinds():
     assert sum(map(_is_entry_point, SCRIPTS)) >= 10 and not all(map(_is_entry_point, SCRIPTS)) and SHELL
 
 
-@pytest.mark.parametrize("name", [p.name for p in SCRIPTS])
-def test_every_benchmark_script_answers_help_or_imports(ran, name):
-    assert name in ran, f"{name} did not run"
-    rc, out = ran[name]
+@pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.relative_to(BENCH).as_posix())
+def test_every_benchmark_script_answers_help_or_imports(ran, path):
+    assert path.name in ran, f"{path.name} did not run"
+    rc, out = ran[path.name]
     assert rc == 0, out[-3000:]
-    if _is_entry_point(BENCH / name):
+    if _is_entry_point(path):
         assert out.startswith("usage:"), out[:500]
 
 

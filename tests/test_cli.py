@@ -12,7 +12,7 @@ import torch_l2topo
 from torch_l2topo.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-RECORDED_GEOMETRY = ROOT / "benchmarks" / "results" / "geometry_h200_a632ac7b8bef.json"
+RECORDED_GEOMETRY = ROOT / "tests" / "data" / "geometry" / "geometry_h200_a632ac7b8bef.json"
 
 
 def _one_line_error(capsys, *fragments) -> str:

@@ -48,7 +48,7 @@ def test_every_relative_link_resolves(page):
 def test_every_cited_file_exists(page):
     for path in [c for c in CODE.findall(_prose(page)) if CITED.match(c)]:
         if "<" in path:
-            continue  # a pattern such as results/noise_h200_<uuid>.json
+            continue  # a pattern such as results/noise/noise_h200_<uuid>.json
         assert list(ROOT.glob(path)) if "*" in path else (ROOT / path).exists(), f"{page.name} cites {path}"
 
 
@@ -83,7 +83,7 @@ def test_first_screen_has_purpose_commands_picture_and_five_measured_results():
     assert len(results) == 5
     for line in results:
         assert re.search(r"\d", line.split(":**", 1)[1]), f"no measured number: {line}"
-        cited = re.findall(r"\]\((benchmarks/results/[^)]+\.json)\)", line)
+        cited = re.findall(r"\]\(((?:benchmarks/results|tests/data)/[^)]+\.jsonl?)\)", line)
         assert cited and all((ROOT / c).exists() for c in cited), f"no result file cited: {line}"
 
 

@@ -46,7 +46,7 @@ def test_collect_then_merge_twice(two_gpus, tmp_path, monkeypatch, capsys):
         meta = Topology.load(out / r["file"]).meta
         assert meta["device"]["uuid"].startswith("sha256:") and meta["machine"] == "test-rig"
 
-    collection = tmp_path / "repo" / "benchmarks" / "results" / "fingerprints"
+    collection = tmp_path / "repo" / "tests" / "data" / "fingerprints"
     collection.mkdir(parents=True)
     monkeypatch.setattr(cf, "ROOT", tmp_path / "repo")
     monkeypatch.setattr(cf, "COLLECTION", collection)
@@ -54,7 +54,7 @@ def test_collect_then_merge_twice(two_gpus, tmp_path, monkeypatch, capsys):
     assert cf.merge(out) == 4
     assert cf.merge(out) == 0  # merging again adds nothing
     merged = read_manifest(collection / "manifest.csv")
-    assert len(merged) == 4 and all(r["file"].startswith("benchmarks/results/fingerprints/") for r in merged)
+    assert len(merged) == 4 and all(r["file"].startswith("tests/data/fingerprints/") for r in merged)
     from torch_l2topo.identity.evaluation import load_collection as load
 
     assert {r.uuid_hash for r in load(collection / "manifest.csv", tmp_path / "repo")} == {"0123456789ab",
@@ -62,5 +62,5 @@ def test_collect_then_merge_twice(two_gpus, tmp_path, monkeypatch, capsys):
 
 
 def test_committed_manifest_rows_are_unique():
-    rows = read_manifest(ROOT / "benchmarks" / "results" / "fingerprints" / "manifest.csv")
+    rows = read_manifest(ROOT / "tests" / "data" / "fingerprints" / "manifest.csv")
     assert len({(r["file"], r["member"]) for r in rows}) == len(rows) == len(load_collection())

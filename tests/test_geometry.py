@@ -1,5 +1,5 @@
 """The geometry detectors (torch_l2topo/geometry/detectors.py) on curves with planted answers, on flat and noisy curves
-(reported as not found), and on the curves recorded on H200s (benchmarks/results/geometry/*.npz)."""
+(reported as not found), and on the curves recorded on H200s (tests/data/geometry/*.npz)."""
 from pathlib import Path
 
 import numpy as np
@@ -7,7 +7,7 @@ import pytest
 
 from torch_l2topo.geometry import detectors as G
 
-RECORDED = sorted((Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "geometry").glob("*.npz"))
+RECORDED = sorted((Path(__file__).resolve().parent / "data" / "geometry").glob("*.npz"))
 MB = 1 << 20
 
 
@@ -197,7 +197,7 @@ def test_first_rise_planted_and_negatives():
 
 def test_the_recorded_curves_are_there():
     """The recorded tests below run on every file found: an empty folder must fail, not pass by running none."""
-    assert len(RECORDED) >= 2, "the full suite's H200 curves (benchmarks/results/geometry/*.npz) are missing"
+    assert len(RECORDED) >= 2, "the full suite's H200 curves (tests/data/geometry/*.npz) are missing"
 
 
 @pytest.mark.parametrize("path", RECORDED, ids=lambda p: p.stem)

@@ -9,7 +9,7 @@ import pytest
 from torch_l2topo.cli import main
 from torch_l2topo.geometry.figures import draw_geometry_figures, load_geometry
 
-RECORDED = sorted((Path(__file__).resolve().parents[1] / "benchmarks" / "results").glob("geometry_h200_*.json"))
+RECORDED = sorted((Path(__file__).resolve().parent / "data" / "geometry").glob("geometry_h200_*.json"))
 PNG = b"\x89PNG\r\n\x1a\n"
 
 

@@ -16,8 +16,7 @@ from torch_l2topo.geometry import chases, driver
 from torch_l2topo.geometry.summary import capacity_lines, summary_lines
 from torch_l2topo.measure import launch, probes
 
-RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
-RECORDED = sorted(RESULTS.glob("geometry_h200_*.json"))
+RECORDED = sorted((Path(__file__).resolve().parent / "data" / "geometry").glob("geometry_h200_*.json"))
 MB = 1 << 20
 
 
@@ -27,7 +26,7 @@ def _recorded(path):
 
 # ---- the summary --------------------------------------------------------------------------------------------
 def test_there_are_recorded_runs():
-    assert len(RECORDED) >= 2, "the full suite's H200 runs (benchmarks/results/geometry_h200_*.json) are missing"
+    assert len(RECORDED) >= 2, "the full suite's H200 runs (tests/data/geometry/geometry_h200_*.json) are missing"
 
 
 @pytest.mark.parametrize("path", RECORDED, ids=lambda p: p.stem)

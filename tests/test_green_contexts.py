@@ -1,6 +1,6 @@
 """CPU tests of green-context SM selection (torch_l2topo.placement.green_contexts): which groups choose_groups() takes,
 on synthetic groups with known answers and on the SM groups an H200 census recorded
-(benchmarks/results/green_h200.json) with the bundled H200 calibrations; bad arguments; and the fallback
+(tests/data/green/green_h200.json) with the bundled H200 calibrations; bad arguments; and the fallback
 where green contexts cannot be used (warn once, run normally)."""
 import json
 import sys
@@ -15,7 +15,7 @@ from torch_l2topo.bundled import list_examples, load_topology
 from torch_l2topo.placement import green_contexts as gc
 from torch_l2topo.placement.green_contexts import SmGroup, choose_groups
 
-RECORDED = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "green_h200.json"
+RECORDED = Path(__file__).resolve().parent / "data" / "green" / "green_h200.json"
 
 
 def _recorded_groups():

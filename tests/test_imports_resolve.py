@@ -27,7 +27,7 @@ OPTIONAL = {
     "hummingbird": "hummingbird-ml: the forest baseline of the ops benchmark",
     "hta": "holistictraceanalysis: the trace consumer the profiler is checked against",
 }
-SCRIPT_FOLDERS = ("tests", "benchmarks", "examples")
+SCRIPT_FOLDERS = ("tests", "benchmarks", "benchmarks/diagnose", "examples")
 SOURCES = sorted([*(ROOT / PACKAGE).rglob("*.py"),
                   *(p for folder in (*KERNEL_FOLDERS, *SCRIPT_FOLDERS) for p in (ROOT / folder).glob("*.py"))])
 
@@ -82,9 +82,9 @@ def top_level_names(path: Path) -> set:
 
 
 def script(name: str, importer: Path) -> Path | None:
-    """The file of script module `name` seen from `importer`: its own folder first, then the benchmarks
-    (tests put benchmarks/ on sys.path to test a benchmark's helpers)."""
-    for folder in (importer.parent, ROOT / "benchmarks"):
+    """The file of script module `name` seen from `importer`: its own folder first, then the benchmarks and the
+    diagnoses (tests put those folders on sys.path to test a benchmark's helpers)."""
+    for folder in (importer.parent, ROOT / "benchmarks", ROOT / "benchmarks" / "diagnose"):
         if (folder / f"{name}.py").is_file():
             return folder / f"{name}.py"
     return None

@@ -307,22 +307,22 @@ def test_compiles_with_fullgraph(table):
     torch.testing.assert_close(grad, weight.grad)
 
 
-RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
-HISTORY = RESULTS / "history"
+OPS_RUNS = Path(__file__).resolve().parent / "data" / "ops"
+EAGER_RUNS = Path(__file__).resolve().parent / "data" / "eager_kernel"
 TORCH, CPP = "F.embedding_bag", "eager C++"
 # H200 runs each estimate was not fitted to (the fits: the fp32 "sum" rows of fit_eager_rule.IMPLS' runs), as
 # (implementation, runs, rows kept); where the rule sends calls is tested on runs whose eager rows time all three calls
 HELD_OUT = {
     "torch's op, full grid, bf16 rows": (TORCH, fit_rule.IMPLS[TORCH][1], lambda row: row["dtype"] == "bfloat16"),
-    "torch's op, default grid, H200 87d6e450cf88": (TORCH, [HISTORY / "ops_h200_87d6e450cf88_one_call_graphs.json"],
+    "torch's op, default grid, H200 87d6e450cf88": (TORCH, [OPS_RUNS / "ops_h200_87d6e450cf88_one_call_graphs.json"],
                                                     None),
-    "torch's op, default grid, H200 2b3b032d25ac": (TORCH, [RESULTS / "ops_h200.json"], None),
+    "torch's op, default grid, H200 2b3b032d25ac": (TORCH, [OPS_RUNS / "ops_h200.json"], None),
     "torch's op, default grid, H200 f8be5465b3a1": (
-        TORCH, [HISTORY / "ops_h200_f8be5465b3a1_before_torch_op_rule.json"], None),
+        TORCH, [OPS_RUNS / "ops_h200_f8be5465b3a1_before_torch_op_rule.json"], None),
     "C++ kernel, bf16, mean and max rows": (
         CPP, fit_rule.IMPLS[CPP][1], lambda row: (row["dtype"], row["mode"]) != ("float32", "sum")),
-    "C++ kernel, another H200": (CPP, [RESULTS / "eager_kernel_h200_held_out.json"], None),
-    "C++ kernel, a third H200, graphs of 20 calls": (CPP, [RESULTS / "eager_kernel_h200_graph20.json"], None),
+    "C++ kernel, another H200": (CPP, [EAGER_RUNS / "eager_kernel_h200_held_out.json"], None),
+    "C++ kernel, a third H200, graphs of 20 calls": (CPP, [EAGER_RUNS / "eager_kernel_h200_graph20.json"], None),
 }
 
 
@@ -377,7 +377,7 @@ def test_the_cpp_kernels_line_beats_torchs_line_on_a_run_neither_was_fitted_to()
     # call, timed side by side): the rule's choices take less time in all, and lose less to torch's op at worst.
     # (Torch's line kept 65,536 bags of 2 and 4 rows on a Triton call of 74-78 us where the C++ call took 25-31.)
     chosen = {name: [] for name in ("C++ line", "torch's line")}
-    for eager, _, l2 in fit_rule.shape_rows([RESULTS / "eager_kernel_h200_held_out.json"]):
+    for eager, _, l2 in fit_rule.shape_rows([EAGER_RUNS / "eager_kernel_h200_held_out.json"]):
         times = eager["impl"]
         for name, terms in (("C++ line", eager_ext.EAGER_KERNEL_US), ("torch's line", eager_ext.TORCH_OP_US)):
             call = CPP if _estimate(terms, eager, l2) < bags.EAGER_BELOW_US else "plain"
@@ -391,7 +391,7 @@ def test_tables_beyond_the_l2_cost_torch_more_and_the_cpp_kernel_takes_their_cal
     # the fp32 calls an earlier fit of torch's time sent to torch's op although the Triton kernel ran them
     # 1.66-1.83x faster: 1,024 bags of 256 rows from 256 MB and 4 GB tables (76-80 us on the GPU for torch, 42-48 us
     # our whole call). Torch's estimate keeps them off torch's op; the C++ kernel's line takes them (34-35 us on the
-    # GPU: results/eager_kernel_h200.json).
+    # GPU: tests/data/eager_kernel/eager_kernel_h200.json).
     for table_mb in (256, 4096):
         call = (256 * 1024, 1024, 256, table_mb << 20)
         assert eager_ext.gpu_us(eager_ext.TORCH_OP_US, *call, 60 << 20) >= bags.EAGER_BELOW_US

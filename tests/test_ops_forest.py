@@ -343,7 +343,7 @@ def test_eager_calls_go_to_the_cpp_kernel_with_the_triton_launchs_split(monkeypa
     np.testing.assert_allclose(forest_predict(forest, x).numpy(), forest_predict(forest, x, policy="plain").numpy())
 
 
-EAGER_FOREST_RUNS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+EAGER_FOREST_RUNS = Path(__file__).resolve().parent / "data" / "eager_forest"
 
 
 def _eager_rows(name: str) -> list:

@@ -302,7 +302,7 @@ def test_real_h200_one_sm_per_block_misreads_some_blocks(h200):
 # Two more H200s recorded with the min-of-singles kernel (h200-<gpu>-raw-min.npz, the same keys).
 TUNING, HELD_OUT = "8ddca9f2a663", "a5cfa49431b7"
 MIN_KERNEL = ("c7c0b2d62f61", "cf95aeb6b69c")
-RECORDINGS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "partition"
+RECORDINGS = Path(__file__).resolve().parent / "data" / "partition"
 
 
 @pytest.fixture(scope="module")
@@ -662,7 +662,7 @@ def test_partition_map_timings_are_l2_hits():
 @pytest.mark.gpu
 def test_first_probe_of_a_fresh_tensor_is_as_good_as_the_second():
     """What the min-of-singles kernel is for: with 4-load means, ~1% of a fresh tensor's first-probe timings
-    were 30+ cycles slower than in a second probe (the recordings, benchmarks/results/partition/), and its
+    were 30+ cycles slower than in a second probe (the recordings, tests/data/partition/), and its
     map agreed with the re-probe on only ~98.6%. Each probe's map must now agree on >= 99.9%."""
     from torch_l2topo.measure.calibration import measuring
 

@@ -1,4 +1,4 @@
-"""The adjacent-cycle comparison of the profiler's benchmark (benchmarks/diag_profiler_components.py) on synthetic
+"""The adjacent-cycle comparison of the profiler's benchmark (benchmarks/profiler_cycles.py) on synthetic
 cycle times with a known answer: a profiled cycle that costs `own` in itself and leaves `deferred` to the next
 cycle (the records' drain) must read own + deferred, whatever the loop's slow drift; the design it replaced
 (each cycle against its two plain neighbours) reads own - deferred there, which is why it was replaced."""
@@ -8,8 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import diag_profiler_components as design  # noqa: E402
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path[:0] = [str(BENCH), str(BENCH / "diagnose")]
+import diag_profiler_components as components  # noqa: E402
+import profiler_cycles as design  # noqa: E402
 
 
 def _block(kinds, n, own, deferred, rng, drift=0.3):
@@ -39,7 +41,7 @@ def test_unit_pairs_read_the_cost_a_cycle_leaves_to_the_next_too(own_us, deferre
             pairs[kind] += got
     for kind, expected in (("ours", own_us + deferred_us), ("other", 0.0)):
         a, b = np.array(pairs[kind]).T
-        got = design._compared(a, b, cycles_per_unit=2)
+        got = design.compare(a, b, cycles_per_unit=2)
         assert got["pairs"] == len(pairs[kind]) >= 12 * 11
         assert abs(got["diff_us"]["p50"] - expected) < 15, (kind, got["diff_us"])
         lo, hi = got["diff_us"]["p50_ci90"]
@@ -68,18 +70,19 @@ def test_unit_pairs_leave_out_the_first_cycles_and_need_plain_cycles_around():
 
 
 def test_time_calls_times_each_call_it_wraps_and_still_makes_it(monkeypatch):
-    """--time-calls: every wrapped call still runs (its result comes back) and leaves one host time (s)."""
-    for owner, name in design.TIMED_CALLS:
+    """diag_profiler_components --time-calls: every wrapped call still runs (its result comes back) and leaves one
+    host time (s)."""
+    for owner, name in components.TIMED_CALLS:
         monkeypatch.setattr(owner, name, getattr(owner, name))  # restored after the test
     seen = []
-    real_flush = design.spool.RecordSpool.flush
-    monkeypatch.setattr(design.spool.RecordSpool, "flush", lambda self: seen.append("flush") or real_flush(self))
+    real_flush = components.spool.RecordSpool.flush
+    monkeypatch.setattr(components.spool.RecordSpool, "flush", lambda self: seen.append("flush") or real_flush(self))
     import gc
 
     callbacks = list(gc.callbacks)
-    times = design.time_calls()
+    times = components.time_calls()
     gc.callbacks[:] = callbacks  # no collection of later tests is timed into this test's buckets
-    spool = design.spool.RecordSpool()
+    spool = components.spool.RecordSpool()
     spool.flush()
     spool.flush()
     assert seen == ["flush", "flush"] and len(times["RecordSpool.flush"]) == 2

@@ -87,7 +87,7 @@ def _same_breakdown(plain, rich):
             b.sort_values(list(b.columns)).reset_index(drop=True))
 
 
-BIG_TRACE = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "profiler" / \
+BIG_TRACE = Path(__file__).resolve().parent / "data" / "profiler" / \
     "profiler_h200_75a660730c29_trace.json.gz"
 
 

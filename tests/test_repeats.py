@@ -16,7 +16,7 @@ from torch_l2topo.measure.repeats import (
     fit_fixed_ns,
 )
 
-RECORDED = sorted((Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "noise").glob("*.npz"))
+RECORDED = sorted((Path(__file__).resolve().parent / "data" / "noise").glob("*.npz"))
 
 
 def planted(steps, n_rep=3, n_sm=132, wave=16, seed=0):

@@ -182,7 +182,7 @@ def test_report_with_a_recorded_geometry_run_adds_its_section_and_figures(tmp_pa
 
     from torch_l2topo.cli import main
 
-    recorded = sorted((Path(__file__).resolve().parents[1] / "benchmarks" / "results").glob("geometry_h200_*.json"))
+    recorded = sorted((Path(__file__).resolve().parent / "data" / "geometry").glob("geometry_h200_*.json"))
     assert recorded, "no recorded geometry run"
     assert main(["report", "--geometry", str(recorded[0]), "-o", str(tmp_path)]) == 0
     text = (tmp_path / "report.md").read_text()

@@ -133,7 +133,7 @@ def test_attempts_must_be_positive(gpu, cache_dir):
 
 
 # ---- recorded H200 runs (benchmarks/bench_trust.py): test data only, the thresholds predate them ------
-RECORDED = sorted((Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "trust").glob("*.npz"))
+RECORDED = sorted((Path(__file__).resolve().parent / "data" / "trust").glob("*.npz"))
 
 
 @pytest.mark.skipif(not RECORDED, reason="no recorded runs")

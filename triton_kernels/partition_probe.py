@@ -10,7 +10,7 @@ line. Scalar work per program: launch with num_warps=1.
 partition_probe_kernel (the map): all SMs at once (wave = n_sm), each pair of SMs over its own contiguous range.
 Every block is timed twice, by the two SMs of a pair (one near each partition): their difference decides the
 home (partition_decision.py says why one SM's latency alone does not). Each timing is the FASTEST of N_TIMED
-single loads, each between two clock reads. Why: on two H200s (benchmarks/results/partition/*-raw.npz),
+single loads, each between two clock reads. Why: on two H200s (benchmarks/record_partition_probe.py),
 ~1% of the former 4-load timings of a tensor's first probe came out 8-46 cycles per load slower than in a
 second probe (a few up to 285), never faster; the second probe had none. Read as one load of the four
 delayed by up to ~190 cycles (4 x 46), it flips the pair's difference, and the minimum drops it (a delay

@@ -355,8 +355,7 @@ def _count_out(plan_ptr, state_ptr, n_slots):
     before it (release) and this program's resets after it (acquire). The program that sees grid - 1 is
     therefore the last to touch the cursors in this launch, and the next launch starts after this one ends in
     stream order. (Counting in 16 shards first, so that 4,224 programs ending together do not all count on one
-    address, measured no faster on the H200:
-    benchmarks/results/diagnosis/placement_uniform_finish_shards_reverted_h200.json.)"""
+    address, measured no faster on the H200.)"""
     finished = tl.atomic_add(state_ptr + STATE_FINISHED, tl.full((), 1, tl.int64), sem="acq_rel")
     if finished == tl.num_programs(0) - 1:
         slots = tl.arange(0, MAX_SLOTS)

@@ -81,7 +81,7 @@ def pairwise_distances(vectors, sm_count: int) -> np.ndarray:
 
     The same formula (per block: the difference minus its median, RMS over all entries), evaluated one row
     against all later rows at a time: at 1,000 GPUs (half a million pairs) a loop over distance() took an
-    estimated 99 s on a shared 2-core machine, this 5 s (benchmarks/results/fleet_h200_cpu.json).
+    estimated 99 s on a shared 2-core machine, this 5 s (benchmarks/bench_fleet.py paper).
     """
     v = np.asarray(vectors, dtype=np.float64)
     n = len(v)

@@ -6,7 +6,7 @@ words them):
 - Warn "untrusted": the map failed its self-checks and was returned anyway (calibrate(check=False)).
 - Warn "same GPU": ranks whose GPUs have one uuid (two ranks on one GPU: a missing torch.cuda.set_device).
   Not judged by the maps: different H200 boards can have matching fingerprints (3.6% of the held-out pairs of
-  different boards matched, benchmarks/results/fingerprint_h200_cpu.json), which in a fleet of hundreds would
+  different boards matched, benchmarks/bench_fingerprint.py), which in a fleet of hundreds would
   flag many distinct GPUs; the distances are in the table for the operator to read.
 - Warn "mixed models": the job runs on more than one GPU model (a job-wide finding, rank None).
 - Warn "map moved" / "clock moved": the rank's last calibration found its chain map or clock moved against the
@@ -16,7 +16,7 @@ words them):
   PEER_LIMITS.
 
 PEER_LIMITS were set on the recorded calibrations of the sessions before 2026-11-30T23:00 (8 H200s,
-benchmarks/results/fingerprints/): three times the largest deviation of a healthy GPU from the median of its
+the labelled fingerprint collection): three times the largest deviation of a healthy GPU from the median of its
 peer group, rounded up to 0.5. They were tested on the 7 other H200 boards of the later sessions, which pass them,
 and on planted deviations (tests/test_fleet.py); benchmarks/bench_fleet.py (`paper`) recomputes both.
 """
@@ -33,7 +33,7 @@ PASS, WARN, FAIL = "Pass", "Warn", "Fail"
 
 # metric -> (what it is, unit, limit): the largest healthy deviations on the tuning sessions were 0.80 cycles
 # (chain median), 0.84 (chain max - min), 0.66 (partition gap) and 0.33 ns (chain median in ns); on the held-out
-# sessions 1.05, 1.06, 0.43 and 0.50 (benchmarks/results/fleet_h200_cpu.json, "peer_limits").
+# sessions 1.05, 1.06, 0.43 and 0.50 (benchmarks/bench_fleet.py paper, "peer_limits").
 PEER_LIMITS = {
     "chain_median_cycles": ("chain latency", "cycles", 2.5),
     "chain_spread_cycles": ("chain max - min over SMs", "cycles", 3.0),

@@ -4,7 +4,7 @@ Owns: reading a collection manifest (one row per calibration: file, hashed uuid 
 session, machine, backend, mode), the trust screen of each calibration, the ground truth of a pair (the
 board serial where both have one, else the uuid, and which was used), the fit of the decision band on a
 tuning part and its false match / false non-match / ambiguous rates, with 95% Clopper-Pearson intervals,
-on the held-out rest. benchmarks/bench_fingerprint.py runs it on benchmarks/results/fingerprints/; the
+on the held-out rest. benchmarks/bench_fingerprint.py runs it on the labelled collection; the
 tests run it with recorded.py's split.
 
 A manifest row may also name raw repeats inside a benchmark's .npz (`member`: the key prefix of

@@ -36,11 +36,11 @@ BLOCKS = ("chain", "side")
 FORMAT = "torch_l2topo/device-signature"
 
 # The decision band of decide(): threshold and factor from calibrate_threshold() on the tuning sessions of
-# the labelled collection benchmarks/results/fingerprints/ (2026-11-30: two H200s at 05:37 on one machine,
+# the labelled collection (2026-11-30: two H200s at 05:37 on one machine,
 # six calibrations each, and machine A's two H200s at 21:34, two each; trusted calibrations only, truth =
 # uuid since none of them has a serial). Within-device distances 0.007-0.263, between-device from 0.981:
 # threshold 0.508, band 0.263-0.981 (factor 1.93). Held out: every pair not wholly inside those sessions
-# (benchmarks/results/fingerprint_h200_cpu.json, "collection"; tests/test_fingerprint.py).
+# (benchmarks/bench_fingerprint.py, "collection"; tests/test_fingerprint.py).
 DEFAULT_THRESHOLD = 0.51
 AMBIGUITY_FACTOR = 1.93
 

@@ -20,7 +20,7 @@ from .rings import ChainPlan, line_offsets, ring_plan
 # How many SMs measure at once. "serialized": one SM at a time, the reference (2.3 s on an H200).
 # "waves": LINE_WORDS SMs at a time, each on its own ring (plans.py): within 0.05-0.11 cycles of serialized
 # per SM on the H200, in 0.23 s. "concurrent": all SMs at once (0.1 s); SMs sharing a ring can trail each
-# other, 0.17-0.28 cycles off serialized on a few SMs (benchmarks/results/calibrate_h200_*.json).
+# other, 0.17-0.28 cycles off serialized on a few SMs (benchmarks/bench_calibrate.py).
 MODES = ("waves", "serialized", "concurrent")
 DEFAULT_MODE = "waves"
 
@@ -40,7 +40,7 @@ class ProbeConfig:
     """What to measure. Defaults: 2 MiB ring (L2-resident on any cc >= 8.0 GPU), 512 consecutive lines.
 
     repeats=3 and the median: on one H200 a short disturbance shifted every SM of one wave by 0.6-1.1
-    cycles in one of two repeats (GPU d00e55, benchmarks/results/calibrate_h200_d00e55.json); the median of
+    cycles in one of two repeats (GPU d00e55, benchmarks/bench_calibrate.py); the median of
     three drops it. chain_settle: warm loads before the timed pass, for every SM but those of the very first
     wave, which warm with a whole pass: that pass brings every line of the ring buffer into L2 for all rings
     at once, so the others only need their chase to settle.

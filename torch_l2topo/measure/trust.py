@@ -16,9 +16,9 @@ Against the GPU's previous trusted calibration (the cache's), a moved clock or m
 driver or clock-setting change legitimately moves the map.
 
 Thresholds were set on the clean calibrations recorded before this check existed (40 calibrations of six
-H200s, benchmarks/results/calibrations/ and ../shared/evidence/: ratio 0.896-1.015, repeat range <= 1.16
+H200s: ratio 0.896-1.015, repeat range <= 1.16
 cycles, clock spread <= 0.43%) and tested on recordings of disturbed and clean runs
-(benchmarks/results/trust/, tests/test_trust.py). The repeats themselves are repeats.py's.
+(tests/test_trust.py). The repeats themselves are repeats.py's.
 """
 from __future__ import annotations
 

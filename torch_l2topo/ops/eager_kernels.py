@@ -3,16 +3,16 @@
 
 A small eager call costs what the host spends on it. On the H200 machines torch's own embedding_bag call took 11-19
 us, and our Triton kernels' lean launch alone 16 us of a 37-80 us call (binding its arguments, Triton's launcher,
-the output allocation and our Python around them: benchmarks/results/history/eager_host_h200_*.json);
+the output allocation and our Python around them);
 forest_predict's eager call at one sample took 47-76 us of host time for a few microseconds of GPU time. A pybind11
 function that allocates the output and launches a plain CUDA kernel takes 6-10 us, and our whole embedding_bag call
-through it 8-13 us (benchmarks/results/diagnosis/eager_host_h200.json).
+through it 8-13 us.
 
 Embedding bags: no Python in front of torch's call can be cheaper than none (the op's argument checks and its
 choice cost ~2 us, 10-17% of torch's call), so embedding_bag's small eager calls (embedding_bag.eager_launch) run
 the C++ kernel. On the full grid's shapes it takes, the module's call took 0.43-0.69x torch's eager call, and the
-kernel's GPU time 0.45-1.04x torch's (benchmarks/results/eager_kernel_h200.json); the op's whole call took
-0.74-0.78x torch's at the default grid's small shapes (benchmarks/results/ops_eb_eager_kernel_h200.json). Each
+kernel's GPU time 0.45-1.04x torch's; the op's whole call took
+0.74-0.78x torch's at the default grid's small shapes. Each
 launch comes with an estimate of its GPU time (`gpu_us` with TORCH_OP_US or EAGER_KERNEL_US), which embedding_bag's
 rule compares with the Triton kernel's host time: the C++ kernel took 0.29-0.69x torch's GPU time wherever torch's
 took 15 us or more on rows of 64 or more features, so once it is loaded it is given larger calls than torch's op was.
@@ -41,8 +41,8 @@ ENV_SWITCH = "TORCH_L2TOPO_EAGER_KERNELS"  # "0": never build (module doc)
 # GPU microseconds of each launch on the H200, as terms (benchmarks/fit_eager_rule.py, fitted to the fp32 "sum" rows
 # of its CUDA-graph times): per row of the mean bag, per MB read, per bag, per row read, per row read from a table
 # larger than the L2.
-TORCH_OP_US = (0.147, 0.291, 6.57e-4, 8.68e-6, 4.43e-5)     # torch's op: results/ops_full/one_call_graphs/
-EAGER_KERNEL_US = (0.0674, 0.0593, 2.74e-4, 3.72e-5, 2.32e-5)  # the C++ kernel: results/eager_kernel_h200.json
+TORCH_OP_US = (0.147, 0.291, 6.57e-4, 8.68e-6, 4.43e-5)     # torch's op (benchmarks/fit_eager_rule.py)
+EAGER_KERNEL_US = (0.0674, 0.0593, 2.74e-4, 3.72e-5, 2.32e-5)  # the C++ kernel (the same fit)
 
 
 def gpu_us(terms: tuple, rows: int, bags: int, row_bytes: int, table_bytes: int, l2: int) -> float:

@@ -32,30 +32,28 @@ the dispatcher costs tens of microseconds per call); everything else goes throug
 
 Small eager calls run the C++ eager kernel (policy "auto" only; `eager_launch`; ops/eager_kernels.py). A call through
 the Triton kernel spends 37-80 us on the host of the H200 machines before its kernel runs (the whole call, arguments
-checked, output allocated, Triton's launcher: benchmarks/results/history/eager_host_h200_*.json), torch's own call
-11-19 us, and our whole call to the C++ eager kernel 8-13 us (benchmarks/results/diagnosis/eager_host_h200.json and
-history/eager_host_h200_cc3a6777064c_first_eager_kernel.json), so a call whose work takes less GPU time than
+checked, output allocated, Triton's launcher), torch's own call
+11-19 us, and our whole call to the C++ eager kernel 8-13 us, so a call whose work takes less GPU time than
 EAGER_BELOW_US is faster there when nothing else is queued, as in an eager loop of small steps. Such a call (1-D input
 with offsets, no per_sample_weights or padding_idx, no autograd, indices checked (the C++ kernel asserts on a bad
 index, as torch's op does, where the unchecked Triton kernel skips it), outside compilation and CUDA graph capture)
 goes to the device's eager launch: the C++ kernel once its background build is loaded, torch.embedding_bag (the
 function torch.nn.functional.embedding_bag ends in) until then or where it cannot be built. The GPU time is that
 launch's own, estimated by eager_kernels.gpu_us: non-negative least-squares fits (benchmarks/fit_eager_rule.py) to
-CUDA-graph times on an H200 in the fp32 rows of the issue's full grid (tables of 1 MB to 4 GB: torch's op in
-benchmarks/results/ops_full/one_call_graphs/, the C++ kernel in benchmarks/results/eager_kernel_h200.json), with a
+CUDA-graph times on an H200 in the fp32 rows of the issue's full grid (tables of 1 MB to 4 GB), with a
 term per row of the mean bag (torch's op walks a bag's rows in turn: one bag of 256 rows takes ~29 us) and a dearer
 row for tables larger than the L2 (1,024 bags of 256 fp32 rows took torch 76-80 us from 256 MB and 4 GB tables, 42-43
 us from 1 and 16 MB). The C++ kernel's line takes 65,536 bags of 2-8 rows from tables in the L2 and 1,024 bags of 256
 rows (20-47 us of GPU time, against the Triton call's 40-80 us) that torch's line left to the Triton kernel. The rule
 is tested (tests/test_ops_embedding_bag.py) against runs it was not fitted to: the bf16, "mean" and "max" rows of the
 same runs, three default-grid runs of torch's op on other H200s, and runs of the three eager calls side by side on two
-other H200s (benchmarks/results/eager_kernel_h200_held_out.json, _graph20.json). In the first the rule sent 112 of 142
+other H200s. In the first the rule sent 112 of 142
 shapes to the C++ kernel (0.40-0.61x torch's call) and every shape's call took at most 0.80x torch's (the second: the
 same 112, 0.42-0.78x); the line on torch's time (the rule before) kept four shapes on a Triton call of 1.03-1.73x
 torch's, and 65,536 bags of 2 and 4 rows took 1.03x and 1.11x torch on the Triton kernel in a default-grid run under
-it (history/ops_eb_h200_d9b9b33d275c_*). The price, near the line on a fast host: 65,536 bags of 8 bf16 rows took the
+it. The price, near the line on a fast host: 65,536 bags of 8 bf16 rows took the
 C++ call 46 us where the Triton call took 41. Torch's line (until the build loads) is not tested on the later full
-grid (results/ops_full/, H200 2b3b032d25ac), where it sends 65,536 one-row bags of the 4 GB fp32 table to torch's op
+grid (H200 2b3b032d25ac), where it sends 65,536 one-row bags of the 4 GB fp32 table to torch's op
 (45.1 us) although the Triton call took 42.5 us: an estimate of 51.6 us, at the line; in the run it was fitted to,
 that Triton call took 73. In a CUDA graph, or when the GPU is busy and host time is hidden, the Triton kernel is the
 faster one (2.0-3.1 us against torch's 5.2-7.1 us at 1-1,024 bags of 32 rows; 5-20 us against the C++ kernel's 19-47
@@ -85,7 +83,7 @@ NO_PADDING = -1
 # Bytes of one [ROWS, BLOCK_D] tile: 8 KB of rows in flight per program, whatever the row dtype (a tile counted
 # in elements held half as many bf16 bytes, and a 32-row bag of 256-byte bf16 rows then took two dependent
 # steps), on one warp: sixteen 16-byte loads in flight per thread and up to 32 programs per SM. Measured on the
-# H200 (benchmarks/results/ops_kernels_h200.json, the kernel alone in CUDA graphs): at 65,536 bags x 32 rows
+# H200 (benchmarks/bench_ops_kernels.py, the kernel alone in CUDA graphs): at 65,536 bags x 32 rows
 # x 64 fp32, 1 warp 0.061 ms, 2 warps 0.081, 4 warps 0.130 (torch 0.228); 128 bf16 rows from a 1 GB table,
 # 1 warp 0.132 ms, 4 warps 0.353 (torch 0.520).
 TILE_BYTES = 8192

@@ -25,12 +25,13 @@ each SM walks (its partition in the calibration). Leaf values stay one table. `h
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import numpy as np
 import torch
 
 from ..errors import check_choice
+from .forest_sources import TreeArrays, from_sklearn, from_xgboost_json
 
 LAYOUTS = ("bfs", "dfs", "blocks")
 TRANSFORMS = ("identity", "sigmoid", "sigmoid_pair", "softmax", "exp")
@@ -39,16 +40,6 @@ BLOCK_LEVELS = 3      # levels per block of the "blocks" layout: 7 nodes ...
 BLOCK_SLOTS = 8       # ... in 8 slots of 16 bytes: one 128-byte L2 line
 DEFAULT_LEFT = 1 << 31
 HOME_BLOCK_BYTES = 256  # partition_map's block: 16 records, so a layout's 128-byte lines stay whole
-
-
-class TreeArrays(NamedTuple):
-    """One tree, nodes numbered from the root 0: children -1 at leaves; `value` rows are read at leaves only."""
-    feature: np.ndarray        # int32
-    threshold: np.ndarray      # float32: go left when x[feature] <= threshold
-    default_left: np.ndarray   # bool: where NaN goes
-    left: np.ndarray           # int32, -1 at a leaf
-    right: np.ndarray          # int32, -1 at a leaf
-    value: np.ndarray          # (n_nodes, leaf_width)
 
 
 @dataclass(frozen=True)
@@ -126,16 +117,12 @@ class Forest:
     def from_sklearn(cls, model, *, layout: str = "bfs") -> Forest:
         """A fitted scikit-learn tree, random forest, extra-trees or gradient-boosting model (see
         forest_sources.from_sklearn for what is supported)."""
-        from .forest_sources import from_sklearn
-
-        return from_sklearn(model, layout=layout)
+        return cls.from_trees(**from_sklearn(model), layout=layout)
 
     @classmethod
     def from_xgboost_json(cls, path, *, layout: str = "bfs") -> Forest:
         """A gbtree model saved by xgboost (Booster.save_model("model.json")); xgboost itself is not needed."""
-        from .forest_sources import from_xgboost_json
-
-        return from_xgboost_json(path, layout=layout)
+        return cls.from_trees(**from_xgboost_json(path), layout=layout)
 
     def to(self, device) -> Forest:
         """This forest on `device`; on a GPU leaf values and base are float32 (what the kernel adds)."""

@@ -22,7 +22,7 @@ Triton kernel's eager call spends 46-130 us of host time on the H200 machines, a
 15-36 us, while below the line either kernel's GPU time is under the Triton call's host time. Larger calls, CUDA
 graph capture, torch.compile'd code and every other policy keep the Triton kernel, whose GPU time is the shorter
 (the C++ kernel's was 0.8-1.4x it in CUDA graphs at batches up to 1,024, 1.1-1.5x at 65,536 samples of 100-500
-trees: benchmarks/results/diagnosis/eager_forest_graphs_h200_*).
+trees).
 
 Work split on a GPU: items are (block of BLOCK_S samples, chunk of trees) pairs; with few sample blocks the trees
 are cut into chunks until there are about ITEMS_PER_SM items per SM (batch 1 on an H200: 132 x 8 items of a
@@ -54,12 +54,12 @@ MAX_BLOCK_S = 32       # samples per program; the rest of the lanes walk differe
 ITEMS_PER_SM = 8       # chunk the trees until the launch has this many items per SM (when samples are few)
 MAX_GPU_OUTPUTS = 64   # outputs (classes) the kernel accumulates in registers
 # Partial sums the last chunk of a block loads at once (chunks x samples x outputs). Wider was slower on the H200
-# (4,096: 16.3 against 11.6 us per call at 132 samples; benchmarks/results/diagnosis/ops_forest_sum_h200.json):
+# (4,096: 16.3 against 11.6 us per call at 132 samples; bench_ops_kernels.py --only forest_sum):
 # the sum's registers are the whole kernel's, and the walks lose occupancy to them.
 SUM_VALUES = 1024
 CPU_WALKS = 1 << 22    # (sample, tree) walks the CPU path holds at once (its index tensors: 32 MB each)
 # Eager calls of fewer walk steps (samples x trees x depth) run the C++ eager kernel (eager_forest). Set on the H200
-# (benchmarks/results/eager_forest_h200.json): at up to 9.8M steps every call took 0.24-0.37x the Triton kernel's
+# (benchmarks/bench_eager_forest.py): at up to 9.8M steps every call took 0.24-0.37x the Triton kernel's
 # eager call (its host time: 58-108 us there); from 39M steps on the Triton kernel's GPU time (108 us and up) is
 # about the same or the shorter, by up to 1.34x, and the host time is hidden behind it.
 EAGER_MAX_STEPS = 1 << 24

@@ -11,16 +11,17 @@ float32, and keeps the library's arithmetic so that the CPU path reproduces its 
   values already include the learning rate; the base margin is the objective's link of base_score; sums are
   float32 in tree order from the base margin, as xgboost's CPU predictor adds them.
 Neither library is imported to read an xgboost file; scikit-learn is needed only to have a model to convert.
+A loader returns Forest.from_trees' keyword arguments; Forest.from_sklearn and Forest.from_xgboost_json lay
+them out (this module is below forest.py: it defines TreeArrays and imports nothing of it).
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
-
-from .forest import Forest, TreeArrays
 
 # xgboost objectives by the link from margin to prediction (and the inverse link that turns base_score into
 # the base margin: xgboost's ObjFunction::ProbToMargin)
@@ -30,6 +31,16 @@ XGBOOST_LOGISTIC = ("binary:logistic", "reg:logistic")
 XGBOOST_EXP = ("count:poisson", "reg:gamma", "reg:tweedie")
 XGBOOST_MULTICLASS = ("multi:softprob", "multi:softmax")
 XGBOOST_OBJECTIVES = (*XGBOOST_IDENTITY, *XGBOOST_LOGISTIC, *XGBOOST_EXP, *XGBOOST_MULTICLASS)
+
+
+class TreeArrays(NamedTuple):
+    """One tree, nodes numbered from the root 0: children -1 at leaves; `value` rows are read at leaves only."""
+    feature: np.ndarray        # int32
+    threshold: np.ndarray      # float32: go left when x[feature] <= threshold
+    default_left: np.ndarray   # bool: where NaN goes
+    left: np.ndarray           # int32, -1 at a leaf
+    right: np.ndarray          # int32, -1 at a leaf
+    value: np.ndarray          # (n_nodes, leaf_width)
 
 
 def float32_at_most(t) -> np.ndarray:
@@ -59,16 +70,17 @@ def _class_fractions(tree, n_classes: int) -> np.ndarray:
     return proba / normalizer
 
 
-def from_sklearn(model, *, layout: str = "bfs") -> Forest:
-    """A fitted DecisionTree*, RandomForest*, ExtraTrees* or GradientBoosting* model (classifier or regressor).
-    forest_predict then returns what predict_proba (classifiers) or predict (regressors) returns."""
+def from_sklearn(model) -> dict:
+    """Forest.from_trees' arguments for a fitted DecisionTree*, RandomForest*, ExtraTrees* or GradientBoosting*
+    model (classifier or regressor). forest_predict then returns what predict_proba (classifiers) or predict
+    (regressors) returns."""
     kind = type(model).__name__
     if not hasattr(model, "estimators_") and not hasattr(model, "tree_"):
         raise TypeError(f"Forest.from_sklearn takes a fitted scikit-learn tree ensemble; got {kind} (not fitted, "
                         "or not a DecisionTree, RandomForest, ExtraTrees or GradientBoosting model)")
     n_features = int(model.n_features_in_)
     if kind.startswith("GradientBoosting"):
-        return _sklearn_boosting(model, n_features, layout)
+        return _sklearn_boosting(model, n_features)
     estimators = [model] if hasattr(model, "tree_") else list(model.estimators_)
     if not estimators or not hasattr(estimators[0], "tree_"):
         raise TypeError(f"Forest.from_sklearn: {kind} is not a tree ensemble scikit-learn's way (no tree_)")
@@ -84,11 +96,11 @@ def from_sklearn(model, *, layout: str = "bfs") -> Forest:
         n_outputs = int(model.n_outputs_)
         trees = [_sklearn_tree(e.tree_, np.array(e.tree_.value[:, :, 0], dtype=np.float64)) for e in estimators]
         meta = dict(squeeze=n_outputs == 1)
-    return Forest.from_trees(trees, np.zeros(len(trees)), np.zeros(n_outputs), n_features, layout=layout,
-                             divisor=float(len(trees)), **meta)
+    return dict(trees=trees, groups=np.zeros(len(trees)), base=np.zeros(n_outputs), n_features=n_features,
+                divisor=float(len(trees)), **meta)
 
 
-def _sklearn_boosting(model, n_features: int, layout: str) -> Forest:
+def _sklearn_boosting(model, n_features: int) -> dict:
     init = model.init_
     if not (init == "zero" or type(init).__name__ in ("DummyClassifier", "DummyRegressor")):
         raise ValueError("Forest.from_sklearn: gradient boosting with a custom init estimator is not supported "
@@ -107,7 +119,7 @@ def _sklearn_boosting(model, n_features: int, layout: str) -> Forest:
         meta = dict(transform="sigmoid_pair" if n_outputs == 1 else "softmax", classes=tuple(model.classes_.tolist()))
     else:
         meta = dict(squeeze=True)
-    return Forest.from_trees(trees, groups, base, n_features, layout=layout, **meta)
+    return dict(trees=trees, groups=groups, base=base, n_features=n_features, **meta)
 
 
 def _xgboost_floats(text) -> np.ndarray:
@@ -132,10 +144,10 @@ def _xgboost_tree(tree: dict) -> TreeArrays:
                       value=np.where(leaf, condition, np.float32(0))[:, None])
 
 
-def from_xgboost_json(path, *, layout: str = "bfs") -> Forest:
-    """A gbtree model file written by xgboost's Booster.save_model("....json"). forest_predict then returns
-    what Booster.predict returns (probabilities for binary:logistic and multi:softprob; for multi:softmax the
-    class probabilities, whose argmax is Booster.predict's label)."""
+def from_xgboost_json(path) -> dict:
+    """Forest.from_trees' arguments for a gbtree model file written by xgboost's Booster.save_model("....json").
+    forest_predict then returns what Booster.predict returns (probabilities for binary:logistic and
+    multi:softprob; for multi:softmax the class probabilities, whose argmax is Booster.predict's label)."""
     doc = json.loads(Path(path).read_text())
     try:
         learner = doc["learner"]
@@ -165,5 +177,5 @@ def from_xgboost_json(path, *, layout: str = "bfs") -> Forest:
     else:
         transform = "sigmoid" if objective in XGBOOST_LOGISTIC else "exp" if objective in XGBOOST_EXP else "identity"
         meta = dict(transform=transform, squeeze=True)
-    return Forest.from_trees(trees, model["tree_info"], base, int(params["num_feature"]), layout=layout,
-                             dtype=torch.float32, **meta)
+    return dict(trees=trees, groups=model["tree_info"], base=base, n_features=int(params["num_feature"]),
+                dtype=torch.float32, **meta)

@@ -4,7 +4,7 @@ Triton's launch (JITFunction.run, Triton 3.6 to 3.9) compares, on every call, ea
 and every helper it calls read with its value at compile time. Those globals are tl.constexpr values, and one
 comparison builds two constexpr objects: 1.7 us per global on a 2-core CI-class host, where the forest kernel's
 15 (most of them the placement helpers') took 26 us per launch. On the H200's host the embedding-bag kernel's
-launch alone took 25.5 us through kernel[grid] and 22.6 us here (benchmarks/results/ops_kernels_h200.json).
+launch alone took 25.5 us through kernel[grid] and 22.6 us here (benchmarks/bench_ops_kernels.py).
 The ops' kernels read only constants of torch_l2topo.layout and of their own modules, which never change while
 a program runs, so the ops launch through `lean(kernel)[grid](*args, **kwargs)`:
 

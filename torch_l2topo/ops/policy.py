@@ -7,7 +7,7 @@ loop on the placement helpers (plan_start / plan_next / plan_finish) with PLACE 
   during CUDA graph capture before a decision exists): a plain launch, one program per item;
 - another policy, in eager mode: through a placement.sm_aware.Placement of that policy kept per op (plans at
   fixed addresses, so a graph captured later replays them);
-- "auto": a plain launch. Measured on the H200 (benchmarks/results/ops_h200.json, 2026-12-01): with Placement's
+- "auto": a plain launch. Measured on the H200 (benchmarks/bench_ops.py, 2026-12-01): with Placement's
   own "auto" behind it, the only candidate besides plain for these ops is a persistent grid (no item classes:
   every bag and tree chunk reads data homed in both L2 partitions), its trials timed the host more than the
   kernel, and it settled on "weighted x1" for forests of 65,536 samples, 4.9-7.1x slower than plain.

@@ -4,7 +4,7 @@ measured on it (classify_blocks), and the per-plan data it needs besides the tim
 Why pairs: one SM's latency alone does not say a line's home. Within one partition the latency an SM sees
 spreads over ~30 cycles with the distance to the line's L2 slice, so near and far overlap: the best per-SM
 threshold misreads 1.8% of the lines of the bundled H200 calibration, and 1.7-2.0% of the blocks (up to 11%
-for one SM) in the map probe's recordings of two H200s (benchmarks/results/partition/). The difference d of
+for one SM) in the map probe's recordings of two H200s. The difference d of
 two SMs of opposite partitions cancels most of that spread: with pairs chosen on the calibration
 (partition_pairs.choose_pairs), every held-out calibration line is read right, with >= 17 cycles to spare, and
 the sign of d reads every recorded block as the serialized re-probe does (in a tensor's second probe; 98.9% in
@@ -23,7 +23,7 @@ import numpy as np
 
 from ..measure.probes import to_device
 
-# Every threshold below was set on GPU 8ddca9f2a663's recording (benchmarks/results/partition/, made by
+# Every threshold below was set on GPU 8ddca9f2a663's recording (made by
 # benchmarks/record_partition_probe.py) or on the negative fixtures of tests/test_partition_map.py; the
 # recording of GPU a5cfa49431b7 is held out to test them.
 # Spread (sd) of one block's pair difference d: the MAD of d(run 0) - d(run 1) over every block of

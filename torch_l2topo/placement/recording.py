@@ -410,8 +410,7 @@ def stop_recording() -> None:
 def set_profiling(on: bool) -> None:
     """Recording on while a profiler collects (on), or not (off): one flag, which profiler.profile sets when each
     cycle starts and clears when it stops, after set_up() once (at the cycle's edges on an H100 machine,
-    start_recording() took 9.9 us and stop_recording() 6.7 us: each Python line is slow there;
-    benchmarks/results/diagnosis/profiler_components_calls_held_h100.json)."""
+    start_recording() took 9.9 us and stop_recording() 6.7 us: each Python line is slow there)."""
     _switch.profiling = bool(on)
 
 

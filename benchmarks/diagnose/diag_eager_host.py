@@ -4,7 +4,7 @@ front of torch's op as before that kernel), and each piece of ours on its own, i
 microseconds of host time per call (2,000 calls back to back, after a warm-up), plus cProfiles of ours and of
 the kernel's eager path; and forest_predict on one sample, the same way.
 
-    python benchmarks/diag_eager_host.py --out benchmarks/results/diagnosis/eager_host_h200.json
+    python benchmarks/diagnose/diag_eager_host.py --out benchmarks/results/diagnosis/eager_host_h200.json
 """
 from __future__ import annotations
 
@@ -12,8 +12,11 @@ import cProfile
 import importlib
 import io
 import pstats
+import sys
 import time
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common
 from common import gpu_parser, write_result
 
 CALLS = 2000

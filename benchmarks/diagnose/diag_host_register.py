@@ -2,7 +2,7 @@
 memory that a second process maps): each kind of buffer is registered in a fresh process (a failed call leaves
 an error that the next CUDA call would report), and the result code printed.
 
-    python benchmarks/diag_host_register.py [--mib 4]
+    python benchmarks/diagnose/diag_host_register.py [--mib 4]
 """
 from __future__ import annotations
 

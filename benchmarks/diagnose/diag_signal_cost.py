@@ -10,7 +10,7 @@ the other ways to hand the child a go: a byte down a pipe it waits on, and the S
 thread of the parent. Also: what a busy child costs the parent's work when it is not stopped at all. And the
 machine's facts that bear on it: CPUs and affinity, cgroup CPU quota, clock source, timer resolution.
 
-    python benchmarks/diag_signal_cost.py --out benchmarks/results/diagnosis/signal_cost_h200.json
+    python benchmarks/diagnose/diag_signal_cost.py --out benchmarks/results/diagnosis/signal_cost_h200.json
 """
 from __future__ import annotations
 
@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common
 from common import command_line, write_json
 
 CHILD = r"""

@@ -11,16 +11,19 @@ the profiler tells one cycle's CTA records from the next by host time, torch_l2t
    events (align.py): the offset Kineto ns - %globaltimer ns, against minus the link to time.time_ns measured
    just before: their sum is how far Kineto's clock is from time.time_ns.
 
-    python benchmarks/diag_gpu_clock.py --device 0 --out benchmarks/results/diagnosis/gpu_clock_h100.json
+    python benchmarks/diagnose/diag_gpu_clock.py --device 0 --out benchmarks/results/diagnosis/gpu_clock_h100.json
 """
 from __future__ import annotations
 
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common
 from common import gpu_parser, quantiles, write_result
 
 from torch_l2topo.placement import recording

@@ -4,7 +4,7 @@ behind the tolerance of tests/test_ops_gpu.py::test_embedding_bag_gradients_matc
 per_sample_weights'), the table with the worst excess over the test's rtol (|ours - fp32| - 3e-2 |fp32|): that
 excess, that table's largest error and its largest reference value.
 
-    python benchmarks/diag_bag_grad_rounding.py
+    python benchmarks/diagnose/diag_bag_grad_rounding.py
 """
 import argparse
 import sys
@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from test_ops_gpu import N_ROWS, _bag_case  # noqa: E402
 
 from torch_l2topo.ops import embedding_bag  # noqa: E402

@@ -7,11 +7,11 @@ ms apart drift far less.
    plain (no recording; the handler only exports the trace to disk, as plain torch.profiler's on_trace_ready
    does) and the fourth takes turns among ours as it is and ours without one of its parts (KINDS). Each such
    cycle and the one after it (which runs what it deferred: its records' drain) are compared with the two-cycle
-   units of plain cycles just before and after (unit_pairs). Until 2026-12-02 08:20 each cycle was compared
-   alone with its plain neighbours, which charged the deferred drain to a plain neighbour and read the cost low
-   by twice the drain's (the results of that design say so). The worker's jobs wait for the block's end
-   (max_held; until 2026-12-06 it enriched beside every kind of cycle alike), so this leaves out what its work
-   costs the loop: that is part 2.
+   units of plain cycles just before and after (unit_pairs, in benchmarks/profiler_cycles.py). Until 2026-12-02
+   08:20 each cycle was compared alone with its plain neighbours, which charged the deferred drain to a plain
+   neighbour and read the cost low by twice the drain's (the results of that design say so). The worker's jobs
+   wait for the block's end (max_held; until 2026-12-06 it enriched beside every kind of cycle alike), so this
+   leaves out what its work costs the loop: that is part 2.
 2. The worker's concurrent work: plain torch.profiler blocks while a process doing the worker's job (enrich
    a recorded trace, write it, again and again; nice 19, SCHED_IDLE, as the worker) is continued at the start of
    one cycle and stopped at the start of the next, alternately (one signal every cycle in both kinds); or, with
@@ -25,7 +25,7 @@ first two cycles are left out (compilation, the first cycle's warmup recording).
 of each call the profiler makes to the spool and the recorders in the loop (TIMED_CALLS: us per call, quantiles,
 over every block, block 0 included, by the kind of the cycle each ran in; and the garbage collector's pauses).
 
-    python benchmarks/diag_profiler_components.py --device 0 \\
+    python benchmarks/diagnose/diag_profiler_components.py --device 0 \\
         --out benchmarks/results/diagnosis/profiler_components_h200.json
 """
 from __future__ import annotations
@@ -40,15 +40,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from bench_profiler import ACTIVE, CAPACITY, model_step
-from common import bootstrap_ci90, calibrated_device, gpu_parser, quantiles, time_each_call, write_result
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common and profiler_cycles
+from common import calibrated_device, gpu_parser, quantiles, time_each_call, write_result
+from profiler_cycles import ACTIVE, CAPACITY, KINDS, SKIP, compare, cycle_times, model_step, ours_against_plain
 
 from torch_l2topo.placement import recording
 from torch_l2topo.profiler import session, spool
-from torch_l2topo.profiler.spool import shared_spool
 from torch_l2topo.profiler.worker import _run_idle
 
-SKIP = 2  # cycles left out at each block's start
 SETTLE = 4  # cycles left out at each phase's start in part 2 with phases
 
 BURNER = r"""
@@ -68,167 +68,13 @@ while True:  # the worker's job (cycle.run), on the same trace, forever
 """
 
 
-def _cycles(step, prof, n: int, at_cycle_start=None) -> list:
-    """Wall seconds of each of n cycles (wait 1, warmup 1, ACTIVE active steps) of `prof`, already entered."""
-    stamps = []
-    for c in range(n):
-        if at_cycle_start is not None:
-            at_cycle_start(c)
-        stamps.append(time.perf_counter())
-        for _ in range(2 + ACTIVE):
-            step()
-            prof.step()
-    stamps.append(time.perf_counter())
-    return np.diff(stamps).tolist()
-
-
 def _paired(times: list, first_is_a: bool) -> dict:
     """Kind A against kind B over adjacent cycles (A on even cycles when first_is_a): quantiles by kind, and the
     median difference per pair (us) and ratio, with a bootstrap 90% interval of the median difference."""
     t = np.asarray(times)
     a, b = (t[0::2], t[1::2]) if first_is_a else (t[1::2], t[0::2])
     n = min(len(a), len(b))
-    return _compared(a[:n], b[:n])
-
-
-def _compared(a: np.ndarray, b: np.ndarray, cycles_per_unit: int = 1) -> dict:
-    """a against b, pair by pair (each a unit of cycles_per_unit cycles): quantiles, the median and the mean
-    difference (us) with bootstrap 90% intervals, and each over the median plain cycle (b / cycles_per_unit). The
-    mean counts a cost that only some units pay (a drain held for several cycles) at its share; the median leaves
-    it out."""
-    diff = (a - b) * 1e6
-    plain_us = np.median(b) / cycles_per_unit * 1e6
-    return {"a_s": quantiles(a), "b_s": quantiles(b), "pairs": len(diff), "cycles_per_unit": cycles_per_unit,
-            "diff_us": {**quantiles(diff), "p50_ci90": bootstrap_ci90(lambda p: np.median(diff[p], axis=1),
-                                                                     len(diff)),
-                        "mean": float(diff.mean()),
-                        "mean_ci90": bootstrap_ci90(lambda p: diff[p].mean(axis=1), len(diff))},
-            "diff_over_b_median": float(np.median(diff) / plain_us),
-            "mean_diff_over_b_median": float(diff.mean() / plain_us),
-            "ratio_of_medians": float(np.median(a) / np.median(b))}
-
-
-GROUP = 4  # a compared cycle, then three plain ones (unit_pairs)
-
-
-def kind_sequence(compared) -> list:
-    """The kinds of a block's cycles, repeating: each compared kind, then three plain cycles (unit_pairs)."""
-    return [k for kind in compared for k in (kind, *["plain"] * (GROUP - 1))]
-
-
-def unit_pairs(times, kinds: list, skip: int) -> dict:
-    """{kind: [(unit, control)]} from one block's cycle times (kinds: kind_sequence's, by cycle). A unit is a
-    compared cycle plus the one after it, so that what the compared cycle leaves to its next step (its deferred
-    drain) counts against it; its control is the mean of the two-cycle units of clean plain cycles just before
-    and just after it (each preceded by a plain cycle). Cycles before `skip` are left out."""
-    out = {}
-    for c in range(max(skip, 2), len(times) - 3):
-        kind = kinds[c % len(kinds)]
-        if kind != "plain":
-            control = (times[c - 2] + times[c - 1] + times[c + 2] + times[c + 3]) / 2
-            out.setdefault(kind, []).append((times[c] + times[c + 1], control))
-    return out
-
-
-# What a cycle of each kind does beyond plain torch.profiler's (plain: no recording, the handler only exports to
-# disk). Three of every four cycles are plain (kind_sequence); unit_pairs compares the others with them.
-KINDS = {
-    "ours": "torch_l2topo.profile as it is",
-    "ours_draining_every_cycle": "its records drained in its trace handler (with those of earlier cycles the drain "
-                                 "held), as before a drain held several cycles",
-    "ours_without_drain": "no records drained (the recorder marked clean by hand, so no later cycle resets it)",
-    "ours_without_hand_off": "the job is not handed to the worker (its export deleted, its slots released at once)",
-    "ours_without_recording": "nothing recorded; the (empty) drain, the export to shared memory and the hand-off",
-    "plain_with_a_cuda_op": "plain, plus one small CUDA operation (a one-word fill) after the export in its handler",
-}
-
-
-class _NoHandOff:
-    """Stands in for the worker: the job is dropped (export deleted) and reported done at once."""
-
-    def keeps_up(self, period_s) -> bool:
-        return False
-
-    def submit(self, job, on_done, max_pending=None, beside=False):
-        os.unlink(job.export)
-        on_done(job.path, None)
-
-
-class Alternating(session.profile):
-    """torch_l2topo.profile whose cycles take turns: kinds[c % len(kinds)] is cycle c's kind (KINDS, or "plain")."""
-
-    def __init__(self, plain_dir: Path, kinds: list, **options):
-        super().__init__(**options)
-        self.plain_dir, self.kinds, self.cycle = plain_dir, kinds, 0
-        self.word = torch.zeros(1, device="cuda")
-        self.on_trace_ready = self._handle
-
-    def _kind(self) -> str:
-        return self.kinds[self.cycle % len(self.kinds)]
-
-    def _handle(self, prof) -> None:
-        kind = self._kind()
-        if kind.startswith("plain"):
-            prof.export_chrome_trace(str(self.plain_dir / f"plain-{self.cycle % 4}.json"))
-            if kind == "plain_with_a_cuda_op":
-                self.word.fill_(1.0)
-        elif kind == "ours_without_drain":
-            self.handler._cuda = False  # records = {}
-            self.handler(prof)
-            self.handler._cuda = None
-            for r in recording.recorders().values():
-                r.dirty = False
-        elif kind == "ours_draining_every_cycle":
-            held, self.handler.held.per_drain = self.handler.held.per_drain, {}  # one cycle a drain
-            self.handler(prof)
-            self.handler.held.per_drain = held
-        elif kind == "ours_without_hand_off":
-            real, self.handler._worker = self.handler._worker, _NoHandOff()
-            self.handler(prof)
-            self.handler._worker = real
-        else:
-            self.handler(prof)
-        self.cycle += 1
-
-    def _start_recording(self) -> None:
-        if self._kind() in ("ours", "ours_draining_every_cycle", "ours_without_drain", "ours_without_hand_off"):
-            super()._start_recording()
-
-
-def ours_against_plain(step, dev, work: Path, blocks: int, cycles: int, compared=tuple(KINDS),
-                       capacity: int = CAPACITY, call_times=None) -> dict:
-    """Part 1 (module docstring) for the kinds `compared`: per kind, its two-cycle units against the plain ones
-    around them (unit_pairs), and how long each block's end waited for its traces."""
-    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    sched = torch.profiler.schedule(wait=1, warmup=1, active=ACTIVE, repeat=cycles)
-    (work / "plain").mkdir(parents=True, exist_ok=True)
-    kinds = kind_sequence(compared)
-    recorder = recording.recorder(dev.index, session.held_capacity(capacity), at_least=capacity)
-    per_drain = max(recorder.capacity // capacity, 1)  # our cycles a drain holds (spool.py, Held drains)
-    # no slot is page-locked in the loop: one for each drain of the block's jobs (held to its end), one more
-    shared_spool().reserve(dev.index, recorder.capacity, -(-(cycles // GROUP) // per_drain) + 1, recorder)
-    by_kind = {k: [] for k in compared}
-    exits = []
-    for b in range(blocks + 1):  # block 0 warms up (compilation, the worker's imports)
-        # every job held for the block's end: nothing of the worker's lands between cycles (part 2 measures what its
-        # work beside the steps costs), and none runs in the loop
-        prof = Alternating(work / "plain", kinds, path_or_dir=work / "ours", activities=acts, schedule=sched,
-                           devices=[dev.index], capacity=capacity, max_held=cycles, max_pending=cycles + 1)
-        torch.cuda.synchronize()
-        with prof:
-            t = _cycles(step, prof, cycles, None if call_times is None else
-                        lambda c: setattr(call_times, "kind", kinds[c % len(kinds)]))
-            t_end = time.perf_counter()
-        exits.append(time.perf_counter() - t_end)
-        if b:
-            for kind, pairs in unit_pairs(t, kinds, SKIP).items():
-                by_kind[kind] += pairs
-        print(f"ours against plain: block {b}/{blocks}", flush=True)
-    out = {"what": {k: KINDS[k] for k in compared}, "exit_s": quantiles(exits[1:])}
-    for kind, pairs in by_kind.items():
-        a, b = np.array(pairs).T
-        out[kind] = _compared(a, b, cycles_per_unit=2)
-    return out
+    return compare(a[:n], b[:n])
 
 
 def worker_running_against_stopped(step, work: Path, trace: Path, blocks: int, cycles: int, period: int) -> dict:
@@ -259,7 +105,7 @@ def worker_running_against_stopped(step, work: Path, trace: Path, blocks: int, c
         for b in range(blocks):
             torch.cuda.synchronize()
             with torch.profiler.profile(activities=acts, schedule=sched, on_trace_ready=export) as prof:
-                t = _cycles(step, prof, cycles, toggle)
+                t = cycle_times(step, prof, cycles, toggle)
             os.kill(burner.pid, signal.SIGSTOP)
             times += t[SKIP:]
             settle = min(SETTLE, period // 2)
@@ -273,7 +119,7 @@ def worker_running_against_stopped(step, work: Path, trace: Path, blocks: int, c
         return {**_paired(times, first_is_a=SKIP % 2 == 0), "a": "running", "b": "stopped", "period": 1}
     pairs = [(a, b) for a, b in zip(phases[0::2], phases[1::2])]
     a, b = np.array(pairs).T
-    return {**_compared(a, b), "a": "running (median cycle of a phase)", "b": "stopped (the next phase's)",
+    return {**compare(a, b), "a": "running (median cycle of a phase)", "b": "stopped (the next phase's)",
             "period": period, "settle_cycles": min(SETTLE, period // 2)}
 
 
