@@ -5,15 +5,11 @@
             model(batch)
             prof.step()
 
-writes one trace per active cycle that Perfetto and chrome://tracing open: the profiler's own events, the
-calibration as metadata, an "L2 map" process per GPU (one track per SM by partition and latency, latency
-counters), the CTAs of instrumented kernels on their SM's track, and per launch the figures a user acts on
-(busy time per SM, tail, imbalance, near share, the slowest decile, a placement estimate).
-docs/profiler.md is the guide. Modules: session (profile, trace_handler, merge_proton), spool (records handed to the
-worker), clock (the GPU's clock against the host's), worker, cycle, enrich (the post-processing), align, metrics,
-tracks, kineto, tracefile, smmap, proton_trace, readback, summary (trace-summary), timeline (the figure), demo (an
-instrumented kernel). The recorder itself is in torch_l2topo.placement.recording (placement reads the same records),
-its device helpers in triton_kernels/recorder.py and cuda_ext/recorder.cuh.
+writes one trace per active cycle (docs/profiler.md). Modules by role: the session (session: profile,
+trace_handler; cycle: one cycle's job; worker, lifecycle: the trace workers and what is left at exit; spool,
+clock, perprocess: the CTA records' hand-off), the trace format and its enrichment (tracefile, kineto, enrich,
+align, metrics, tracks, jsonrows, smmap, proton_trace, offline), reading it back (readback, summary, timeline),
+and demo (an instrumented kernel). The recorder is torch_l2topo.placement.recording.
 """
 from __future__ import annotations
 

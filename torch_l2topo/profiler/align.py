@@ -1,20 +1,14 @@
 """Put per-CTA records (device %globaltimer ns) on the trace's clock, CTA by CTA inside its own kernel event.
 
-The records and Kineto's kernel events come from the same GPU timer but with an unknown offset (Kineto shifts
-GPU times onto its own time base), so the offset is estimated from the data:
-1. the records of each kernel are split into launches (on one stream a launch's CTAs all end before the next
-   launch's start, so a gap in the union of their intervals separates launches), and every pairing of one of
-   the first launches with a kernel event of the same name proposes an offset (the one centring it in the
-   event); the offset that puts the most records inside events of their kernel wins;
-2. each record is assigned to the event of its kernel that contains its midpoint at that offset;
-3. the offset is refit on those assignments to maximize the smallest margin between any launch's CTAs and
-   its event's edges (a constant offset; where no constant offset fits every launch, an offset that drifts
-   linearly in time, |drift| <= MAX_DRIFT_PPM, fit as a small linear program), and the assignment is redone
-   until it no longer changes.
-Then every CTA is checked: its misalignment is how far it sticks out of its kernel event (0 inside). A
-correct alignment leaves every CTA inside, up to the timer's resolution (TICK_NS on Hopper). The offset is
-only known to within the smallest margin (slack_ns): CTAs start after their kernel's launch latency and end
-before its teardown, and the centred fit splits that difference.
+The records and Kineto's kernel events come from the same GPU timer with an unknown offset, estimated from the
+data (docs/profiler.md, How it works): the records of each kernel are split into launches (on one stream a
+launch's CTAs all end before the next one starts); pairings of early launches with kernel events of the same
+name propose offsets, and the one that puts the most records inside events of their kernel wins; each record
+goes to the event holding its midpoint; the offset is refit to maximize the smallest margin between any
+launch's CTAs and its event's edges (constant, or drifting linearly up to MAX_DRIFT_PPM: a small linear
+program), until the assignment no longer changes. Every CTA is then checked: its misalignment is how far it
+sticks out of its kernel event (a correct alignment leaves each inside, up to TICK_NS). The offset is known
+only to within the smallest margin (slack_ns).
 """
 from __future__ import annotations
 

@@ -1,49 +1,17 @@
-"""The CTA records of profiled cycles, handed from the training process to the trace worker without a copy on the
-host, and drained once for several cycles.
+"""The CTA records of profiled cycles, handed from the training process to the trace workers without a copy on
+the host, and drained once for several cycles (docs/profiler.md, How it works).
 
-Drained the plain way (recording.CtaRecorder.drain), a cycle's records cost the training loop a synchronous copy
-to pageable memory, numpy columns and a pickle of them to the worker, milliseconds for 65,536 CTAs,
-while 2% of the example model's profiled cycle is about 0.1 ms on the H200 (docs/profiler.md, Costs). Here the
-loop reads nothing back. A *drain* is one CUDA graph per GPU, which holds, in stream order:
-
-1. a copy of the recorder's whole buffer (header and every row it can hold) into a *slot*: a file in shared
-   memory (/dev/shm) that both processes map and that is page-locked for the GPU (cudaHostRegister), so the
-   copy engine writes it directly;
-2. one more on the GPU's drain counter, copied into the slot's first word (the flag);
-3. the recorder's reset (the next drain's records start at row 0).
-
-A copy starts only once the one before it has completed, so the flag lands after the rows: the same ordering
-that makes an event recorded after a copy safe to wait on. This process numbers the drains of each GPU as it
-takes them, so each job knows the number its slot's flag will hold; the worker (SpooledRecords.load) waits
-until the flag holds it, then reads the header's record count and the rows. The graph is captured once per slot
-(slots are reused) and replayed for each drain: one launch instead of four operations from Python.
-
-Held drains. Even one launch a cycle cost the example model's profiled cycle about 0.15-0.2 ms on the H100
-machines (the drain's host calls at the cycle's edge, where the profiler has just run; its bytes cost little:
-docs/profiler.md, Costs). So a drain may hold several cycles (take(..., cycles_per_drain)): each cycle's
-handler takes its share without a CUDA call, the recorder records on, and the drain is launched once it holds
-cycles_per_drain cycles, when a job that reads it leaves this process or runs here (launch_for, load), before
-the recorder is reset or drained (CtaRecorder.before_reset), or at flush(). Each cycle's job then reads only
-the records of its own *window*: the %globaltimer interval in which its cycle collected, from the host times at
-which the cycle's collection started and stopped through the GPU's clock link (clock.py). A CTA of the cycle
-started after the former and ended before the latter (the profiler synchronizes the GPU when it stops); records
-from the steps between cycles (a CUDA graph's replays, the first cycle's warmup) fall outside every window.
-
-Copying the whole buffer costs copy-engine time (7.3 MB for 131,072 records; 51 GB/s measured on an H100
-machine) instead of a read back of the count, which would make the loop wait for the GPU. A slot is busy from
-its drain until every trace reading it is written (RecordSpool.release); a drain that finds no free slot large
-enough maps a new one. One spool serves the whole process (shared_spool()), so a later profiler block reuses the
-slots of an earlier one instead of page-locking new ones; close() unmaps and deletes every slot (at exit, after
-the worker has written every trace). A process killed outright (SIGKILL) leaves its slot files behind:
-/dev/shm/l2topo-records-<pid>-*.bin.
-
-Where page-locking is refused the slot still works: the same operations run one by one (a graph cannot copy to
-pageable memory) and the copy is synchronous, which costs the loop the copy's time but loses nothing. That is
-also the case where /dev/shm has no room for a slot (a container's is often 64 MB; each slot's pages are
-allocated when it is made, so a full tmpfs is found then and not by a GPU copy): it goes to the temporary
-directory, a file on disk, which the H200 machine refused to page-lock.
-
-This module imports torch only inside RecordSpool: the worker process reads slots with numpy alone.
+A drain is one CUDA graph per GPU that copies the recorder's whole buffer into a slot (a page-locked file in
+/dev/shm that both processes map), then one more on the GPU's drain counter into the slot's flag word, then
+resets the recorder; copies complete in stream order, so the flag lands after the rows. The loop reads nothing
+back: this process numbers the drains, and a job's SpooledRecords.load waits until the flag holds its number.
+Held drains: each cycle takes its share without a CUDA call; the drain is launched once it holds
+cycles_per_drain cycles, when a job that reads it leaves this process or runs here, before the recorder is
+reset, or at flush(); each cycle's job keeps the CTAs of its own %globaltimer window (clock.py). A slot is busy
+until every trace reading it is done (release); slots are reused across blocks (shared_spool()) and deleted at
+exit (close; a signal: remove_files; a killed process's: lifecycle.remove_stale). Where page-locking or /dev/shm
+is refused, a slot is pageable (in the temporary directory if need be) and drained op by op, synchronously.
+This module imports torch only inside RecordSpool: the workers read slots with numpy alone.
 """
 from __future__ import annotations
 
@@ -161,7 +129,7 @@ class _Slot:
         self.capacity, self.device, self.busy = capacity, device, False
         self.readers = 0  # jobs that will read this slot's drain and have not released it (RecordSpool.release)
         # whole pages: cudaHostRegister refused a size that ends inside a page on the H200 machine
-        # (benchmarks/diag_host_register.py registers page multiples of every kind of memory there)
+        # (benchmarks/diagnose/diag_host_register.py)
         n_bytes = -(-(BUFFER_WORD + recorder_words(capacity)) * 8 // mmap.PAGESIZE) * mmap.PAGESIZE
         fd, self.path = _backed_file(directory, f"{SLOT_PREFIX}{owner_tag()}-{device}-", n_bytes)
         try:
@@ -355,9 +323,8 @@ class RecordSpool:
 
     def reserve(self, device: int, capacity: int, count: int, recorder=None) -> None:
         """Make sure `count` free slots for a recorder of `capacity` records exist for GPU `device` and, given the
-        recorder, that each free slot large enough has its drain captured (done before profiling: on the H100 machine
-        page-locking a slot took about 3 ms and a capture about 0.45 ms, each a cycle's cost if done in the loop;
-        benchmarks/results/diagnosis/profiler_drain_h100.json)."""
+        recorder, that each free slot large enough has its drain captured: before profiling, since page-locking
+        a slot and capturing its graph take milliseconds, a cycle's cost if done in the loop."""
         free = self._free.get(device, ())
         if len(free) < count or not all(s.capacity >= capacity for s in free):
             taken = [self._take(device, capacity) for _ in range(count)]

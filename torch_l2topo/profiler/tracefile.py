@@ -123,9 +123,8 @@ def write_trace(trace, path) -> Path:
     data = trace.encode() if isinstance(trace, str) else trace if isinstance(trace, bytes) else dumps(trace)
     if is_gzip(path):
         data = gzip.compress(data, compresslevel=GZIP_LEVEL)
-    # not durable: the trace worker writes while the training loop runs, and each fsync held up the loop's own
-    # file writes behind the filesystem's journal (torch.profiler's export took 3.8 ms instead of 0.32 on the H200
-    # machine: benchmarks/results/diagnosis/profiler_handler_h200.json, background_no_record)
+    # not durable: the trace workers write while the training loop runs, and an fsync held up the loop's own
+    # export behind the filesystem's journal (docs/results.md, Profiler)
     return atomic_write(Path(path), data, durable=False)
 
 
