@@ -134,8 +134,14 @@ def calibrated_device(index: int, name: str):
     return dev, topo, {"uuid_hash": topo.meta["uuid_hash"], "trust": topo.meta.get("trust", {}).get("trusted")}
 
 
+COMMIT_ENV = "L2TOPO_COMMIT"  # the commit a copied tree was made from (the device machine's copy has no history)
+
+
 def git_commit() -> str | None:
-    """The short hash of the checkout's HEAD, or None outside a git checkout (a copy of the tree)."""
+    """The commit the results are of: $L2TOPO_COMMIT where set (a copy of the tree), else the short hash of the
+    checkout's HEAD, else None."""
+    if os.environ.get(COMMIT_ENV):
+        return os.environ[COMMIT_ENV]
     try:
         out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=Path(__file__).parent,
                              capture_output=True, text=True, timeout=10)
