@@ -1,6 +1,6 @@
 """A small profiled CPU training job for the profiler's fault tests (test_profiler_faults.py), run as a process of
 its own: `python profiler_job.py OUT [--fault NAME] [--cycles N] [--foreground] [--gzip] [--timeout S]
-[--signal SIG --signal-after N] [--raise-after N] [--slot]`.
+[--signal SIG --signal-after N] [--raise-after N] [--slot] [--warnings-as-errors]`.
 
 It profiles N one-step cycles into OUT with torch_l2topo.profile (the bundled calibration as GPU 0's, so every
 trace gets the map), with the fault injected (profiler_faults.py), and records what torch wrote: right after
@@ -41,6 +41,7 @@ def main() -> None:
     ap.add_argument("--signal-after", type=int, default=None)
     ap.add_argument("--raise-after", type=int, default=None)
     ap.add_argument("--slot", action="store_true", help="make a record slot in /dev/shm, as a GPU block would")
+    ap.add_argument("--warnings-as-errors", action="store_true", help="as python -W error (pytest's filterwarnings)")
     args = ap.parse_args()
 
     os.environ[FAULT_ENV] = args.fault or ""
@@ -75,7 +76,7 @@ def main() -> None:
     model = torch.nn.Linear(16, 16)
     sched = torch.profiler.schedule(wait=0, warmup=0, active=1, repeat=args.cycles)
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+        warnings.simplefilter("error" if args.warnings_as_errors else "always")
         warnings.filterwarnings("ignore", module=r"torch(\.|$)")  # torch's own (warmup, acc_events)
         ended = None
         with torch_l2topo.profile(args.out, schedule=sched, activities=[torch.profiler.ProfilerActivity.CPU],

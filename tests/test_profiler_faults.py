@@ -91,6 +91,16 @@ def test_a_full_trace_disk_costs_the_enrichment_only(tmp_path, foreground):
     assert_nothing_left(out, report)
 
 
+def test_warnings_turned_into_errors_still_never_raise_into_the_loop(tmp_path):
+    """Under -W error (a test suite's filterwarnings) our warnings would be exceptions in prof.step(): they go to
+    stderr instead, and the job goes on."""
+    out = tmp_path / "traces"
+    report = run_job(out, "--fault", "enospc", "--cycles", "2", "--foreground", "--warnings-as-errors")
+    assert len(report["traces"]) == 2 and report["stderr"].count("torch_l2topo warning:") == 2
+    for path, digest in report["traces"].items():
+        assert sha(path) == digest
+
+
 def _mount_tmpfs(where: Path, size: str) -> bool:
     where.mkdir()
     return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],

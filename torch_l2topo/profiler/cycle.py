@@ -9,6 +9,8 @@ is and says why: it never raises for anything the trace, the records or the disk
 """
 from __future__ import annotations
 
+import sys
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,3 +63,12 @@ def run(job: CycleJob, timeout_s: float | None = None) -> str | None:
         return f"torch_l2topo could not enrich {path} ({type(exc).__name__}: {exc}); it stays as torch.profiler " \
                f"wrote it"
     return None
+
+
+def warn(message: str) -> None:
+    """Warn about a problem the job goes on after: a warning attributed to the caller's module, or where warnings
+    are errors (-W error) a line on stderr; never an exception into the training loop."""
+    try:
+        warnings.warn(message, stacklevel=2)
+    except Exception:
+        print(f"torch_l2topo warning: {message}", file=sys.stderr)

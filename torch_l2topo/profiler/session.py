@@ -31,7 +31,7 @@ import torch
 from ..errors import TopologyFormatError
 from ..placement import recording as rec
 from . import clock, lifecycle, readback
-from .cycle import CycleJob, enrich_with, run
+from .cycle import CycleJob, enrich_with, run, warn
 from .enrich import Enrichment
 from .proton_trace import load_proton, proton_records
 from .smmap import map_of, map_of_file
@@ -210,7 +210,7 @@ class TraceHandler:
             records = self._take_records(now)
         except Exception as exc:
             records = {}
-            warnings.warn(f"torch_l2topo could not take the CTA records of {path} ({type(exc).__name__}: {exc}); "
+            warn(f"torch_l2topo could not take the CTA records of {path} ({type(exc).__name__}: {exc}); "
                           f"it has none")
         try:
             if not self._dir_made:  # every cycle's trace goes to one directory
@@ -221,7 +221,7 @@ class TraceHandler:
                 raise OSError(f"torch.profiler wrote an empty {path} (is its disk full?)")
         except Exception as exc:
             self._release(records)
-            warnings.warn(f"torch_l2topo: cycle {self._cycles - 1}'s trace {path} was not written whole "
+            warn(f"torch_l2topo: cycle {self._cycles - 1}'s trace {path} was not written whole "
                           f"({type(exc).__name__}: {exc}); the job goes on")
             return
         self.written.append(Path(path))
@@ -240,7 +240,7 @@ class TraceHandler:
         except Exception as exc:
             self._spooled.pop(path, None)
             self._release(records)
-            warnings.warn(f"torch_l2topo could not enrich {path} ({type(exc).__name__}: {exc}); it stays as "
+            warn(f"torch_l2topo could not enrich {path} ({type(exc).__name__}: {exc}); it stays as "
                           f"torch.profiler wrote it")
 
     def _take_records(self, now_ns: int) -> dict:
@@ -280,7 +280,7 @@ class TraceHandler:
     def _done(self, path: str, problem: str | None) -> None:
         self._release(self._spooled.pop(path, {}))
         if problem:
-            warnings.warn(problem)  # attributed to this module, as every warning of the profiler's
+            warn(problem)
 
     def wait(self, timeout_s: float | None = None) -> None:
         """Wait until every trace handed to the background worker is enriched, at most timeout_s (default: the
@@ -290,7 +290,7 @@ class TraceHandler:
         try:
             flush_shared_spool()
         except Exception as exc:  # the held records will not come: their traces stay plain (the drain says so)
-            warnings.warn(f"torch_l2topo could not copy the held CTA records ({type(exc).__name__}: {exc})")
+            warn(f"torch_l2topo could not copy the held CTA records ({type(exc).__name__}: {exc})")
         self._worker.drain(self.timeout_s if timeout_s is None else timeout_s)
 
     def close(self) -> None:
@@ -314,7 +314,7 @@ def _close_at_exit() -> None:
         try:
             close()
         except Exception as exc:  # at exit: say so, and let the other go on
-            warnings.warn(f"torch_l2topo at exit: {close.__name__} failed ({type(exc).__name__}: {exc})")
+            warn(f"torch_l2topo at exit: {close.__name__} failed ({type(exc).__name__}: {exc})")
 
 
 def trace_handler(path_or_dir, **options) -> TraceHandler:
@@ -462,7 +462,7 @@ class profile(torch.profiler.profile):
             elif self.proton:
                 self.handler.merge_proton(self.proton)
         except Exception as exc:
-            warnings.warn(f"Proton's CTAs were not merged: {type(exc).__name__}: {exc}")
+            warn(f"Proton's CTAs were not merged: {type(exc).__name__}: {exc}")
         finally:
             if self._proton_dir is not None:
                 shutil.rmtree(self._proton_dir, ignore_errors=True)
@@ -475,7 +475,7 @@ class profile(torch.profiler.profile):
             action()
         except Exception as exc:
             self._devices, self.record = [], False
-            warnings.warn(f"torch_l2topo: {what} failed ({type(exc).__name__}: {exc}); CTA recording is off for "
+            warn(f"torch_l2topo: {what} failed ({type(exc).__name__}: {exc}); CTA recording is off for "
                           f"the rest of this block")
 
     def _start_recording(self) -> None:

@@ -23,14 +23,13 @@ import select
 import subprocess
 import sys
 import time
-import warnings
 from collections import deque
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Callable
 
 from ..files import temp_files_of
-from .cycle import CycleJob, run
+from .cycle import CycleJob, run, warn
 from .perprocess import PerProcess
 from .spool import launch_drains_for
 
@@ -330,8 +329,7 @@ class Worker:
             try:
                 entry.on_done(entry.job.path, entry.problem)
             except Exception as exc:  # a callback's failure must not stop the others' reports
-                warnings.warn(f"torch_l2topo: reporting {entry.job.path} failed ({type(exc).__name__}: {exc})",
-                              stacklevel=2)
+                warn(f"torch_l2topo: reporting {entry.job.path} failed ({type(exc).__name__}: {exc})")
 
 
 def check_max_pending(max_pending) -> int:
