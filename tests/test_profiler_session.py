@@ -3,6 +3,8 @@
 trace without losing its CTAs, and trace-summary and the timeline figure read an enriched trace back."""
 import copy
 import json
+import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -206,3 +208,33 @@ def test_each_calibration_is_analysed_once_per_process(tmp_path, monkeypatch):
     reads = len(made)
     changed.save(path)  # rewritten: read again
     assert smmap.map_of_file(path).chain_cycles[0] == changed.chain_cycles[0] and len(made) == reads + 1
+
+
+@pytest.mark.parametrize("starts", [True, False], ids=["proton-ran", "proton-failed"])
+def test_a_proton_block_leaves_no_directory_behind(tmp_path, monkeypatch, starts):
+    """profile(proton=True) keeps Proton's trace in a temporary directory of its own: gone when the block ends,
+    whether Proton ran (its trace merged) or could not start (warned, the block runs without it)."""
+    import tempfile
+
+    import triton.profiler as proton
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    merged = []
+
+    def start(name, **kwargs):
+        if not starts:
+            raise RuntimeError("no GPU for Proton")
+        Path(name + ".chrome_trace").write_text("{}")
+
+    monkeypatch.setattr(proton, "start", start)
+    monkeypatch.setattr(proton, "finalize", lambda: None)
+    monkeypatch.setattr(session.TraceHandler, "merge_proton", lambda self, path: merged.append(Path(path).name))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch_l2topo.profile(tmp_path / "t.json", activities=ACTIVITIES, topology=None, proton=True,
+                                  background=False) as prof:
+            _steps(prof, 1)
+    assert merged == (["proton.chrome_trace"] if starts else [])
+    assert any("could not start Proton" in str(w.message) for w in caught) == (not starts)
+    assert not list((tmp_path / "tmp").glob("l2topo-proton-*"))

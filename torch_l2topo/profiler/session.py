@@ -385,10 +385,7 @@ class profile(torch.profiler.profile):
         lifecycle.remove_stale(self.handler.directory)
         self.handler.prepare(devices)
         if self.proton is True:
-            import triton.profiler as proton
-
-            self._proton_dir = tempfile.mkdtemp(prefix="l2topo-proton-")
-            proton.start(os.path.join(self._proton_dir, "proton"), backend="instrumentation", data="trace")
+            self._start_proton()
         if self.record and self._devices:
             try:
                 self._set_up_recording()
@@ -446,6 +443,20 @@ class profile(torch.profiler.profile):
                 self.handler._worker.release()
             self.handler.wait()  # bounded; never raises
             self._merge_proton()
+
+    def _start_proton(self) -> None:
+        """Start Proton's instrumentation for the block, its trace in a directory of its own (removed when the block
+        ends); where Proton cannot start, the block runs without it, warned."""
+        self._proton_dir = tempfile.mkdtemp(prefix="l2topo-proton-")
+        try:
+            import triton.profiler as proton
+
+            proton.start(os.path.join(self._proton_dir, "proton"), backend="instrumentation", data="trace")
+        except Exception as exc:
+            shutil.rmtree(self._proton_dir, ignore_errors=True)
+            self._proton_dir = None
+            warnings.warn(f"torch_l2topo could not start Proton ({type(exc).__name__}: {exc}): this block's traces "
+                          f"have no Proton CTAs")
 
     def _merge_proton(self) -> None:
         """Merge Proton's trace into every trace written (proton=True: the block's own, then its directory goes);
