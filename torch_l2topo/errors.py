@@ -55,6 +55,16 @@ class TraceFormatError(L2TopoError):
     not in the format the profiler merges. The file is never modified."""
 
 
+class ForestFormatError(L2TopoError, ValueError):
+    """A tree-ensemble model (an xgboost JSON file, a scikit-learn model) is malformed or of a kind forest_predict
+    does not run: out-of-range features or children, a node reached twice, an invalid base score."""
+
+
+class GeometryFormatError(L2TopoError, ValueError):
+    """A geometry result file (`geometry --out`, benchmarks/run_geometry.py) is malformed or lacks what its
+    summary or figures read."""
+
+
 def check_choice(name: str, value, choices) -> None:
     """Raise ValueError unless `value` is one of `choices` (the one check of a named option)."""
     if value not in tuple(choices):

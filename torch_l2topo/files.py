@@ -1,4 +1,5 @@
-"""Safe file operations: an exclusive advisory lock with a timeout, atomic writes, and JSON of numpy values.
+"""Safe file operations: an exclusive advisory lock with a timeout, atomic writes, JSON of numpy values, and reading
+a JSON file with one-line errors that name it.
 
 flock locks are released by the OS when their holder dies, so a killed process never leaves a lock that
 blocks everyone after it (unlike a lock *file*, whose mere existence is the lock). Atomic writes go to a
@@ -7,6 +8,7 @@ temporary file in the target's directory and are renamed over it, so readers nev
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import tempfile
 import time
@@ -58,6 +60,32 @@ def atomic_write(path: Path, data: bytes, durable: bool = True) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+_JSON_TYPES = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean",
+               type(None): "null"}
+
+
+def read_json(path, error: type, what: str) -> dict:
+    """The JSON object in the file at `path`; `error` (an L2TopoError class) naming the file when it is empty, not
+    UTF-8, not JSON, or not an object at its top level (`what`: what it should be, for the message). A missing or
+    unreadable file raises OSError, as open() does."""
+    raw = Path(path).read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(f"{path} is not {what}: not UTF-8 text (byte {exc.start})") from None
+    if not text.strip():
+        raise error(f"{path} is not {what}: the file is empty")
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise error(f"{path} is not {what}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") \
+            from None
+    if not isinstance(doc, dict):
+        raise error(f"{path} is not {what}: its JSON is {_JSON_TYPES.get(type(doc), type(doc).__name__)}, not an "
+                    "object")
+    return doc
 
 
 def json_default(x):
