@@ -185,8 +185,8 @@ def cmd_trace_summary(args) -> int:
     if args.timeline:
         from .profiler.timeline import render_timeline
 
-        print(f"wrote {render_timeline(trace, args.timeline, kernel=args.kernel)}", file=sys.stderr if args.json
-              else sys.stdout)
+        print(f"wrote {render_timeline(trace, args.timeline, kernel=args.kernel, source=args.trace)}",
+              file=sys.stderr if args.json else sys.stdout)
     return 0
 
 
