@@ -23,6 +23,7 @@ from .errors import (
     CalibrationDisturbed,
     CalibrationMismatch,
     DeviceError,
+    FleetError,
     ForestFormatError,
     GeometryFormatError,
     L2TopoError,
@@ -60,7 +61,7 @@ __all__ = ["calibrate", "calibrate_all", "Topology", "ProbeConfig", "load_exampl
            "profile",
            "L2TopoError", "DeviceError", "BackendUnavailable", "ProbeError", "ProbeTimeout", "CalibrationDisturbed",
            "CalibrationMismatch", "TopologyFormatError", "RegistryError", "PlacementError", "TraceFormatError",
-           "ForestFormatError", "GeometryFormatError",
+           "ForestFormatError", "GeometryFormatError", "FleetError",
            "__version__"]
 
 

@@ -40,6 +40,11 @@ class RegistryError(L2TopoError):
     """A registry entry is missing, unreadable or invalid, or an entry name is taken or malformed."""
 
 
+class FleetError(L2TopoError):
+    """A torch.distributed job's fleet could not be gathered: a rank did not join the process group, or a collective
+    did not complete, within the timeout (a rank hung or died elsewhere)."""
+
+
 class CalibrationMismatch(L2TopoError, ValueError):
     """A calibration of another GPU model or SM count was handed to work on this device (its SM ids, labels
     and pairs would name the wrong SMs)."""
