@@ -331,6 +331,25 @@ def _os_error_line(exc: OSError) -> str:
     return f"{exc.filename}: {exc.strerror}" if exc.filename is not None and exc.strerror else str(exc)
 
 
+def _stdout_gone() -> int:
+    """The reader of stdout went away (`... | head`): stop quietly. Python flushes stdout again at exit; point it at
+    /dev/null so that this flush cannot fail too."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return EXIT_PIPE_CLOSED
+
+
+def run_script(main, *args) -> int:
+    """An example's or script's entry: main(*args), then exit status 0, or EXIT_PIPE_CLOSED (quietly, no traceback)
+    when its output pipe closed early (`python examples/x.py | head`), as the verbs do:
+    `sys.exit(run_script(main, sys.argv[1:]))`."""
+    try:
+        main(*args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
+    except BrokenPipeError:
+        return _stdout_gone()
+    return 0
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     func = getattr(args, "func", cmd_main_job)
@@ -339,10 +358,7 @@ def main(argv=None) -> int:
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
         return status
     except BrokenPipeError:
-        # The reader went away (`... | head`): stop quietly. Python flushes stdout again at exit; point it at
-        # /dev/null so that this flush cannot fail too.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_PIPE_CLOSED
+        return _stdout_gone()
     except (L2TopoError, ValueError) as exc:
         print(f"torch_l2topo: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
