@@ -379,7 +379,41 @@ def geometry_files() -> dict:
     }
 
 
-GROUPS = {"topology": topology_files, "xgboost": xgboost_files, "trace": trace_files, "geometry": geometry_files}
+def registry_files() -> dict:
+    """Registry entries (Registry.add's JSON), each fed to `identify` in a registry of its own."""
+    import tempfile
+
+    from torch_l2topo import Registry, load_example
+
+    with tempfile.TemporaryDirectory() as tmp:
+        entry = json.loads(Registry(tmp).add("ref", load_example("h200")).read_text())
+
+    def damaged(change):
+        d = json.loads(json.dumps(entry))
+        change(d)
+        return json.dumps(d).encode()
+
+    return {
+        "empty.json": b"",
+        "not_json.json": b"{\"format\": ",
+        "not_utf8.json": b"{\"format\": \"\xff\xfe\"}",
+        "top_level_array.json": b"[]",
+        "wrong_format.json": damaged(lambda d: d.update(format="something else")),
+        "wrong_version.json": damaged(lambda d: d.update(version=99)),
+        "no_device.json": damaged(lambda d: d.pop("device")),
+        "sm_count_string.json": damaged(lambda d: d["device"].update(sm_count="132")),
+        "name_number.json": damaged(lambda d: d["device"].update(name=200)),
+        "vector_strings.json": damaged(lambda d: d.update(vector=["1.0"] * len(d["vector"]))),
+        "vector_nan.json": damaged(lambda d: d["vector"].__setitem__(0, float("nan"))),
+        "vector_short.json": damaged(lambda d: d.update(vector=d["vector"][:10])),
+        "vector_empty.json": damaged(lambda d: d.update(vector=[])),
+        "identity_bad_hash.json": damaged(lambda d: d["identity"].update(uuid_hash="not-a-hash")),
+        "ok_entry.json": json.dumps(entry).encode(),
+    }
+
+
+GROUPS = {"topology": topology_files, "xgboost": xgboost_files, "trace": trace_files, "geometry": geometry_files,
+          "registry": registry_files}
 
 
 def build(out: Path = CORPUS) -> None:
@@ -468,6 +502,11 @@ def _trace_oracle(path: Path) -> Callable:
     sms = len(trace["l2topo"]["devices"]["0"]["calibration"]["partition"])
     return lambda text: f"{sms} SMs" in text and all(k in text for k in kernels) and \
         (bool(kernels) or "no instrumented kernel launches" in text)
+
+
+def _identify_oracle(path: Path) -> Callable:
+    """The registry holds the bundled h200 example itself: identify must call it a match, by name."""
+    return lambda text: text.splitlines()[-1].startswith(f"match: '{path.stem}'")
 
 
 def _trace_json_oracle(path: Path) -> Callable:
@@ -561,6 +600,10 @@ def _cases() -> list:
         if not ok:
             cases.append(Case(f"report-geometry:{name}", f, argv=("report", "--geometry", "{file}", "-o",
                                                                   "{work}/report")))
+    for name in _names("registry"):
+        cases.append(Case(f"identify-registry:{name}", f"registry/{name}", name=Path(name).stem,
+                          argv=("identify", "h200", "--registry", "{entry_registry}"),
+                          oracle=_identify_oracle if name.startswith("ok_") else None))
     good_trace = "trace/ok_plain.json"
     cases += [
         Case("fleet-file-unknown-field", argv=("fleet", "--file", "cal-{foo}.npz"), name="{foo}"),
@@ -660,8 +703,14 @@ def prepare(work: Path) -> dict:
 
 def _filled(case: Case, where: dict) -> tuple:
     values = dict(where, file=str(case.path) if case.path else "")
+    if "{entry_registry}" in case.argv:  # a registry holding the case's entry alone, under its own name
+        registry = Path(where["work"]) / "registries" / case.path.stem
+        registry.mkdir(parents=True, exist_ok=True)
+        (registry / case.path.name).write_bytes(case.path.read_bytes())
+        values["entry_registry"] = str(registry)
     return tuple(a.replace("{file}", values["file"]).replace("{work}", values["work"]).replace(
-        "{registry}", values["registry"]) for a in case.argv)
+        "{registry}", values["registry"]).replace("{entry_registry}", values.get("entry_registry", ""))
+        for a in case.argv)
 
 
 def _run_cli(argv) -> tuple:
