@@ -125,6 +125,7 @@ def topology_files() -> dict:
                              dict(meta, device=dict(device, sm_count=0))),
         "short_chain_ns.npz": _npz(_changed(arrays, chain_ns=arrays["chain_ns"][:-1]), meta),
         "line_cycles_1d.npz": _npz(_changed(arrays, line_cycles=arrays["line_cycles"][:, 0]), meta),
+        "chain_0d.npz": _npz(_changed(arrays, chain_cycles=np.array(280.0)), meta),
         "chain_2d.npz": _npz(_changed(arrays, chain_cycles=arrays["chain_cycles"][:, None]), meta),
         "zero_lines.npz": _npz(_changed(arrays, line_cycles=arrays["line_cycles"][:, :0],
                                         line_addresses=arrays["line_addresses"][:0]), meta),

@@ -99,6 +99,8 @@ class Topology:
             if not isinstance(arr, np.ndarray) or arr.dtype.kind not in kinds[0]:
                 raise TopologyFormatError(f"{name} must be an array of real {kinds[1]}, got "
                                           f"{getattr(arr, 'dtype', type(arr).__name__)}")
+        if self.chain_cycles.ndim != 1:
+            raise TopologyFormatError(f"chain_cycles must be 1-D (one value per SM), not {self.chain_cycles.shape}")
         n = self.n_sm
         for name in _PER_SM:
             if getattr(self, name).shape != (n,):

@@ -150,7 +150,7 @@ def sm_tracks(trace: dict, device: int, source: str = "trace") -> tuple:
     names, rank = {}, {}
     for i, ev in enumerate(trace["traceEvents"]):
         tid = ev.get("tid")
-        if ev.get("ph") != "M" or ev.get("pid") != pid or not _count(tid) or tid in (LAUNCH_TID,) or \
+        if ev.get("ph") != "M" or ev.get("pid") != pid or not _count(tid) or tid == LAUNCH_TID or \
                 tid >= LANE_STRIDE or ev.get("name") not in ("thread_name", "thread_sort_index"):
             continue
         a = ev.get("args")
