@@ -167,6 +167,7 @@ def cmd_fleet(args) -> int:
     import math
 
     from .distributed import gather_fleet, torchrun_group
+    from .distributed.health import FAIL
 
     if not 0 < args.timeout < math.inf:
         raise ValueError(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
@@ -191,7 +192,7 @@ def cmd_fleet(args) -> int:
 
             atomic_write(Path(args.out), (fleet.to_json() + "\n").encode())
             print(f"\nwrote {args.out}")
-    return EXIT_HEALTH_FAIL if fleet.verdict == "Fail" else 0
+    return EXIT_HEALTH_FAIL if fleet.verdict == FAIL else 0
 
 
 def cmd_trace_summary(args) -> int:
