@@ -21,7 +21,6 @@ import argparse
 import datetime as dt
 import hashlib
 import itertools
-import os
 import shutil
 import socket
 import sys
@@ -29,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import command_line
+from common import command_line, private_cache
 
 from torch_l2topo.identity.evaluation import read_manifest, write_manifest
 
@@ -40,7 +39,11 @@ BACKENDS = ("triton", "cuda")
 
 
 def collect(out: Path, machine: str, rounds: int, mode: str) -> list[dict]:
-    os.environ["TORCH_L2TOPO_CACHE"] = tempfile.mkdtemp(prefix="l2topo-collect-")  # never the user's cache
+    with private_cache("collect"):  # never the user's cache, and none left behind
+        return _collect(out, machine, rounds, mode)
+
+
+def _collect(out: Path, machine: str, rounds: int, mode: str) -> list[dict]:
     import torch
 
     import torch_l2topo

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -118,6 +119,22 @@ def gpu_parser(doc: str, reps: int) -> argparse.ArgumentParser:
     p.add_argument("--reps", type=int, default=reps)
     p.add_argument("--out", required=True)
     return p
+
+
+@contextmanager
+def private_cache(name: str):
+    """A calibration cache of this block's own (TORCH_L2TOPO_CACHE), removed at its end with the variable restored:
+    no cached map of another run is used, and none is left behind."""
+    previous = os.environ.get("TORCH_L2TOPO_CACHE")
+    with tempfile.TemporaryDirectory(prefix=f"l2topo-{name}-") as cache:
+        os.environ["TORCH_L2TOPO_CACHE"] = cache
+        try:
+            yield Path(cache)
+        finally:
+            if previous is None:
+                os.environ.pop("TORCH_L2TOPO_CACHE")
+            else:
+                os.environ["TORCH_L2TOPO_CACHE"] = previous
 
 
 def calibrated_device(index: int, name: str):

@@ -29,10 +29,12 @@ __device__ __forceinline__ int leaf_row(const int4* __restrict__ nodes, int node
 // H200: the kernel's GPU time stayed 1.1-1.5x the Triton kernel's at 65,536 samples of 100-500 trees, which is why
 // such calls are left to it: ops/forest_predict.eager_forest.)
 __device__ __forceinline__ int walk(const int4* __restrict__ nodes, const float* __restrict__ x_row, int node,
-                                    int depth) {
+                                    int depth, int n_features) {
   for (int step = 0; step < depth; ++step) {
     const int4 record = __ldg(nodes + node);
-    node = child(record, __ldg(x_row + (record.x & 0x7FFFFFFF)));
+    const int feature = record.x & 0x7FFFFFFF;
+    // the loaders checked every feature (ops/forest.py); the bound keeps a hand-built forest inside x too
+    node = child(record, feature < n_features ? __ldg(x_row + feature) : 0.0f);
   }
   return leaf_row(nodes, node);
 }
@@ -94,7 +96,7 @@ __global__ void __launch_bounds__(FOREST_LANES) forest_kernel(const ForestLaunch
     const float* x_row = p.x + sample * p.n_features;
     const int end = min((chunk + 1) * p.trees_per_chunk, p.n_trees);
     for (int tree = chunk * p.trees_per_chunk + lane % block_t; tree < end; tree += block_t) {  // in order
-      add_leaf(p, acc + lane, tree, walk(nodes, x_row, __ldg(roots + tree), p.depth));
+      add_leaf(p, acc + lane, tree, walk(nodes, x_row, __ldg(roots + tree), p.depth, p.n_features));
     }
   }
   __syncthreads();

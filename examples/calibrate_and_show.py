@@ -22,4 +22,6 @@ def main() -> torch_l2topo.Topology:
 
 
 if __name__ == "__main__":
-    main()
+    from torch_l2topo.cli import run_script  # a closed pipe (`| head`) ends it quietly
+
+    raise SystemExit(run_script(main))

@@ -92,4 +92,6 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main(__import__("sys").argv[1:])
+    from torch_l2topo.cli import run_script  # a closed pipe (`| head`) ends it quietly
+
+    raise SystemExit(run_script(main, __import__("sys").argv[1:]))

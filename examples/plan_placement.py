@@ -43,4 +43,6 @@ def main() -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from torch_l2topo.cli import run_script  # a closed pipe (`| head`) ends it quietly
+
+    raise SystemExit(run_script(main))

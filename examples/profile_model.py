@@ -13,7 +13,6 @@ of the bundled H200 calibration, and says what it skipped.
     python -m torch_l2topo trace-summary DIR/<trace>.json
 """
 import argparse
-import tempfile
 from pathlib import Path
 
 import torch
@@ -104,11 +103,11 @@ def _graphed(step):
 
 def main(argv=None) -> list:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default=None, help="trace directory (default: a new temporary directory)")
+    p.add_argument("--out", default="l2topo-traces", help="trace directory (default: l2topo-traces)")
     p.add_argument("--graph", action="store_true", help="replay each step as a CUDA graph")
     p.add_argument("--cycles", type=int, default=1, help="profiling cycles (one trace each)")
     args = p.parse_args(argv or [])
-    out = Path(args.out or tempfile.mkdtemp(prefix="l2topo-traces-"))
+    out = Path(args.out)
     if not torch.cuda.is_available():
         print("No CUDA GPU: profiling the CPU ops only (the @sm_aware gather runs as torch.index_select, so there "
               "are no per-CTA tracks); the L2 map is the bundled H200 calibration's.")
@@ -125,4 +124,6 @@ def main(argv=None) -> list:
 
 
 if __name__ == "__main__":
-    main(__import__("sys").argv[1:])
+    from torch_l2topo.cli import run_script  # a closed pipe (`| head`) ends it quietly
+
+    raise SystemExit(run_script(main, __import__("sys").argv[1:]))

@@ -11,7 +11,6 @@ PyTorch path) at a smaller batch, and the trace has no GPU tracks.
     python examples/recsys_inference.py [--out DIR] [--batch 4096]
 """
 import argparse
-import tempfile
 import time
 from pathlib import Path
 
@@ -92,7 +91,7 @@ def profiled(model, inputs, out_dir: Path, gpu: bool):
 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default=None, help="trace directory (default: a new temporary directory)")
+    p.add_argument("--out", default="l2topo-traces", help="trace directory (default: l2topo-traces)")
     p.add_argument("--batch", type=int, default=None, help="samples per step (default: 4096 on a GPU, 256 on CPU)")
     p.add_argument("--steps", type=int, default=None, help="timed steps (default: 20 on a GPU, 3 on the CPU)")
     args = p.parse_args(argv or [])
@@ -114,10 +113,12 @@ def main(argv=None) -> dict:
         print(f"DLRM step, batch {n}, {N_TABLES} tables of {N_ROWS} x {DIM}, bags of {BAG} ({device.type}):")
         for name, ms in times.items():
             print(f"  {name:32s} {ms:8.3f} ms")
-        out = Path(args.out or tempfile.mkdtemp(prefix="l2topo-recsys-"))
+        out = Path(args.out)
         print(profiled(ours, inputs, out, gpu))
     return times
 
 
 if __name__ == "__main__":
-    main(__import__("sys").argv[1:])
+    from torch_l2topo.cli import run_script  # a closed pipe (`| head`) ends it quietly
+
+    raise SystemExit(run_script(main, __import__("sys").argv[1:]))

@@ -1,7 +1,9 @@
-"""Shared fixtures. GPU tests carry the `gpu` marker and are skipped where no usable CUDA device exists."""
+"""Shared fixtures. GPU tests carry the `gpu` marker: skipped where there is no GPU, failed where a GPU is there but
+fails (tests/gpu_presence.py tells the two apart)."""
 import os
 
 import pytest
+from gpu_presence import ABSENT, BROKEN, gpu_presence
 
 # One BLAS thread: on a 2-core CI machine OpenBLAS's default threads oversubscribe the cores under pytest (one
 # 132 x 512 SVD took 2.4 s instead of 0.01 s); set before numpy loads its BLAS.
@@ -9,25 +11,25 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-def _have_gpu() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available() and torch.cuda.get_device_capability(0) >= (8, 0)
-    except Exception:
-        return False
+GPU_STATE, GPU_WHY = gpu_presence()  # tests/gpu_presence.py: absent, usable or broken
 
 
-HAVE_GPU = _have_gpu()
+def pytest_report_header(config):
+    return f"GPU tests: {GPU_STATE} ({GPU_WHY})"
 
 
 def pytest_collection_modifyitems(config, items):
-    if HAVE_GPU:
+    if GPU_STATE != ABSENT:
         return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU of compute capability >= 8.0")
+    skip = pytest.mark.skip(reason=f"needs a CUDA GPU of compute capability >= 8.0: {GPU_WHY}")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_runtest_setup(item):
+    if GPU_STATE == BROKEN and "gpu" in item.keywords:  # a GPU that fails must not pass as a machine without one
+        pytest.fail(f"a GPU is here but fails: {GPU_WHY}", pytrace=False)
 
 
 @pytest.fixture

@@ -8,7 +8,8 @@ group and writing what it saw to out_dir/<scenario>-rank<r>.json for the test to
 - busy: rank 1's GPU is busy (every measurement disturbed: calibrate() raises CalibrationDisturbed).
 - hung: rank 1's calibration hangs (a measurement takes HANG_S; the timeout is TIMEOUT_S).
 Then, outside that group, `python -m torch_l2topo fleet` as torchrun starts it (the group joined from the
-environment), each rank reading a saved calibration.
+environment), each rank reading a saved calibration; and once more with rank 1 joining but never gathering
+(hung elsewhere): rank 0's gather must end at the group's timeout (STRAGGLER_TIMEOUT_S + the slack set below).
 Each scenario's GPUs have their own uuids, so no scenario is served another's cached calibration.
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ from fake_fleet import FakeGpu, install
 WORLD = 2
 TIMEOUT_S = 2.0
 HANG_S = 60.0
+STRAGGLER_TIMEOUT_S, STRAGGLER_SLACK_S = 1.0, 1.0
 A, B = "h200-1e5731-cuda-waves", "h200-d00e55-cuda-waves"  # two real H200s (recorded.TEST_GPUS)
 SCENARIOS = {
     "pair": {0: FakeGpu(A, "GPU-pair-a"), 1: FakeGpu(B, "GPU-pair-b")},
@@ -33,9 +35,10 @@ SCENARIOS = {
 }
 
 
-def run_rank(rank: int, init_file: str, out_dir: str, port: int) -> None:
+def run_rank(rank: int, init_file: str, out_dir: str, port: int, straggler_port: int) -> None:
     """torch.multiprocessing's entry: join a gloo group, run every scenario, leave the group; then the command line
-    verb as torchrun would start it (from torchrun's environment variables, on MASTER_PORT `port`)."""
+    verb as torchrun would start it (from torchrun's environment variables, on MASTER_PORT `port`), and the
+    straggler's job (on `straggler_port`)."""
     import torch.distributed as dist
 
     os.environ["TORCH_L2TOPO_CACHE"] = str(Path(out_dir) / "cache")  # one host: one cache, one lock per GPU
@@ -49,6 +52,7 @@ def run_rank(rank: int, init_file: str, out_dir: str, port: int) -> None:
     finally:
         dist.destroy_process_group()
     command_line(rank, out_dir, port)
+    straggler(rank, out_dir, straggler_port)
 
 
 def command_line(rank: int, out_dir: str, port: int) -> None:
@@ -64,6 +68,30 @@ def command_line(rank: int, out_dir: str, port: int) -> None:
     with open(out / f"cli-rank{rank}.txt", "w") as f, contextlib.redirect_stdout(f):
         status = main(["fleet", "--file", str(out / "rank{rank}.npz"), "--out", str(out / "cli.json")])
     (out / f"cli-status-rank{rank}.json").write_text(json.dumps(status))
+
+
+def straggler(rank: int, out_dir: str, port: int) -> None:
+    """Rank 0 runs `fleet --timeout STRAGGLER_TIMEOUT_S`; rank 1 joins the group and waits, never gathering, until
+    rank 0 has written its exit status and wall time (straggler-rank0.json) and stderr (straggler-rank0.txt)."""
+    import contextlib
+
+    from torch_l2topo.cli import main
+    from torch_l2topo.distributed import gather
+
+    gather.GATHER_SLACK_S = STRAGGLER_SLACK_S
+    os.environ["MASTER_PORT"] = str(port)
+    out = Path(out_dir)
+    done = out / "straggler-rank0.json"
+    if rank == 1:
+        with gather.torchrun_group(STRAGGLER_TIMEOUT_S):
+            deadline = time.monotonic() + HANG_S
+            while not done.exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+        return
+    t0 = time.perf_counter()
+    with open(out / "straggler-rank0.txt", "w") as f, contextlib.redirect_stderr(f):
+        status = main(["fleet", "--file", str(out / "rank0.npz"), "--timeout", str(STRAGGLER_TIMEOUT_S)])
+    done.write_text(json.dumps({"status": status, "wall_s": time.perf_counter() - t0}))
 
 
 def gathered() -> dict:

@@ -107,3 +107,38 @@ def test_cache_location_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.delenv("TORCH_L2TOPO_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert cache.cache_dir() == tmp_path / "xdg" / "torch_l2topo"
+
+
+@pytest.fixture
+def unusable(tmp_path):
+    """A path no directory can be made at, even by root: a regular file stands where its parent should be."""
+    (tmp_path / "a-file").write_text("x")
+    return tmp_path / "a-file" / "dir"
+
+
+def test_without_the_cache_no_writable_cache_directory_is_needed(fake, tmp_path, monkeypatch, unusable, caplog):
+    import tempfile
+
+    monkeypatch.setenv("TORCH_L2TOPO_CACHE", str(unusable))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    topo = torch_l2topo.calibrate(use_cache=False)
+    assert topo.n_sm == 132 and fake_gpu.measurements(fake) == 1
+    # the lock was held in the temporary directory instead, and nothing was said: this is the normal way
+    assert (tmp_path / "tmp" / "torch_l2topo-locks" / f"{fake_gpu.FAKE.uuid}.lock").exists() and not caplog.records
+    monkeypatch.setattr(tempfile, "tempdir", str(unusable))  # nowhere for a lock at all: measured, with a warning
+    with caplog.at_level(logging.WARNING, logger="torch_l2topo"):
+        assert torch_l2topo.calibrate(use_cache=False).n_sm == 132
+    (record,) = caplog.records
+    assert "measures without its lock" in record.getMessage() and str(unusable) in record.getMessage()
+
+
+def test_a_cache_that_cannot_be_written_costs_a_warning_not_the_map(fake, cache_dir, monkeypatch, caplog):
+    def full_disk(topo, key):
+        raise OSError(28, "No space left on device", str(cache.cache_path(key)))
+
+    monkeypatch.setattr(cache, "store", full_disk)
+    with caplog.at_level(logging.WARNING, logger="torch_l2topo"):
+        topo = torch_l2topo.calibrate()
+    assert topo.n_sm == 132 and topo.meta["trust"]["trusted"]
+    (record,) = [r for r in caplog.records if "not cached" in r.getMessage()]
+    assert "No space left on device" in record.getMessage() and not list(cache_dir.glob("*.npz"))

@@ -74,7 +74,8 @@ def test_help_documents_exit_statuses_and_options(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     out = " ".join(capsys.readouterr().out.split())
-    assert "0 done (identify: match), 1 identify: no match, 3 identify: ambiguous, 2 error" in out
+    assert "0 done (identify: match), 1 identify: no match, 3 identify: ambiguous, 4 fleet: health Fail, 2 error" \
+        in out
     for verb, needle in (("calibrate", "--backend {auto,triton,cuda} probe kernels"),
                          ("show", "--json print JSON"), ("identify", "exit status: 0 match, 1 no match, 3 ambiguous")):
         with pytest.raises(SystemExit):

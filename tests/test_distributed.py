@@ -8,7 +8,7 @@ import socket
 import time
 
 import pytest
-from fleet_job import HANG_S, SCENARIOS, TIMEOUT_S, WORLD, run_rank
+from fleet_job import HANG_S, SCENARIOS, STRAGGLER_SLACK_S, STRAGGLER_TIMEOUT_S, TIMEOUT_S, WORLD, run_rank
 from recorded import CALIBRATIONS
 
 CLI_RECORDINGS = ("h200-d00e55-cuda-waves", "h200-1e5731-triton-waves")
@@ -28,8 +28,9 @@ def job(tmp_path_factory) -> dict:
         # partition analysis took 2.4 s instead of 0.01 s)
         env.setenv("OPENBLAS_NUM_THREADS", "1")
         env.setenv("OMP_NUM_THREADS", "1")
-        ctx = mp.start_processes(run_rank, args=(str(out / "init"), str(out), _free_port()), nprocs=WORLD, join=False,
-                                 start_method="spawn")  # never fork: a rank may hold CUDA state on a GPU machine
+        # spawn, never fork: a rank may hold CUDA state on a GPU machine
+        ctx = mp.start_processes(run_rank, args=(str(out / "init"), str(out), _free_port(), _free_port()),
+                                 nprocs=WORLD, join=False, start_method="spawn")
     deadline = time.monotonic() + JOB_TIMEOUT_S
     while not ctx.join(timeout=1):
         if time.monotonic() > deadline:
@@ -40,6 +41,7 @@ def job(tmp_path_factory) -> dict:
              for p in out.glob("*-rank*.json")}
     found["cli"] = json.loads((out / "cli.json").read_text())
     found.update({("cli-stdout", r): (out / f"cli-rank{r}.txt").read_text() for r in range(WORLD)})
+    found["straggler-stderr"] = (out / "straggler-rank0.txt").read_text()
     return found
 
 
@@ -127,3 +129,13 @@ def test_the_fleet_command_under_torchrun_gathers_every_rank(job):
     assert [rows[r]["uuid_hash"] for r in range(WORLD)] == ["d00e55adfd8e", "1e5731f1cbe2"]  # each its own --file
     assert job["cli"]["distances"][0][1] > 0.98
     assert "L2 map health of 2 rank(s)" in job[("cli-stdout", 0)] and job[("cli-stdout", 1)] == ""
+
+
+def test_a_rank_that_never_gathers_ends_the_others_wait_at_the_group_timeout(job):
+    """Rank 1 joined but hung before the gather: rank 0's `fleet` ends at the group's timeout (the calibration
+    timeout + the slack) with one line, exit 2, instead of waiting for the backend's default (10-30 minutes)."""
+    doc, err = job[("straggler", 0)], job["straggler-stderr"]
+    last = err.rstrip("\n").splitlines()[-1]  # after the rank's progress lines
+    assert doc["status"] == 2 and "Traceback" not in err, err
+    assert last.startswith("torch_l2topo: error: rank 0: gathering the fleet failed after") and "Timed out" in last
+    assert STRAGGLER_TIMEOUT_S + STRAGGLER_SLACK_S <= doc["wall_s"] < HANG_S / 2, doc

@@ -1,5 +1,7 @@
 """benchmarks/collect_fingerprints.py on CPU: collect with a stand-in for the GPUs, then merge twice."""
+import os
 import sys
+import tempfile
 
 import pytest
 from recorded import ROOT, load_collection
@@ -33,8 +35,13 @@ def two_gpus(monkeypatch):
 
 
 def test_collect_then_merge_twice(two_gpus, tmp_path, monkeypatch, capsys):
-    out = tmp_path / "out"
+    out, temp = tmp_path / "out", tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    monkeypatch.setenv("TORCH_L2TOPO_CACHE", str(tmp_path / "users-cache"))
     cf.main(["collect", "--out", str(out), "--machine", "test-rig", "--rounds", "1"])
+    # its private cache is gone, and the user's is set again
+    assert not list(temp.iterdir()) and os.environ["TORCH_L2TOPO_CACHE"] == str(tmp_path / "users-cache")
     printed = capsys.readouterr().out
     assert "gpu0 against the collection" in printed and "same GPU, new UUID" in printed
     assert "gpu0 vs gpu1 of this session" in printed and "(no match)" in printed

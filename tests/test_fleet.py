@@ -131,9 +131,10 @@ def test_no_gpu_is_an_error_row_not_a_crash():
     assert vector is None and record["error"].startswith("DeviceError")
 
 
-def test_timeout_must_be_positive():
-    with pytest.raises(ValueError, match="timeout_s must be positive"):
-        local_record(_topo(A), timeout_s=0)
+@pytest.mark.parametrize("timeout_s", [0, -1.0, float("nan"), float("inf"), True])
+def test_timeout_must_be_positive(timeout_s):
+    with pytest.raises(ValueError, match="timeout_s must be a positive number of seconds"):
+        local_record(_topo(A), timeout_s=timeout_s)
 
 
 def test_outside_a_process_group_the_fleet_is_this_process():
@@ -294,3 +295,39 @@ def test_the_fleet_command_alone_is_a_fleet_of_one_and_says_so(tmp_path, capsys,
     assert text.startswith("not under torchrun: the fleet of this process alone")
     assert "uuid-hash d00e55adfd8e: Pass" in text and f"wrote {out}" in text
     assert [row["uuid_hash"] for row in json.loads(out.read_text())["table"]] == ["d00e55adfd8e"]
+
+
+def test_the_fleet_command_exits_4_when_its_verdict_is_fail(capsys, monkeypatch):
+    """No GPU to calibrate: the rank's row is a failed calibration, the verdict Fail, the exit status 4 (a job
+    script gates on it as on `dcgmi diag`); a fleet that passes exits 0 (the test above)."""
+    import torch
+
+    from torch_l2topo.cli import EXIT_HEALTH_FAIL, main
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["fleet"]) == EXIT_HEALTH_FAIL == 4
+    assert "L2 map health of 1 rank(s) on 1 host(s): Fail (1 fail" in capsys.readouterr().out
+
+
+def test_joining_a_job_whose_other_ranks_never_come_ends_at_the_timeout(capsys, monkeypatch):
+    """torchrun's environment for rank 0 of 2, and no rank 1: joining the group waits the calibration timeout plus
+    the slack, then one line and exit 2 (not the backend's 10-30 minutes)."""
+    import socket
+    import time
+
+    from torch_l2topo.cli import main
+    from torch_l2topo.distributed import gather
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setattr(gather, "GATHER_SLACK_S", 0.5)
+    for key, value in dict(RANK="0", WORLD_SIZE="2", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                           MASTER_PORT=str(port)).items():
+        monkeypatch.setenv(key, value)
+    t0 = time.perf_counter()
+    assert main(["fleet", "--file", B, "--timeout", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("torch_l2topo: error: rank 0 of 2 could not join the job's process group within 1.5 s")
+    assert err.count("\n") == 1 and 1.5 <= time.perf_counter() - t0 < 30

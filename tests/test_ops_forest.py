@@ -273,6 +273,45 @@ def test_layout_and_tree_errors():
     assert stump.depth == 0 and forest_predict(stump, torch.zeros(2, 1)).tolist() == [[1.5], [1.5]]
 
 
+def _stump(**changes) -> TreeArrays:
+    """A root testing feature 1 with two leaves, and a fourth node no walk reaches (files keep pruned ones)."""
+    tree = TreeArrays(np.array([1, 0, 0, 99], np.int64), np.array([0.5, 0, 0, 0], np.float32),
+                      np.array([1, 0, 0, 0], np.int8), np.array([1, -1, -1, -1], np.int64),
+                      np.array([2, -1, -1, -1], np.int64), np.array([[0.0], [1.0], [2.0], [3.0]]))
+    return tree._replace(**{k: np.asarray(v) for k, v in changes.items()})
+
+
+@pytest.mark.parametrize("changes,message", [
+    (dict(feature=[2, 0, 0, 0]), "node 0 tests feature 2, outside \\[0, 2\\)"),
+    (dict(feature=[-1, 0, 0, 0]), "tests feature -1"),
+    (dict(feature=[2 ** 31, 0, 0, 0]), "tests feature 2147483648"),  # not wrapped to feature 0 by an int32 cast
+    (dict(feature=[1.0, 0, 0, 0]), "feature must hold integers"),
+    (dict(feature=["1", "0", "0", "0"]), "feature must hold integers"),
+    (dict(left=[4, -1, -1, -1]), "node 0's left child 4 is outside \\[0, 4\\)"),
+    (dict(right=[-2, -1, -1, -1]), "node 0's right child -2"),
+    (dict(right=[-1, -1, -1, -1]), "node 0 has one child"),
+    (dict(left=[1, 3, -1, -1], right=[2, 3, -1, -1]), "reached twice"),    # two parents of one node
+    (dict(left=[1, -1, -1, -1], right=[1, -1, -1, -1]), "reached twice"),  # one node under both sides
+    (dict(left=[1, 0, -1, -1], right=[2, 0, -1, -1]), "reached twice"),    # a cycle back to the root
+    (dict(threshold=[0.5, 0, 0]), "threshold has shape \\(3,\\)"),
+    (dict(threshold=np.array(["a", "b", "c", "d"])), "real numbers"),
+    (dict(default_left=[2, 0, 0, 0]), "default_left"),
+    (dict(value=[1.0, 2.0, 3.0, 4.0]), "value has shape \\(4,\\)"),
+])
+def test_trees_a_walk_could_not_follow_are_refused(changes, message):
+    Forest.from_trees([_stump()], [0], [0.0], 2)  # the unchanged tree: its pruned node's feature 99 is never read
+    with pytest.raises(ValueError, match=f"tree 0: .*({message})"):
+        Forest.from_trees([_stump(**changes)], [0], [0.0], 2)
+
+
+def test_forest_arguments_are_checked():
+    for n_features in (0, True, 2.0, 2 ** 31):
+        with pytest.raises(ValueError, match="n_features"):
+            Forest.from_trees([_stump()], [0], [0.0], n_features)
+    with pytest.raises(ValueError, match="groups"):
+        Forest.from_trees([_stump()], [0.0], [0.0], 2)
+
+
 def test_op_registration_and_compile():
     forest = Forest.from_sklearn(_fit("boosting classifier d3"))
     x = torch.from_numpy(_data(n=50, seed=5)[0]).float()

@@ -331,10 +331,24 @@ def _interpreter_forest_copies(forest, x, expected):
     assert torch.equal(got, expected)
 
 
+def _interpreter_forest_mask():
+    # a hand-built forest (no loader checked it) whose root tests feature 5 of rows of 5 features: the x load is
+    # masked, so the walk sees 0 and goes left (leaf 1.0), never the 100 stored just past the row (right: 2.0)
+    import torch
+
+    threshold = int(np.float32(50).view(np.int32))
+    nodes = torch.tensor([[5, threshold, 1, 2], [0, 0, 1, 1], [0, 1, 2, 2]], dtype=torch.int32)
+    row = torch.tensor([[1.0, 2.0, 3.0, 4.0, 5.0, 100.0]])[:, :5]  # one contiguous row, its buffer one longer
+    got = forests.launch_kernel(nodes, torch.tensor([[1.0], [2.0]]), torch.zeros(1, dtype=torch.int32),
+                                torch.zeros(1, dtype=torch.int32), torch.zeros(1), row, 1, 1.0, 1, "plain")
+    assert got.tolist() == [[1.0]], got
+
+
 def _interpreter_main():
     _interpreter_embedding_bag()
     _interpreter_embedding_bag_backward()
     _interpreter_forest()
+    _interpreter_forest_mask()
     print("interpreter ops ok")
 
 

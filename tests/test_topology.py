@@ -214,3 +214,35 @@ def test_json_view_is_machine_readable(h200):
     doc = json.loads(h200.to_json())
     assert doc["meta"]["device"]["name"] == "NVIDIA H200" and len(doc["chain_cycles"]) == h200.n_sm
     assert doc["line_mean_cycles"] == pytest.approx(h200.line_cycles.mean(axis=0), abs=1e-3)
+
+
+def test_a_file_that_would_unpack_past_the_cap_is_refused_before_decompressing(h200, tmp_path, monkeypatch):
+    from torch_l2topo import topology
+
+    path = h200.save(tmp_path / "t.npz")
+    monkeypatch.setattr(topology, "MAX_LOAD_BYTES", 100_000)  # the calibration's arrays take 283 KB
+
+    def no_reading(*args, **kwargs):
+        raise AssertionError("a member was decompressed")
+
+    monkeypatch.setattr(np, "load", no_reading)
+    with pytest.raises(TopologyFormatError, match=f"{path} would unpack to 0 MiB.*refused before decompressing"):
+        Topology.from_bytes(path.read_bytes(), source=str(path))
+    monkeypatch.setattr(topology, "MAX_LOAD_BYTES", 50_000)  # the file itself is 90 KB: not even read
+    monkeypatch.setattr(type(path), "read_bytes", no_reading)
+    with pytest.raises(TopologyFormatError, match=f"{path} is 0 MiB, more than a calibration holds"):
+        Topology.load(path)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("chain_cycles", -1.0, "chain_cycles holds values <= 0"), ("sm_clock_ghz", 0.0, "sm_clock_ghz holds values <= 0"),
+    ("sm_clock_ghz", 50.0, "sm_clock_ghz reaches 50 GHz"), ("line_noise", np.nan, "line_noise holds NaN"),
+    ("chain_noise", -0.5, "chain_noise holds values < 0")])
+def test_values_no_gpu_measures_are_refused(h200, field, value, message):
+    kwargs = {k: getattr(h200, k).copy() for k in ("chain_cycles", "chain_ns", "line_cycles", "line_addresses",
+                                                   "chain_noise", "line_noise", "sm_clock_ghz")}
+    kwargs[field][7] = value
+    with pytest.raises(TopologyFormatError, match=message):
+        Topology(**kwargs, meta={})
+    with pytest.raises(TopologyFormatError, match="sm_count.* is 100 but the arrays hold 132"):
+        Topology(**{**kwargs, field: getattr(h200, field)}, meta={"device": {"sm_count": 100}})

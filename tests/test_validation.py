@@ -27,8 +27,11 @@ def two_gpus(monkeypatch):
 
 def test_no_cuda_device_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(DeviceError, match="no CUDA device"):
+    with pytest.raises(DeviceError, match="no CUDA device") as info:
         torch_l2topo.calibrate()
+    # it points at what works without a GPU, in Python and on the command line, and both do work
+    assert "torch_l2topo.load_example('h200')" in str(info.value) and "show --example h200" in str(info.value)
+    assert torch_l2topo.load_example("h200").n_sm == 132
 
 
 @pytest.mark.parametrize("device", [2, -1, "cuda:5"])

@@ -23,6 +23,9 @@ from .errors import (
     CalibrationDisturbed,
     CalibrationMismatch,
     DeviceError,
+    FleetError,
+    ForestFormatError,
+    GeometryFormatError,
     L2TopoError,
     PlacementError,
     ProbeError,
@@ -58,6 +61,7 @@ __all__ = ["calibrate", "calibrate_all", "Topology", "ProbeConfig", "load_exampl
            "profile",
            "L2TopoError", "DeviceError", "BackendUnavailable", "ProbeError", "ProbeTimeout", "CalibrationDisturbed",
            "CalibrationMismatch", "TopologyFormatError", "RegistryError", "PlacementError", "TraceFormatError",
+           "ForestFormatError", "GeometryFormatError", "FleetError",
            "__version__"]
 
 

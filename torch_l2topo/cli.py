@@ -2,8 +2,9 @@
 trace-summary] ...` (also installed as `torch-l2topo`). Thin: parse, call the library, print.
 
 Exit statuses (EXIT_STATUS, shown by --help): 0 done (identify: a match); 1 identify: no match; 3 identify:
-ambiguous; 2 an error, as one line on stderr (bad arguments: argparse's usage message); 141 standard output
-closed early (piped into `head`), quietly, as a command stopped by SIGPIPE.
+ambiguous; 4 fleet: the health verdict is Fail (on every rank); 2 an error, as one line on stderr naming the
+file or argument (bad arguments: argparse's usage message); 141 standard output closed early (piped into `head`),
+quietly, as a command stopped by SIGPIPE.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import sys
 from pathlib import Path
 
 from .bundled import DEFAULT_EXAMPLE, describe_example, example_path, list_examples, load_example, load_topology
-from .distributed.gather import DEFAULT_TIMEOUT_S
+from .distributed.gather import DEFAULT_TIMEOUT_S, GATHER_SLACK_S
 from .errors import L2TopoError, RegistryError
 from .measure.cache import cache_dir
 from .measure.launch import BACKEND_CHOICES
@@ -23,9 +24,10 @@ from .version import __version__
 EXIT_ERROR = 2
 EXIT_NO_MATCH = 1
 EXIT_AMBIGUOUS = 3
+EXIT_HEALTH_FAIL = 4  # fleet: a job script gates on it, as on `dcgmi diag`
 EXIT_PIPE_CLOSED = 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader went away
-EXIT_STATUS = ("exit status: 0 done (identify: match), 1 identify: no match, 3 identify: ambiguous, 2 error "
-               "(one line on stderr), 141 output pipe closed early")
+EXIT_STATUS = ("exit status: 0 done (identify: match), 1 identify: no match, 3 identify: ambiguous, 4 fleet: "
+               "health Fail, 2 error (one line on stderr), 141 output pipe closed early")
 NEXT_STEP = ("next: `python -m torch_l2topo report` writes l2topo-report/report.md, the analysis of this map "
              "with figures")
 
@@ -146,11 +148,32 @@ def cmd_geometry(args) -> int:
     return 0
 
 
-def cmd_fleet(args) -> int:
-    """Under torchrun: every rank calibrates its GPU (or reads --file), the job gathers the fleet, rank 0 prints it."""
-    from .distributed import gather_fleet, torchrun_group
+def _rank_file_fields(template: str) -> None:
+    """ValueError unless the --file template replaces only {rank} and {local_rank}."""
+    import string
 
-    with torchrun_group() as joined:
+    try:
+        fields = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+    except ValueError as exc:
+        raise ValueError(f"--file {template!r}: {exc} (write {{{{ and }}}} for a literal brace)") from None
+    unknown = [name for name in fields if name not in ("rank", "local_rank")]
+    if unknown:
+        raise ValueError(f"--file {template!r} names {{{unknown[0]}}}; only {{rank}} and {{local_rank}} are replaced")
+
+
+def cmd_fleet(args) -> int:
+    """Under torchrun: every rank calibrates its GPU (or reads --file), the job gathers the fleet, rank 0 prints it;
+    every rank exits EXIT_HEALTH_FAIL when the verdict is Fail."""
+    import math
+
+    from .distributed import gather_fleet, torchrun_group
+    from .distributed.health import FAIL
+
+    if not 0 < args.timeout < math.inf:
+        raise ValueError(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
+    if args.file:
+        _rank_file_fields(args.file)
+    with torchrun_group(args.timeout) as joined:
         import torch.distributed as dist
 
         rank = dist.get_rank() if joined else 0
@@ -169,7 +192,7 @@ def cmd_fleet(args) -> int:
 
             atomic_write(Path(args.out), (fleet.to_json() + "\n").encode())
             print(f"\nwrote {args.out}")
-    return 0
+    return EXIT_HEALTH_FAIL if fleet.verdict == FAIL else 0
 
 
 def cmd_trace_summary(args) -> int:
@@ -185,8 +208,8 @@ def cmd_trace_summary(args) -> int:
     if args.timeline:
         from .profiler.timeline import render_timeline
 
-        print(f"wrote {render_timeline(trace, args.timeline, kernel=args.kernel)}", file=sys.stderr if args.json
-              else sys.stdout)
+        print(f"wrote {render_timeline(trace, args.timeline, kernel=args.kernel, source=args.trace)}",
+              file=sys.stderr if args.json else sys.stdout)
     return 0
 
 
@@ -283,7 +306,8 @@ def build_parser() -> argparse.ArgumentParser:
                                   "are replaced: --file 'cal-{rank}.npz')")
     f.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                    help=f"seconds a rank may calibrate before it reports a timeout instead (default "
-                        f"{DEFAULT_TIMEOUT_S:g})")
+                        f"{DEFAULT_TIMEOUT_S:g}); joining the job and each gather wait at most {GATHER_SLACK_S:g} s "
+                        "longer for the other ranks")
     f.add_argument("--identifiers", action="store_true", help="put raw GPU uuids and host names in the table")
     f.add_argument("--backend", choices=BACKEND_CHOICES, default="auto")
     f.add_argument("--mode", choices=MODES, default=DEFAULT_MODE)
@@ -308,6 +332,25 @@ def _os_error_line(exc: OSError) -> str:
     return f"{exc.filename}: {exc.strerror}" if exc.filename is not None and exc.strerror else str(exc)
 
 
+def _stdout_gone() -> int:
+    """The reader of stdout went away (`... | head`): stop quietly. Python flushes stdout again at exit; point it at
+    /dev/null so that this flush cannot fail too."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return EXIT_PIPE_CLOSED
+
+
+def run_script(main, *args) -> int:
+    """An example's or script's entry: main(*args), then exit status 0, or EXIT_PIPE_CLOSED (quietly, no traceback)
+    when its output pipe closed early (`python examples/x.py | head`), as the verbs do:
+    `sys.exit(run_script(main, sys.argv[1:]))`."""
+    try:
+        main(*args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
+    except BrokenPipeError:
+        return _stdout_gone()
+    return 0
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     func = getattr(args, "func", cmd_main_job)
@@ -316,10 +359,7 @@ def main(argv=None) -> int:
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
         return status
     except BrokenPipeError:
-        # The reader went away (`... | head`): stop quietly. Python flushes stdout again at exit; point it at
-        # /dev/null so that this flush cannot fail too.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_PIPE_CLOSED
+        return _stdout_gone()
     except (L2TopoError, ValueError) as exc:
         print(f"torch_l2topo: error: {exc}", file=sys.stderr)
         return EXIT_ERROR

@@ -111,7 +111,8 @@ def resolve_device(device=None) -> int:
 
     if not torch.cuda.is_available():
         raise DeviceError("no CUDA device is available (torch.cuda.is_available() is False); "
-                          "`python -m torch_l2topo show` displays the bundled H200 calibration instead")
+                          "torch_l2topo.load_example('h200') returns a bundled real H200 calibration to work with "
+                          "instead (`python -m torch_l2topo show --example h200` shows it)")
     if device is None:
         index = torch.cuda.current_device()
     elif isinstance(device, bool):

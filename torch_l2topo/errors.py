@@ -40,6 +40,11 @@ class RegistryError(L2TopoError):
     """A registry entry is missing, unreadable or invalid, or an entry name is taken or malformed."""
 
 
+class FleetError(L2TopoError):
+    """A torch.distributed job's fleet could not be gathered: a rank did not join the process group, or a collective
+    did not complete, within the timeout (a rank hung or died elsewhere)."""
+
+
 class CalibrationMismatch(L2TopoError, ValueError):
     """A calibration of another GPU model or SM count was handed to work on this device (its SM ids, labels
     and pairs would name the wrong SMs)."""
@@ -53,6 +58,16 @@ class PlacementError(L2TopoError):
 class TraceFormatError(L2TopoError):
     """A profiler trace is malformed, truncated, or not a PyTorch profiler (Kineto) trace; or a Proton trace is
     not in the format the profiler merges. The file is never modified."""
+
+
+class ForestFormatError(L2TopoError, ValueError):
+    """A tree-ensemble model (an xgboost JSON file, a scikit-learn model) is malformed or of a kind forest_predict
+    does not run: out-of-range features or children, a node reached twice, an invalid base score."""
+
+
+class GeometryFormatError(L2TopoError, ValueError):
+    """A geometry result file (`geometry --out`, benchmarks/run_geometry.py) is malformed or lacks what its
+    summary or figures read."""
 
 
 def check_choice(name: str, value, choices) -> None:

@@ -1,4 +1,5 @@
-"""Safe file operations: an exclusive advisory lock with a timeout, atomic writes, and JSON of numpy values.
+"""Safe file operations: an exclusive advisory lock with a timeout, atomic writes, JSON of numpy values, and reading
+a JSON file with one-line errors that name it.
 
 flock locks are released by the OS when their holder dies, so a killed process never leaves a lock that
 blocks everyone after it (unlike a lock *file*, whose mere existence is the lock). Atomic writes go to a
@@ -12,6 +13,7 @@ import fcntl
 import functools
 import glob
 import hashlib
+import json
 import os
 import re
 import socket
@@ -131,6 +133,30 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+_JSON_TYPES = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean",
+               type(None): "null"}
+
+
+def read_json(path, error: type, what: str) -> dict:
+    """The JSON object in the file at `path`; `error` (an L2TopoError class) naming the file when it is empty, not
+    UTF-8, not JSON, or not an object at its top level (`what`: what it should be, for the message). A missing or
+    unreadable file raises OSError, as open() does."""
+    raw = Path(path).read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(f"{path} is not {what}: not UTF-8 text (byte {exc.start})") from None
+    if not text.strip():
+        raise error(f"{path} is not {what}: the file is empty")
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise error(f"{path} is not {what}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") \
+            from None
+    if not isinstance(doc, dict):
+        raise error(f"{path} is not {what}: its JSON is {_JSON_TYPES.get(type(doc), type(doc).__name__)}, not an "
+                    "object")
+    return doc
 
 
 def json_default(x):

@@ -22,6 +22,19 @@ from .files import atomic_write
 FORMAT_VERSION = 1
 _META_KEY = "meta_json"
 _PER_SM = ("chain_cycles", "chain_ns", "chain_noise", "line_noise", "sm_clock_ghz")
+# A saved calibration is refused before anything is decompressed when its arrays would take more than this: the
+# defaults (512 lines, 3 repeats kept in extras) take about 1 MiB, 256 MiB is 100,000 lines of a 132-SM GPU; a
+# zip member can claim a thousand times its compressed size (a few KiB of zeros can unpack to a gigabyte).
+MAX_LOAD_BYTES = 256 << 20
+MAX_CLOCK_GHZ = 10.0  # no GPU clocks its SMs near this; a larger "clock" is a damaged or hand-made file
+_POSITIVE = ("chain_cycles", "chain_ns", "line_cycles", "sm_clock_ghz")  # latencies and clocks
+_NONNEGATIVE = ("chain_noise", "line_noise")  # spreads over the repeats
+# Metadata fields other modules read, and their types (checked when present; None allowed where a field may be
+# unknown). Device fields: what identity/, the report and the summary read of meta["device"].
+_META_TYPES = {"device": dict, "config": dict, "versions": dict, "trust": (dict, type(None)), "date": str,
+               "backend": str, "mode": str, "uuid_hash": (str, type(None)), "serial_hash": (str, type(None))}
+_DEVICE_TYPES = {"name": str, "cc": list, "sm_count": int, "l2_bytes": int, "driver": (str, type(None)),
+                 "uuid": (str, type(None)), "mig": bool}
 # Per-SM columns that layers above this module add to to_frame("sm"): name -> function of the Topology.
 # The package's __init__ registers "partition" (analysis/labels.py), which this root module may not import.
 _SM_COLUMNS: dict[str, Callable] = {}
@@ -78,21 +91,40 @@ class Topology:
         return self.line_cycles.shape[1]
 
     def validate(self) -> None:
+        """Raise TopologyFormatError naming the first array or metadata field that no calibration could hold:
+        arrays of numbers of one SM count (>= 1) and line count (>= 1), positive finite latencies and clocks
+        (clocks below MAX_CLOCK_GHZ), finite non-negative noise, and the metadata fields others read typed."""
+        for name in (*_PER_SM, "line_cycles", "line_addresses"):
+            arr, kinds = getattr(self, name), ("iu", "integers") if name == "line_addresses" else ("fiu", "numbers")
+            if not isinstance(arr, np.ndarray) or arr.dtype.kind not in kinds[0]:
+                raise TopologyFormatError(f"{name} must be an array of real {kinds[1]}, got "
+                                          f"{getattr(arr, 'dtype', type(arr).__name__)}")
+        if self.chain_cycles.ndim != 1:
+            raise TopologyFormatError(f"chain_cycles must be 1-D (one value per SM), not {self.chain_cycles.shape}")
         n = self.n_sm
         for name in _PER_SM:
+            if getattr(self, name).shape != (n,):
+                raise TopologyFormatError(f"{name} must be an array of shape ({n},), got {getattr(self, name).shape}")
+        if n < 1:
+            raise TopologyFormatError("the arrays hold no SMs")
+        if self.line_cycles.ndim != 2 or self.line_cycles.shape[0] != n or self.line_cycles.shape[1] < 1:
+            raise TopologyFormatError(f"line_cycles must have shape ({n}, n_lines >= 1), got {self.line_cycles.shape}")
+        if self.line_addresses.shape != (self.n_lines,) or (self.line_addresses < 0).any():
+            raise TopologyFormatError(f"line_addresses must be {self.n_lines} addresses (>= 0)")
+        for name in (*_POSITIVE, *_NONNEGATIVE):
             arr = getattr(self, name)
-            if not isinstance(arr, np.ndarray) or arr.shape != (n,):
-                raise TopologyFormatError(f"{name} must be an array of shape ({n},), got "
-                                          f"{getattr(arr, 'shape', type(arr).__name__)}")
-        if self.line_cycles.ndim != 2 or self.line_cycles.shape[0] != n:
-            raise TopologyFormatError(f"line_cycles must have shape ({n}, n_lines), got {self.line_cycles.shape}")
-        if self.line_addresses.shape != (self.n_lines,):
-            raise TopologyFormatError(f"line_addresses must have shape ({self.n_lines},)")
-        for name in ("chain_cycles", "chain_ns", "line_cycles", "sm_clock_ghz"):
-            if not np.all(np.isfinite(getattr(self, name))):
+            if not np.all(np.isfinite(arr)):
                 raise TopologyFormatError(f"{name} holds NaN or infinite values")
-        if not isinstance(self.meta, dict):
-            raise TopologyFormatError("meta must be a dict")
+            if (arr <= 0).any() if name in _POSITIVE else (arr < 0).any():
+                raise TopologyFormatError(f"{name} holds values {'<= 0' if name in _POSITIVE else '< 0'} (min "
+                                          f"{arr.min():g}): not a latency, clock or spread a GPU can have")
+        if self.sm_clock_ghz.max() > MAX_CLOCK_GHZ:
+            raise TopologyFormatError(f"sm_clock_ghz reaches {self.sm_clock_ghz.max():g} GHz, over {MAX_CLOCK_GHZ:g}")
+        for key, arr in self.extras.items():
+            if not isinstance(arr, np.ndarray) or arr.dtype.kind not in "biuf":
+                raise TopologyFormatError(f"extra array {key!r} must hold numbers, got "
+                                          f"{getattr(arr, 'dtype', type(arr).__name__)}")
+        _check_meta(self.meta, n)
 
     # ---- persistence -------------------------------------------------------------------------------
     def _arrays(self) -> dict[str, np.ndarray]:
@@ -116,9 +148,12 @@ class Topology:
 
     @classmethod
     def load(cls, path) -> "Topology":
-        """Read a saved calibration; raise TopologyFormatError naming what is wrong with a bad file."""
+        """Read a saved calibration; raise TopologyFormatError naming the file and what is wrong with a bad one."""
         path = Path(path)
         try:
+            if path.stat().st_size > MAX_LOAD_BYTES:
+                raise TopologyFormatError(f"{path} is {path.stat().st_size >> 20} MiB, more than a calibration "
+                                          f"holds ({MAX_LOAD_BYTES >> 20} MiB at most)")
             data = path.read_bytes()
         except FileNotFoundError:
             raise
@@ -134,6 +169,13 @@ class Topology:
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"from_bytes() takes bytes, got {type(data).__name__}")
         try:
+            unpacked = sum(member.file_size for member in zipfile.ZipFile(io.BytesIO(data)).infolist())
+        except (zipfile.BadZipFile, OSError, ValueError, EOFError):
+            unpacked = 0  # not a zip file: np.load says what it is below
+        if unpacked > MAX_LOAD_BYTES:
+            raise TopologyFormatError(f"{source} would unpack to {unpacked >> 20} MiB, more than a calibration holds "
+                                      f"({MAX_LOAD_BYTES >> 20} MiB at most): refused before decompressing")
+        try:
             with np.load(io.BytesIO(data), allow_pickle=False) as z:
                 arrays = {k: z[k] for k in z.files}
         except (OSError, ValueError, zipfile.BadZipFile, EOFError, KeyError):
@@ -148,6 +190,8 @@ class Topology:
             meta = json.loads(arrays.pop(_META_KEY).tobytes().decode())
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise TopologyFormatError(f"{source}: metadata is not valid JSON ({exc})") from None
+        if not isinstance(meta, dict):
+            raise TopologyFormatError(f"{source}: metadata is a JSON {type(meta).__name__}, not an object")
         if meta.get("format_version") != FORMAT_VERSION:
             raise TopologyFormatError(f"{source} has format version {meta.get('format_version')}, this "
                                       f"torch_l2topo reads {FORMAT_VERSION}")
@@ -158,7 +202,11 @@ class Topology:
         if missing:
             raise TopologyFormatError(f"{source} lacks arrays {missing}")
         extras = {k[len("extra_"):]: v for k, v in arrays.items() if k.startswith("extra_")}
-        return cls(**{k: arrays[k] for k in (*_PER_SM, "line_cycles", "line_addresses")}, meta=meta, extras=extras)
+        try:
+            return cls(**{k: arrays[k] for k in (*_PER_SM, "line_cycles", "line_addresses")}, meta=meta,
+                       extras=extras)
+        except TopologyFormatError as exc:  # a valid checksum over arrays no calibration could hold
+            raise TopologyFormatError(f"{source}: {exc}") from None
 
     def export_copy(self, **meta_updates) -> "Topology":
         """A copy fit to share: the device uuid replaced by its hash, the local cache key dropped."""
@@ -227,6 +275,26 @@ class Topology:
         if self.source:
             lines.append(f"source: {self.source}")
         return "\n".join(lines)
+
+
+def _check_meta(meta, n_sm: int) -> None:
+    """TopologyFormatError unless the metadata fields other modules read have their types (_META_TYPES), cc is
+    [major, minor] and the device's SM count is the arrays' own."""
+    if not isinstance(meta, dict):
+        raise TopologyFormatError(f"meta must be a dict, got {type(meta).__name__}")
+    device = meta.get("device", {})
+    for where, fields, values in (("meta", _META_TYPES, meta), ("meta['device']", _DEVICE_TYPES, device)):
+        for key, kind in fields.items():
+            value = values.get(key) if isinstance(values, dict) else None
+            if key in values and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
+                wanted = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+                raise TopologyFormatError(f"{where}[{key!r}] is {type(value).__name__} {str(value)[:40]!r}, not "
+                                          f"{wanted}")
+    cc = device.get("cc", [0, 0])
+    if len(cc) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in cc):
+        raise TopologyFormatError(f"meta['device']['cc'] must be [major, minor], got {cc!r}")
+    if device.get("sm_count", n_sm) != n_sm:
+        raise TopologyFormatError(f"meta['device']['sm_count'] is {device['sm_count']} but the arrays hold {n_sm} SMs")
 
 
 def _checksum(arrays: dict[str, np.ndarray]) -> str:

@@ -59,7 +59,8 @@ def _walk(nodes_ptr, x_ptr, node, samples, sample_ok, n_features, depth, BLOCK_S
         packed, left = tl.split(even)
         threshold_bits, right = tl.split(odd)
         feature = packed & 0x7FFFFFFF
-        value = tl.load(x_row + feature, mask=sample_ok[:, None], other=0.0)
+        # the loaders checked every feature (ops/forest.py); the mask keeps a hand-built forest inside x too
+        value = tl.load(x_row + feature, mask=sample_ok[:, None] & (feature < n_features), other=0.0)
         go_left = (value <= threshold_bits.to(tl.float32, bitcast=True)) | ((value != value) & (packed < 0))
         node = tl.where(go_left, left, right).to(tl.int64)
     return tl.load(nodes_ptr + node * 4 + 1).to(tl.int64)

@@ -149,6 +149,13 @@ class Fleet:
         table["findings"] = [", ".join(sorted(checks.get(rank, ()))) for rank in ranks]
         return cls(table, distances, findings)
 
+    @property
+    def verdict(self) -> str:
+        """The health verdict: "Fail", "Warn" or "Pass" (the first of the health lines)."""
+        from .health import verdict
+
+        return verdict(self.findings)
+
     def health_lines(self) -> list:
         """The findings as DCGM-style diagnostic lines: an overall verdict, then one line per rank."""
         from .health import diagnostic_lines

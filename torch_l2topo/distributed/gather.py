@@ -12,6 +12,8 @@ Every rank returns the same Fleet. Raw identifiers (GPU uuid, host name) stay ou
 """
 from __future__ import annotations
 
+import datetime
+import math
 import os
 import socket
 import threading
@@ -22,7 +24,7 @@ from typing import Callable
 import numpy as np
 
 from ..device import device_info, resolve_device, uuid_hash
-from ..errors import ProbeTimeout
+from ..errors import FleetError, ProbeTimeout
 from ..measure import calibration
 from ..topology import Topology
 from .fleet import Fleet, describe
@@ -31,15 +33,35 @@ from .fleet import Fleet, describe
 # same GPU, then measures for a few seconds (the first one compiles the probes): a rank still calibrating
 # after this long is reported as failed, and the job goes on.
 DEFAULT_TIMEOUT_S = 180.0
+# What a rank waits for the others beyond the calibration timeout, in joining the group and in each collective: the
+# ranks' start skew and the gather itself (small dicts and one tensor). A rank that calibrated in no time waits in
+# the gather for a rank that gives up at the timeout; without this slack the two deadlines would race.
+GATHER_SLACK_S = 30.0
+
+
+def group_timeout_s(timeout_s: float) -> float:
+    """How long joining the group and each collective may wait, for a calibration timeout of timeout_s."""
+    _check_timeout(timeout_s)
+    return timeout_s + GATHER_SLACK_S
+
+
+def _check_timeout(timeout_s) -> None:
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < math.inf:
+        raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 @contextmanager
-def torchrun_group():
+def torchrun_group(timeout_s: float = DEFAULT_TIMEOUT_S):
     """The process group of a `torchrun` launch, joined for the duration of the block: yields True in a job, False
     outside one (no RANK and WORLD_SIZE in the environment; nothing is started then). An initialized group is
     used as it is. Otherwise the group is joined from torchrun's environment and left at the end: NCCL with this
     rank's GPU (LOCAL_RANK) made current when every local rank has a GPU of its own, gloo otherwise (on CPUs, or
-    with more ranks than GPUs: then ranks share GPUs, which the fleet reports)."""
+    with more ranks than GPUs: then ranks share GPUs, which the fleet reports). Joining, and every collective in
+    the group, waits at most group_timeout_s(timeout_s): FleetError when a rank does not come."""
     import torch
     import torch.distributed as dist
 
@@ -49,12 +71,17 @@ def torchrun_group():
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         yield False
         return
+    wait_s = group_timeout_s(timeout_s)
     local = int(os.environ.get("LOCAL_RANK", "0"))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     own_gpus = torch.cuda.is_available() and local_world <= torch.cuda.device_count()
     if own_gpus:
         torch.cuda.set_device(local)
-    dist.init_process_group("nccl" if own_gpus else "gloo")
+    try:
+        dist.init_process_group("nccl" if own_gpus else "gloo", timeout=datetime.timedelta(seconds=wait_s))
+    except RuntimeError as exc:  # torch.distributed.DistError: the rendezvous timed out or failed
+        raise FleetError(f"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']} could not join the job's process "
+                         f"group within {wait_s:g} s (did every rank start?): {_first_line(exc)}") from None
     try:
         yield True
     finally:
@@ -75,8 +102,7 @@ def local_record(topology: Topology | None = None, *, device=None, timeout_s: fl
     current CUDA device). options: calibrate()'s keyword options. Never raises for a failed calibration:
     the report's "error" says what happened, and the device's identity is filled in where it can be read.
     """
-    if not timeout_s > 0:
-        raise ValueError(f"timeout_s must be positive, got {timeout_s!r}")
+    _check_timeout(timeout_s)
     local = os.environ.get("LOCAL_RANK")
     record = {"local_rank": int(local) if local and local.isdigit() else None, "host": host_label(identifiers),
               "device_index": None, "error": None, "signature_length": 0}
@@ -142,6 +168,8 @@ def gather_fleet(topology: Topology | None = None, *, group=None, device=None, t
     timeout instead (every rank waits for the slowest, up to this). identifiers: put raw uuids and host names
     in the table. options: calibrate()'s keyword options. progress: called with a line per step on this rank.
     Call torch.cuda.set_device(LOCAL_RANK) first in NCCL jobs: NCCL needs it, and it is the GPU calibrated.
+    The collectives wait as long as the group's timeout (torchrun_group(timeout_s) sets group_timeout_s(timeout_s);
+    a group you initialized keeps its own): FleetError when a rank never reaches them.
     """
     import torch.distributed as dist
 
@@ -157,8 +185,12 @@ def gather_fleet(topology: Topology | None = None, *, group=None, device=None, t
     world = dist.get_world_size(group)
     t0 = time.perf_counter()
     records = [None] * world
-    dist.all_gather_object(records, record, group=group)
-    vectors = _gather_vectors(vector, [r["signature_length"] for r in records], group)
+    try:
+        dist.all_gather_object(records, record, group=group)
+        vectors = _gather_vectors(vector, [r["signature_length"] for r in records], group)
+    except RuntimeError as exc:  # the group's timeout passed (gloo; NCCL's watchdog) or a rank went away
+        raise FleetError(f"rank {rank}: gathering the fleet failed after {time.perf_counter() - t0:.1f} s: a rank "
+                         f"did not reach the gather (hung or died elsewhere?): {_first_line(exc)}") from None
     if progress is not None:
         progress(f"rank {rank}: gathered {world} ranks in {time.perf_counter() - t0:.2f} s")
     return Fleet.from_records(records, vectors)

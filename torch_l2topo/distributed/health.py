@@ -153,10 +153,16 @@ def _peers(rows) -> list:
     return out
 
 
+def verdict(findings) -> str:
+    """The fleet's overall verdict: Fail if any finding fails, else Warn if any warns, else Pass."""
+    levels = [f.level for f in findings]
+    return FAIL if FAIL in levels else WARN if WARN in levels else PASS
+
+
 def diagnostic_lines(table, findings) -> list:
     """An overall line, one line per rank (Pass, or one line per finding), then the job-wide findings."""
     levels = [f.level for f in findings]
-    overall = FAIL if FAIL in levels else WARN if WARN in levels else PASS
+    overall = verdict(findings)
     hosts = table["host"].nunique() if "host" in table else 1
     lines = [f"L2 map health of {len(table)} rank(s) on {hosts} host(s): {overall} "
              f"({levels.count(FAIL)} fail, {levels.count(WARN)} warn)"]

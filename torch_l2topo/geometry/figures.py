@@ -14,20 +14,39 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import GeometryFormatError
+from ..files import read_json
+from .summary import summary_lines
+
 MB = 1 << 20
+
+
+# What the summary reads at the top of a result, and its types
+RESULT_FIELDS = {"quick": bool, "n_sm": int, "l2_bytes": (int, float), "clock_ghz": (int, float),
+                 "total_s": (int, float)}
 
 
 def load_geometry(path) -> dict:
     """The suite's result from a geometry JSON: benchmarks' files keep it under "figures" next to "env" and
-    "command"; the CLI's --out writes it at the top level."""
-    with open(path) as f:
-        try:
-            d = json.load(f)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: not a JSON file ({exc})") from None
+    "command"; the CLI's --out writes it at the top level. GeometryFormatError naming the file for one that is not
+    UTF-8 JSON, not a geometry result, or lacks what the summary reads (each experiment is summarized here once,
+    so a damaged one is found at load, not halfway through a report)."""
+    d = read_json(path, GeometryFormatError, "a geometry result")
     result = d.get("figures", d)
-    if "experiments" not in result:
-        raise ValueError(f"{path}: not a geometry result (no 'experiments')")
+    if not isinstance(result, dict) or not isinstance(result.get("experiments"), dict):
+        raise GeometryFormatError(f"{path} is not a geometry result (no 'experiments' object)")
+    for key, kind in RESULT_FIELDS.items():
+        value = result.get(key)
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise GeometryFormatError(f"{path}: '{key}' is {json.dumps(value)}, not the {key} of a geometry result")
+    for name, experiment in result["experiments"].items():
+        try:
+            if not isinstance(experiment, dict):
+                raise TypeError("not an object")
+            summary_lines({**result, "experiments": {name: experiment}})
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+            raise GeometryFormatError(f"{path}: experiment {name!r} is malformed ({type(exc).__name__}: {exc})") \
+                from None
     return result
 
 

@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import os
+import tempfile
 from pathlib import Path
 
 from ..errors import TopologyFormatError
@@ -47,9 +48,11 @@ def _safe(uuid: str) -> str:
     return "".join(ch if ch.isalnum() or ch == "-" else "_" for ch in uuid)
 
 
-def gpu_lock_path(uuid: str) -> Path:
-    """The lock file that serializes measurements on one GPU, whatever their configuration."""
-    return cache_dir() / f"{_safe(uuid)}.lock"
+def gpu_lock_paths(uuid: str) -> list:
+    """Where the lock that serializes measurements on one GPU (whatever their configuration) may live, in order:
+    the cache directory, then the temporary directory's torch_l2topo-locks (for a cache that cannot be written)."""
+    name = f"{_safe(uuid)}.lock"
+    return [cache_dir() / name, Path(tempfile.gettempdir()) / "torch_l2topo-locks" / name]
 
 
 def load_cached(key: dict, quiet: bool = False) -> Topology | None:

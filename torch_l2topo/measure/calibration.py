@@ -7,7 +7,7 @@ import datetime as _dt
 import logging
 import time
 from collections.abc import Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 import numpy as np
 
@@ -31,8 +31,20 @@ log = logging.getLogger("torch_l2topo")
 @contextmanager
 def measuring(index: int):
     """Hold this GPU's measurement lock: probes of two processes on one GPU would disturb each other, so
-    calibrate(), the Localizer and partition maps take turns on it."""
-    with exclusive(cache.gpu_lock_path(device_uuid(index)), CALIBRATION_LOCK_TIMEOUT_S, "GPU measurement"):
+    calibrate(), the Localizer and partition maps take turns on it. The lock lives in the cache directory, else
+    in the temporary directory (a read-only or unusable cache); where neither can hold it, the measurement goes
+    ahead unlocked, with a warning."""
+    problems = []
+    with ExitStack() as held:
+        for path in cache.gpu_lock_paths(device_uuid(index)):
+            try:
+                held.enter_context(exclusive(path, CALIBRATION_LOCK_TIMEOUT_S, "GPU measurement"))
+                break
+            except OSError as exc:  # the directory cannot be made or written: the next place
+                problems.append(f"{exc.filename or path}: {exc.strerror or exc}")
+        else:
+            log.warning("torch_l2topo: cuda:%d measures without its lock, which no directory could hold (%s): "
+                        "another process probing this GPU now would disturb the map", index, "; ".join(problems))
         yield
 
 
@@ -57,7 +69,9 @@ def calibrate(device=None, *, backend: str = "auto", mode: str = DEFAULT_MODE, f
     verdict, including notes such as a clock that moved since the GPU's previous calibration.
 
     Two processes calibrating one GPU at once take turns on a per-GPU lock (measurements would disturb
-    each other); the second then finds the first's fresh result in the cache.
+    each other); the second then finds the first's fresh result in the cache. use_cache=False needs no
+    writable cache directory (the lock then lives in the temporary directory), and a cache that cannot be written
+    costs a warning, never the measured map.
     """
     check_choice("mode", mode, MODES)
     check_choice("backend", backend, BACKEND_CHOICES)
@@ -83,7 +97,11 @@ def calibrate(device=None, *, backend: str = "auto", mode: str = DEFAULT_MODE, f
             topo = _checked_measure(index, info, cfg, backend, mode, check, attempts, previous)
         topo = _with_gpc(topo, index, gpc)
         if use_cache and topo.meta["trust"]["trusted"]:
-            cache.store(topo, key)
+            try:
+                cache.store(topo, key)
+            except OSError as exc:  # a full or read-only cache: the map is good, only not kept
+                log.warning("torch_l2topo: cuda:%d: the calibration is returned but not cached (%s: %s)", index,
+                            exc.filename or cache.cache_dir(), exc.strerror or exc)
     return topo
 
 

@@ -30,15 +30,14 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..errors import check_choice
-from .forest_sources import TreeArrays, from_sklearn, from_xgboost_json
+from ..errors import ForestFormatError, check_choice
+from .forest_sources import DEFAULT_LEFT, MAX_FEATURES, TreeArrays, from_sklearn, from_xgboost_json
 
 LAYOUTS = ("bfs", "dfs", "blocks")
 TRANSFORMS = ("identity", "sigmoid", "sigmoid_pair", "softmax", "exp")
 WORDS = 4             # int32 words per node record: 16 bytes, one vector load
 BLOCK_LEVELS = 3      # levels per block of the "blocks" layout: 7 nodes ...
 BLOCK_SLOTS = 8       # ... in 8 slots of 16 bytes: one 128-byte L2 line
-DEFAULT_LEFT = 1 << 31
 HOME_BLOCK_BYTES = 256  # partition_map's block: 16 records, so a layout's 128-byte lines stay whole
 
 
@@ -87,12 +86,16 @@ class Forest:
         check_choice("layout", layout, LAYOUTS)
         if not trees:
             raise ValueError("a forest needs at least one tree")
+        if isinstance(n_features, bool) or not isinstance(n_features, (int, np.integer)) or \
+                not 1 <= n_features <= MAX_FEATURES:
+            raise ValueError(f"n_features must be an integer in [1, {MAX_FEATURES}]; got {n_features!r}")
+        trees = [_checked(tree, int(n_features), t) for t, tree in enumerate(trees)]
         widths = sorted({t.value.shape[1] for t in trees})
         if len(widths) != 1:
             raise ValueError(f"every tree needs leaves of one width; got widths {widths}")
         base = np.atleast_1d(np.asarray(base, dtype=np.float64))
-        groups = np.asarray(groups, dtype=np.int32)
-        if groups.shape != (len(trees),) or groups.min() < 0 or groups.max() >= base.size:
+        groups = np.asarray(groups)
+        if groups.shape != (len(trees),) or not _integers(groups) or groups.min() < 0 or groups.max() >= base.size:
             raise ValueError(f"groups must give each of the {len(trees)} trees an output in [0, {base.size})")
         if widths[0] > 1 and (widths[0] != base.size or groups.any()):
             raise ValueError(f"leaves of {widths[0]} values are whole output rows: they need {widths[0]} outputs "
@@ -109,7 +112,7 @@ class Forest:
             depth = max(depth, tree_depth)
         return cls(nodes=torch.from_numpy(np.concatenate(records)),
                    values=torch.from_numpy(np.concatenate(values)).to(dtype),
-                   roots=torch.tensor(roots, dtype=torch.int32), groups=torch.from_numpy(groups),
+                   roots=torch.tensor(roots, dtype=torch.int32), groups=torch.from_numpy(groups.astype(np.int32)),
                    base=torch.from_numpy(base).to(dtype), depth=depth, n_features=int(n_features), layout=layout,
                    **meta)
 
@@ -121,8 +124,15 @@ class Forest:
 
     @classmethod
     def from_xgboost_json(cls, path, *, layout: str = "bfs") -> Forest:
-        """A gbtree model saved by xgboost (Booster.save_model("model.json")); xgboost itself is not needed."""
-        return cls.from_trees(**from_xgboost_json(path), layout=layout)
+        """A gbtree model saved by xgboost (Booster.save_model("model.json")); xgboost itself is not needed.
+        ForestFormatError naming the file for one that is not such a model, or whose trees a walk could not
+        follow (checked here, once)."""
+        check_choice("layout", layout, LAYOUTS)
+        arguments = from_xgboost_json(path)
+        try:
+            return cls.from_trees(**arguments, layout=layout)
+        except ValueError as exc:  # the trees' own checks
+            raise ForestFormatError(f"{path}: {exc}") from None
 
     def to(self, device) -> Forest:
         """This forest on `device`; on a GPU leaf values and base are float32 (what the kernel adds)."""
@@ -222,17 +232,65 @@ def replicated_records(nodes: np.ndarray, roots: np.ndarray, homes: np.ndarray, 
     return out, np.ascontiguousarray(where[:, np.asarray(roots, dtype=np.int64)], dtype=np.int32)
 
 
+def _integers(a: np.ndarray) -> bool:
+    return a.dtype.kind in "iu"
+
+
+def _checked(tree: TreeArrays, n_features: int, t: int) -> TreeArrays:
+    """`tree` as a tree the kernels can walk without reading outside their arrays, or ValueError naming tree `t`
+    and what is wrong: per-node arrays of unequal lengths or of the wrong kind, a child out of range or alone, a
+    feature outside [0, n_features) at a node the walks reach; _levels finds a node reached twice (a cycle)."""
+    arrays = {name: np.asarray(getattr(tree, name)) for name in TreeArrays._fields}
+    n = arrays["left"].shape[0] if arrays["left"].ndim == 1 else -1
+    for name, a in arrays.items():
+        if a.shape[:1] != (n,) or a.ndim != (2 if name == "value" else 1) or n < 1:
+            raise ValueError(f"tree {t}: {name} has shape {a.shape}; every per-node array needs one entry per node "
+                             f"(left has shape {arrays['left'].shape})")
+    for name in ("feature", "left", "right"):
+        if not _integers(arrays[name]):
+            raise ValueError(f"tree {t}: {name} must hold integers, not {arrays[name].dtype}")
+    if arrays["threshold"].dtype.kind not in "fiu" or arrays["value"].dtype.kind not in "fiu":
+        raise ValueError(f"tree {t}: thresholds and values must be real numbers, not {arrays['threshold'].dtype} "
+                         f"and {arrays['value'].dtype}")
+    if arrays["default_left"].dtype.kind not in "biu" or not np.isin(arrays["default_left"], (0, 1)).all():
+        raise ValueError(f"tree {t}: default_left must be true/false (or 0/1)")
+    left, right = arrays["left"].astype(np.int64), arrays["right"].astype(np.int64)
+    for name, child in (("left", left), ("right", right)):
+        bad = np.flatnonzero((child < -1) | (child >= n))
+        if bad.size:
+            raise ValueError(f"tree {t}: node {bad[0]}'s {name} child {child[bad[0]]} is outside [0, {n}) (-1: a leaf)")
+    alone = np.flatnonzero((left < 0) != (right < 0))
+    if alone.size:
+        raise ValueError(f"tree {t}: node {alone[0]} has one child; every node needs two children or none")
+    try:
+        reached = np.concatenate(_levels(left, right))
+    except ValueError as exc:
+        raise ValueError(f"tree {t}: {exc}") from None
+    inner = reached[left[reached] >= 0]
+    feature = arrays["feature"][inner].astype(np.int64)
+    bad = np.flatnonzero((feature < 0) | (feature >= n_features))
+    if bad.size:
+        raise ValueError(f"tree {t}: node {inner[bad[0]]} tests feature {feature[bad[0]]}, outside [0, {n_features})")
+    checked = np.zeros(n, dtype=np.int32)  # nodes no walk reaches (pruned ones files keep) test feature 0
+    checked[inner] = feature
+    return TreeArrays(checked, arrays["threshold"], arrays["default_left"].astype(bool), left, right, arrays["value"])
+
+
 def _levels(left: np.ndarray, right: np.ndarray) -> list:
-    """Node ids level by level from the root 0; within a level, children in their parents' order, left first."""
-    levels, seen = [np.zeros(1, dtype=np.int64)], 1
+    """Node ids level by level from the root 0; within a level, children in their parents' order, left first.
+    ValueError for a node reached twice (a cycle, or two parents of one node)."""
+    levels = [np.zeros(1, dtype=np.int64)]
+    seen = np.zeros(left.size, dtype=bool)
+    seen[0] = True
     while True:
         parents = levels[-1][left[levels[-1]] >= 0]
         if parents.size == 0:
             return levels
-        levels.append(np.stack([left[parents], right[parents]], axis=1).ravel().astype(np.int64))
-        seen += levels[-1].size
-        if seen > left.size:
+        children = np.stack([left[parents], right[parents]], axis=1).ravel().astype(np.int64)
+        if seen[children].any() or np.unique(children).size != children.size:
             raise ValueError("not a tree: a node is reached twice from the root")
+        seen[children] = True
+        levels.append(children)
 
 
 def _reachable(tree: TreeArrays) -> TreeArrays:

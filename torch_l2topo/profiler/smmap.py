@@ -87,6 +87,19 @@ class SmMap:
 
     @classmethod
     def from_json(cls, d: dict) -> SmMap:
+        """The map to_json() wrote; TypeError or ValueError (KeyError for a missing array) naming the field of
+        anything else: arrays that are not lists of numbers (partition: integers), non-object device facts."""
+        if not isinstance(d, dict):
+            raise TypeError(f"a calibration is a JSON object, not {type(d).__name__}")
+        for key, kinds in (("partition", "iu"), ("chain_cycles", "fiu"), ("sm_clock_ghz", "fiu")):
+            if np.asarray(d[key]).dtype.kind not in kinds:
+                raise TypeError(f"{key} must be a list of {'integers' if kinds == 'iu' else 'numbers'}")
+        for key, kind, wanted in (("device", dict, "an object"), ("ids", dict, "an object"),
+                                  ("trust", (dict, type(None)), "an object or null"),
+                                  ("measured", (str, type(None)), "a string or null"),
+                                  ("source", (str, type(None)), "a string or null")):
+            if key in d and not isinstance(d[key], kind):
+                raise TypeError(f"{key} is {type(d[key]).__name__}, not {wanted}")
         return cls(partition=d["partition"], chain_cycles=d["chain_cycles"], sm_clock_ghz=d["sm_clock_ghz"],
                    device=d.get("device", {}), ids=d.get("ids", {}), trust=d.get("trust"),
                    measured=d.get("measured"), source=d.get("source"))

@@ -42,17 +42,21 @@ def kernel_rows(launches: list) -> list:
 
 
 def summarize(trace: dict, source: str = "trace") -> dict:
-    """{"devices": {index: calibration and alignment facts}, "kernels": kernel_rows, "notes": [...]}."""
+    """{"devices": {index: calibration and alignment facts}, "kernels": kernel_rows, "notes": [...]}; `source`
+    names the file in the TraceFormatError of a trace that was not enriched or was damaged."""
     meta = readback.require_enriched(trace, source)
+    maps = readback.calibrations(trace, source)
     devices = {}
     for d, m in sorted(meta["devices"].items(), key=lambda kv: int(kv[0])):
-        cal = m.get("calibration") or {}
-        part = np.asarray(cal.get("partition", []))
-        devices[d] = {"device": cal.get("device", {}).get("name"), "ids": cal.get("ids", {}),
-                      "measured": cal.get("measured"), "trusted": (cal.get("trust") or {}).get("trusted"),
+        smmap = maps.get(int(d))
+        part = smmap.partition if smmap is not None else np.zeros(0)
+        devices[d] = {"device": smmap.device.get("name") if smmap else None, "ids": smmap.ids if smmap else {},
+                      "measured": smmap.measured if smmap else None,
+                      "trusted": (smmap.trust or {}).get("trusted") if smmap else None,
                       "sms": int(part.size), "partition_sms": [int((part == 0).sum()), int((part == 1).sum())],
                       "alignment": m.get("alignment", {}), "dropped": m.get("dropped", {})}
-    return {"devices": devices, "kernels": kernel_rows(readback.launches(trace)), "notes": meta.get("notes", [])}
+    return {"devices": devices, "kernels": kernel_rows(readback.launches(trace, source)),
+            "notes": meta.get("notes", [])}
 
 
 def _us(ns) -> str:
