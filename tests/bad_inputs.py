@@ -350,7 +350,7 @@ def trace_files() -> dict:
 
 
 CTA_DAMAGE = ("cta_without_sm.json.gz",)
-RECORDED_GEOMETRY = ROOT / "benchmarks" / "results" / "geometry_h200_a632ac7b8bef.json"
+RECORDED_GEOMETRY = ROOT / "tests" / "data" / "geometry" / "geometry_h200_a632ac7b8bef.json"
 
 
 def geometry_files() -> dict:
