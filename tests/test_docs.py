@@ -11,6 +11,7 @@ PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 FIRST_SCREEN_LINES = 40
 
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+CPU_WHEEL = "python3 -m pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
 CODE = re.compile(r"`([^`\n]+)`")
 # A cited repository path: starts at one of the repository's top-level folders or files
 CITED = re.compile(r"^(?:benchmarks|docs|examples|tests|torch_l2topo|triton_kernels|cuda_ext|\.ci)/[\w./*<>-]*$"
@@ -25,6 +26,11 @@ def _slug(heading: str) -> str:
 
 def _anchors(page: Path) -> set:
     return {_slug(line.lstrip("#")) for line in page.read_text().splitlines() if line.startswith("#")}
+
+
+def _words(text: str) -> int:
+    """Words a reader sees: a link counts by its text, not its target."""
+    return len(re.sub(r"\]\([^)]*\)", "]", text).split())
 
 
 def _prose(page: Path) -> str:
@@ -72,7 +78,20 @@ def test_readme_starts_with_the_two_commands_ci_runs():
     assert tests in (ROOT / ".ci" / "run").read_text().splitlines(), ".ci/run must run the README's test command"
 
 
-def test_first_screen_has_purpose_commands_picture_and_five_measured_results():
+def test_readme_gives_the_cpu_wheel_line_and_the_cuda_warning_right_after_the_two_commands():
+    """A CPU-only user reads, before anything else, that plain pip pulls the multi-GB CUDA build, and the line
+    that avoids it."""
+    lines = README.read_text().splitlines()
+    block = lines.index("```bash", 6)
+    assert block <= 10, f"the CPU wheel's block starts on line {block + 1}, not right after the two commands"
+    after = lines[6:block + 3]
+    prose = " ".join(after)
+    assert "CUDA build" in prose and "GB" in prose, "the CUDA wheel's size is not warned about after the commands"
+    assert after[-2] == CPU_WHEEL, f"the first block after the two commands is not the CPU wheel line: {after[-2]}"
+    assert after[-3] == "```bash" and after[-1] == "```"
+
+
+def test_first_screen_has_purpose_commands_picture_and_a_few_short_measured_results():
     lines = README.read_text().splitlines()
     tour = next(i for i, line in enumerate(lines) if line.startswith("## "))
     assert tour <= FIRST_SCREEN_LINES, f"the first screen takes {tour} lines"
@@ -80,11 +99,14 @@ def test_first_screen_has_purpose_commands_picture_and_five_measured_results():
     pictures = re.findall(r"!\[[^\]]+\]\(([^)]+\.png)\)", screen)
     assert len(pictures) == 1 and (ROOT / pictures[0]).exists()
     results = [line for line in lines[:tour] if line.startswith("- **")]
-    assert len(results) == 5
+    assert 4 <= len(results) <= 6, f"{len(results)} results on the first screen"
     for line in results:
         assert re.search(r"\d", line.split(":**", 1)[1]), f"no measured number: {line}"
         cited = re.findall(r"\]\(((?:benchmarks/results|tests/data)/[^)]+\.jsonl?)\)", line)
         assert cited and all((ROOT / c).exists() for c in cited), f"no result file cited: {line}"
+        assert _words(line) <= 30, f"not a short bullet ({_words(line)} words): {line}"
+    ops = next(line for line in results if "embedding_bag" in line)
+    assert "kernel's, not the map's" in ops, "the ops' bullet must say their win is the kernel's, not the map's"
 
 
 def _block_after(marker: str) -> list[str]:
@@ -117,6 +139,16 @@ def test_readme_shows_what_the_placement_example_prints_without_a_gpu(capsys, mo
     module.main()
     printed = capsys.readouterr().out.rstrip("\n").splitlines()
     assert _block_after(printed[0]) == printed
+
+
+def test_readme_shows_what_trace_summary_prints_on_the_sample_trace(capsys):
+    from torch_l2topo.cli import main
+
+    shown = _block_after("$ python -m torch_l2topo trace-summary ")
+    sample = shown[0].split()[-1]
+    assert f"]({sample})" in README.read_text(), "the README links the sample trace it summarizes"
+    assert main(["trace-summary", str(ROOT / sample)]) == 0
+    assert shown[1:] == capsys.readouterr().out.rstrip("\n").splitlines()
 
 
 def test_readme_report_line_is_what_report_prints(tmp_path, capsys, monkeypatch):
