@@ -1,5 +1,7 @@
 """README.md and docs/*.md: the first screen keeps its shape, every link and cited file exists, and the output
-the README shows is what the commands print today."""
+the README shows is what the commands print today. Every docs page shares one navigation line and opens with what
+it is for and an example; usage.md lists every verb and option of the CLI's own parser; results.md has one table
+per GPU model with the same rows, each figure linked to its file, and short cells."""
 import re
 from pathlib import Path
 
@@ -158,3 +160,122 @@ def test_readme_report_line_is_what_report_prints(tmp_path, capsys, monkeypatch)
     assert main(["report"]) == 0
     printed = capsys.readouterr().out.strip()
     assert f"prints `{printed}`" in " ".join(README.read_text().split())
+
+
+# ---- docs/ pages: the same navigation line, an opening for users, the CLI list, results.md's tables ------------
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+APPENDICES = {"ops_full_grid.md"}  # linked from the pages they extend, not from the navigation line
+NAV_LINE = 3  # title, blank line, navigation
+
+
+def _nav(page: Path) -> str:
+    return page.read_text().splitlines()[NAV_LINE - 1]
+
+
+def test_every_docs_page_has_the_same_navigation_line_naming_every_page():
+    nav = _nav(ROOT / "docs" / "usage.md")
+    assert all(_nav(page) == nav for page in DOCS), [p.name for p in DOCS if _nav(p) != nav]
+    named = {target for target in LINK.findall(nav) if not target.startswith("../")}
+    assert named == {p.name for p in DOCS} - APPENDICES
+
+
+def _opening(page: Path) -> str:
+    """The page before its first second-level heading."""
+    return re.split(r"^## ", page.read_text(), maxsplit=1, flags=re.M)[0]
+
+
+@pytest.mark.parametrize("page", DOCS, ids=[p.name for p in DOCS])
+def test_every_docs_page_opens_with_what_it_is_for_and_an_example(page):
+    opening = _opening(page)
+    assert "**What it is for.**" in "\n".join(opening.splitlines()[:8]), f"{page.name}: no opening purpose line"
+    assert re.search(r"^```\w*\n.+?^```", opening, flags=re.M | re.S), f"{page.name}: no example before its sections"
+
+
+def test_the_opening_check_can_fail(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("# T\n\nnav\n\n**What it is for.** Things.\n\n## Section\n\n```bash\nls\n```\n")
+    assert not re.search(r"^```\w*\n.+?^```", _opening(page), flags=re.M | re.S)
+
+
+def _cli_lines() -> dict:
+    """usage.md's command-line block: {verb: its synopsis line}."""
+    text = (ROOT / "docs" / "usage.md").read_text()
+    section = text[text.index("## Command line"):]
+    block = section[section.index("```bash\n") + len("```bash\n"):]
+    block = block[:block.index("```")]
+    lines = {}
+    for line in block.splitlines():
+        words = line.split()
+        at = words.index("torch_l2topo")
+        lines[words[at + 1]] = line
+    return lines
+
+
+def _parser_verbs() -> dict:
+    """{verb: its option strings} from the CLI's own parser (not a list kept here)."""
+    import argparse
+
+    from torch_l2topo.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return {verb: [a.option_strings for a in parser._actions if a.option_strings and a.dest != "help"]
+            for verb, parser in sub.choices.items()}
+
+
+def test_usage_lists_every_cli_verb_with_every_option():
+    lines, verbs = _cli_lines(), _parser_verbs()
+    assert set(verbs) <= set(lines), f"usage.md lacks verbs: {sorted(set(verbs) - set(lines))}"
+    assert set(lines) - set(verbs) <= {"--version"}, f"usage.md names verbs cli.py lacks: {set(lines) - set(verbs)}"
+    for verb, options in verbs.items():
+        shown = lines[verb].split()
+        missing = [o for o in options if not any(f"[{s}" in shown or f"[{s}]" in shown for s in o)]
+        assert not missing, f"usage.md's `{verb}` line lacks {missing}"
+
+
+def _table(text: str, heading: str) -> list:
+    """The rows (lists of cells) of the first table under `## heading`."""
+    lines = text[text.index(f"\n## {heading}\n"):].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    return [[c.strip() for c in r.strip("|").split("|")] for r in lines[start:end] if not r.startswith("|---")]
+
+
+def test_results_has_one_table_per_gpu_model_with_the_same_rows_and_linked_or_unmeasured_cells():
+    text = (ROOT / "docs" / "results.md").read_text()
+    h200, h100 = _table(text, "H200"), _table(text, "H100")
+    assert h200[0][2] == "H200" and h100[0][2] == "H100"
+    assert [r[:2] for r in h200[1:]] == [r[:2] for r in h100[1:]], "the models' tables must have the same rows"
+    assert [r[3] for r in h200[1:]] == [r[3] for r in h100[1:]], "the same rows have the same targets"
+    for rows in (h200, h100):
+        for row in rows[1:]:
+            assert row[2] == "not measured" or LINK.search(row[2]), f"a figure without its file: {row}"
+
+
+def test_results_cells_are_short():
+    text = (ROOT / "docs" / "results.md").read_text()
+    cells = [c for line in text.splitlines() if line.startswith("|") and not line.startswith("|---")
+             for c in line.strip("|").split("|")]
+    long = [c.strip() for c in cells if _words(c) > 15]
+    assert not long, f"results.md cells over 15 words: {long}"
+
+
+def test_results_example_reads_the_latest_run_of_a_model(capsys, monkeypatch):
+    text = (ROOT / "docs" / "results.md").read_text()
+    code = text[text.index("```python\n") + len("```python\n"):]
+    monkeypatch.chdir(ROOT)
+    exec(code[:code.index("```")], {})
+    printed = capsys.readouterr().out.splitlines()
+    assert printed and all(" e6e91bcdafde " in line or " 80073bb5047d " in line for line in printed)
+
+
+def test_fingerprints_shows_what_enroll_and_identify_print(tmp_path, capsys, monkeypatch):
+    from torch_l2topo.cli import main
+
+    text = (ROOT / "docs" / "fingerprints.md").read_text()
+    block = text[text.index("```text\n$ python -m torch_l2topo enroll"):].split("\n```", 1)[0].splitlines()[1:]
+    monkeypatch.chdir(tmp_path)
+    for i, line in enumerate(block):
+        if line.startswith("$ python -m torch_l2topo "):
+            main(line.split()[4:])
+            printed = capsys.readouterr().out.rstrip("\n").splitlines()
+            assert block[i + 1:i + 1 + len(printed)] == printed, line
