@@ -1,28 +1,18 @@
 """Placement plans: which SM gets which work items, what that should cost, and the best it could cost.
 
-Owns the host-side model of SM-aware work placement; pure numpy/scipy, no GPU. A persistent kernel runs
-CTAs on every SM; each CTA reads %smid and then
-0. takes the items the plan hands out by program id (Plan.n_first; policies without SM preference give one to
-   each program of the grid the plan is built for, so nobody claims at launch),
-1. takes the items of its SM's static share in order, one at a time through that SM's cursor (shared by all
-   CTAs on the SM),
-2. takes items of the dynamic tail, one at a time through one global cursor, while any are left,
-3. steals: takes the next unclaimed item (at the victim's cursor) of the SM with the most unclaimed items,
-   so that no item is lost when an SM is missing, busy or slow,
-and stops when nothing is left (the shares mode). Two policies run in other modes of the device helpers
-(triton_kernels/placement.py): "plain" (direct mode) is one program per item (program p takes item p) placed
-by the hardware's CTA scheduler, exactly a plain launch of a non-persistent kernel, and the reference every
-placement must beat; "partition_queues" (queues mode) keeps that plain-sized grid but lets each program claim
-its items from a queue of the items homed in its SM's L2 partition first. POLICY_TABLE says what each policy
-is. make_plan() decides the shares, queues and tail (Plan, stored on the device in the int32 format of
-layout.py); predict() simulates the protocol under a SpeedModel; limit() is the lower bound over all
-fractional assignments; gain_fraction() says how much of the possible gain a measured run took. ("auto",
-choosing among plans by timing them, belongs to the launcher, not here.)
+Owns the host-side model of SM-aware placement; pure numpy/scipy, no GPU. make_plan() decides a policy's
+shares, queues and tail (a Plan, stored on the device in layout.py's int32 format; POLICY_TABLE says what each
+policy is); predict() simulates the device protocol under a SpeedModel; limit() is the lower bound over all
+fractional assignments; gain_fraction() the part of the possible gain a measured run took. Choosing among plans
+by timing them ("auto") is the launcher's (sm_aware.py, choice.py).
 
-Costs: cost[s, c] is the price of one load on SM s of data homed in L2 partition c (2: unknown or mixed
-home); an item of class c with L loads costs L * cost[s, c] on SM s. From a calibration the unit is cycles;
-from measured per-SM statistics it is ns per item of the measured workload. A plan has one slot per SM of
-its SpeedModel; the launcher checks that this matches the device's SM count before using a plan.
+Shares mode (persistent policies): each CTA reads %smid, takes its items by program id (Plan.n_first), then its
+SM's static share (that SM's cursor), the dynamic tail (one global cursor), then steals from the SM with the most
+unclaimed items, so no item is lost when an SM is missing, busy or slow. "plain" (direct mode) is a plain
+launch, the reference; "partition_queues" (queues mode) claims items homed in the SM's partition first.
+Costs: cost[s, c] is one load on SM s of data homed in partition c (2: unknown or mixed); an item of class c
+with L loads costs L * cost[s, c]: cycles from a calibration, ns per item from measured statistics. A plan has
+one slot per SM of its SpeedModel. Docs: docs/usage.md ("Placing work").
 """
 from __future__ import annotations
 
@@ -85,8 +75,8 @@ POLICY_TABLE = {p.name: p for p in (
            "persistent grid, items to SMs near their home partition"),
     Policy("affine_weighted", PLACE_SHARES, True, True, False,
            "persistent grid, the limit's LP rounded to whole items"),
-    # Its plan changes while it runs, so a few timed launches do not say what it will do (on the H200 gather it
-    # won trials by noise and then ran 40% slower than dynamic): never an "auto" candidate.
+    # Its plan changes while it runs, so a few timed launches do not say what it will do (on a gather it won
+    # trials by noise and then ran slower than dynamic): never an "auto" candidate.
     Policy("measured", PLACE_SHARES, False, False, False, "persistent grid, shares by the kernel's measured speed"),
 )}
 POLICIES = tuple(POLICY_TABLE)
@@ -96,7 +86,7 @@ SHARE_ORDERS = ("dealt", "blocks")  # make_plan's share_order
 QUEUE_SMS = 8
 N_CLASSES = 3  # item classes: home partition 0, home partition 1, unknown or mixed home
 # The static shares carry the locality and affinity; the tail only has to absorb the model's error (a
-# workload's real per-SM speed differs from the calibration's by a few %, the H200 chain map spreads +-4%)
+# workload's real per-SM speed differs from the calibration's by a few %)
 # and the last items' granularity, and each tail claim is a global atomic. 1/32 of the items (~3%) covers
 # that while 97% stay where the plan put them; a larger error is still rebalanced by stealing.
 DEFAULT_TAIL_FRACTION = 1 / 32
