@@ -455,24 +455,17 @@ def make_plan(policy: str, speeds: SpeedModel, workload: Workload, *, k: int | N
               grid: int | None = None) -> Plan:
     """A plan of `policy` (POLICY_TABLE) for `workload` on the SMs of `speeds`.
 
-    grid: the CTAs of the launch that will run it. A policy without SM preference (POLICY_TABLE's by_program:
-    uniform, dynamic) then hands items 0..min(grid, n)-1 out by program id (Plan.n_first), one per program and
-    no claim, and plans the rest as below; any launch of the plan still does every item once (a smaller grid
-    takes several by id per program, a larger one none for the programs past n). None: no items by program id.
-
-    share_order (the static policies): which ids make up a share of a given size. "dealt" (default): the ids
-    of each group are dealt to its SMs in turns (_dealt), so that the CTAs of one SM run ids about n_sm apart
-    at once, as in a plain launch, not neighbours (items with neighbouring ids often touch neighbouring data at
-    the same time). "blocks": contiguous id blocks, for items that share data with their neighbours.
-    uniform: equal item counts. dynamic: everything in the tail. weighted: counts
-    proportional to each SM's speed on this workload's class mix (largest remainder). fastest: weighted over
-    only the k fastest SMs; the others drain the tail and steal. partition_affine: items of class p to the SMs
-    near p (equal counts), class 2 over all SMs. affine_weighted: limit()'s LP rounded to whole items per
-    (SM, class): near first, spilling far only when a class is overloaded. measured: weighted, meant for a
-    SpeedModel.from_measured() (the workload's own per-SM speed rather than the calibration's). Every static
-    policy then moves about tail_fraction of the items from the end of each share to the tail.
-    plain: direct mode (one program per item, no claims); predicted like dynamic, the hardware scheduler being
-    a queue without a claim cost. partition_queues: queues mode, `chunk` items per claim (queue_plan).
+    Static shares: uniform equal counts; weighted counts proportional to each SM's speed on the workload's class
+    mix (largest remainder); fastest weighted over the k fastest SMs only (the others drain the tail and steal);
+    partition_affine class-p items to the SMs near p (equal counts), class 2 over all; affine_weighted limit()'s
+    LP rounded to whole items per (SM, class), spilling far only when a class is overloaded; measured weighted,
+    meant for a SpeedModel.from_measured(). Each then moves about tail_fraction of the items from the end of
+    each share to the tail; dynamic puts everything there. plain: direct mode, predicted like dynamic (the
+    hardware scheduler as a queue without claim cost). partition_queues: queues mode, `chunk` items per claim.
+    grid: the CTAs of the launch that will run it (None: no items by program id); by_program policies (uniform,
+    dynamic) then hand items 0..min(grid, n)-1 out by program id (Plan.n_first), and any grid does every item once.
+    share_order: "dealt" (default) deals each group's ids to its SMs in turns, so one SM's CTAs run ids about
+    n_sm apart, as in a plain launch; "blocks": contiguous id blocks, for items sharing data with neighbours.
     """
     check_choice("policy", policy, POLICIES)
     check_choice("share_order", share_order, SHARE_ORDERS)
