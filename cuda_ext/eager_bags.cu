@@ -20,12 +20,9 @@ constexpr int SHORT_ROWS = 4;   // rows whose loads are in flight at once (VEC *
 constexpr int LONG_ROWS = 16;   // ... and in bags of LONG_BAG rows or more on average
 constexpr int LONG_BAG = 32;
 // Calls of at least HALF_WARP_BAGS bags of rows of at most NARROW_DIM elements take half a warp per bag: a whole warp
-// left half its lanes idle on such rows, and with many bags the GPU runs several waves of them: 65,536 one-row bags of
-// 64 fp32 took 18.0 us with a warp per bag and 10.1 us with half of one (two H200s; 0.43x and 0.24x torch's op's GPU
-// time in the same runs). With few bags half warps mostly cost (a bag's row is read in four 64-byte pieces instead of
-// two 128-byte ones): relative to torch's time, at <= 1,024 bags they took 0.84-1.38x a whole warp's (over 1.02x in 56
-// of 96 shapes), from 4,096 bags 0.51-1.03x (42 shapes; CUDA graphs of 20 calls, every grid shape of rows of 64
-// elements or fewer, every such call on half warps, against whole warps).
+// left half its lanes idle on such rows, and with many bags the GPU runs several waves of them. With few bags half
+// warps mostly cost (a bag's row is read in four 64-byte pieces instead of two 128-byte ones).
+// 4096: from there on half warps mostly won in the grid of shapes measured on two H200s (docs/ops.md).
 constexpr int NARROW_DIM = 16 * VEC;
 constexpr int64_t HALF_WARP_BAGS = 4096;
 
@@ -64,8 +61,8 @@ __device__ __forceinline__ int64_t checked(int64_t index, int64_t n_rows, bool& 
 
 // VEC features of a row (f0, f0 + LANES, ...), 0 for those at or past `dim`. Every load is made (from feature f0
 // where the feature is past the row's end), so that the compiler can keep them all in flight: a load under a
-// branch, with its conversion to float inside the branch, waited for its data before the next one (one bag of
-// 256 bf16 rows took 38 us, against 29 us for torch's op).
+// branch, with its conversion to float inside the branch, waited for its data before the next one (slower than
+// torch's op on a long bf16 bag).
 template <int LANES, typename T>
 __device__ __forceinline__ void load_row(const T* __restrict__ row, int64_t f0, int64_t dim, float (&v)[VEC]) {
 #pragma unroll

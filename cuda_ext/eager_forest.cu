@@ -25,9 +25,8 @@ __device__ __forceinline__ int leaf_row(const int4* __restrict__ nodes, int node
 }
 
 // The leaf-value row that a walk from `node` reaches after `depth` steps: one 16-byte record and one feature of the
-// sample per step, each dependent on the step before. (Two walks at once per thread measured no faster on the
-// H200: the kernel's GPU time stayed 1.1-1.5x the Triton kernel's at 65,536 samples of 100-500 trees, which is why
-// such calls are left to it: ops/forest_predict.eager_forest.)
+// sample per step, each dependent on the step before. (Two walks at once per thread were no faster, and large
+// calls stay slower than on the Triton kernel, which is why they are left to it: ops/forest_predict.eager_forest.)
 __device__ __forceinline__ int walk(const int4* __restrict__ nodes, const float* __restrict__ x_row, int node,
                                     int depth, int n_features) {
   for (int step = 0; step < depth; ++step) {

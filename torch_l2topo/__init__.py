@@ -1,18 +1,17 @@
 """torch_l2topo: the L2 cache of an NVIDIA GPU as each SM sees it, measured and put to work.
 
-Public verbs: calibrate() measures (or loads from the cache) a Topology; Topology.load() reads a saved
-one; load_example() returns a bundled real H200 calibration; sm_labels() labels its SMs and lines;
-fit_nuca() and analyze() explain it; write_report() writes it up; Localizer tells a kernel where it runs;
-signature() and Registry fingerprint a device; sm_aware places a kernel's work items on SMs by the map;
-partition_map() says which L2 partition each block of a tensor is homed in; on_sms() runs unmodified ops
-on the SMs a calibration ranks best (green contexts); profile() is torch.profiler.profile writing traces
-with the L2 map and per-CTA timelines (torch_l2topo.profiler). calibrate_all() calibrates every local GPU at
-once; torch_l2topo.distributed gathers the maps of every GPU of a torch.distributed job into a fleet table.
+Public verbs, grouped by role in __all__: calibrate() measures (or loads from the cache) a Topology, and
+calibrate_all() every local GPU at once; Topology.load() reads a saved one and load_example() a bundled real
+H200 calibration; sm_labels(), fit_nuca(), analyze() and write_report() explain it; sm_aware places a kernel's
+work items on SMs by the map, partition_map() says which L2 partition each block of a tensor is homed in, and
+on_sms() runs unmodified ops on the SMs a calibration ranks best; Localizer, signature() and Registry tell
+which SM and which device; profile() is torch.profiler.profile writing traces with the L2 map and per-CTA
+timelines. The ops (torch_l2topo.ops) and fleets of a torch.distributed job (torch_l2topo.distributed) are
+subpackages.
 
-The package has one folder per role (tests/test_import_graph.py states what each may import): measure/
-(kernels launched to measure), analysis/ (CPU only), placement/, identity/, geometry/, report/, profiler/.
-The verbs that need torch at import time (sm_aware, partition_map, profile) load on first use, so `import
-torch_l2topo` needs neither torch's CUDA side nor Triton.
+One folder per role; tests/test_import_graph.py states what each may import (docs/layout.md). The verbs that
+need torch at import time (sm_aware, partition_map, profile) load on first use, so `import torch_l2topo`
+needs neither torch's CUDA side nor Triton. Docs: docs/usage.md.
 """
 from .analysis.labels import partition_column, sm_labels
 from .analysis.nuca import fit_nuca
@@ -55,14 +54,28 @@ _LAZY = {
     "profile": ("torch_l2topo.profiler.session", "profile"),
 }
 
-__all__ = ["calibrate", "calibrate_all", "Topology", "ProbeConfig", "load_example", "list_examples", "sm_labels",
-           "fit_nuca",
-           "analyze", "write_report", "Localizer", "signature", "Registry", "sm_aware", "partition_map", "on_sms",
-           "profile",
-           "L2TopoError", "DeviceError", "BackendUnavailable", "ProbeError", "ProbeTimeout", "CalibrationDisturbed",
-           "CalibrationMismatch", "TopologyFormatError", "RegistryError", "PlacementError", "TraceFormatError",
-           "ForestFormatError", "GeometryFormatError", "FleetError",
-           "__version__"]
+__all__ = [
+    # measure: calibrate this process's GPU (or load its cached calibration)
+    "calibrate", "ProbeConfig",
+    # Topology: one calibration, saved and loaded; the bundled real ones
+    "Topology", "load_example", "list_examples",
+    # analysis: explaining a map on the CPU, and the Markdown report
+    "sm_labels", "fit_nuca", "analyze", "write_report",
+    # placement: kernels' work items on SMs, tensors' partition maps, ops on chosen SMs
+    "sm_aware", "partition_map", "on_sms",
+    # identity: which SM a kernel runs on, which device made a calibration
+    "Localizer", "signature", "Registry",
+    # profiler: torch.profiler traces with the L2 map and per-CTA timelines
+    "profile",
+    # ops: none at the top level; embedding_bag, Forest and forest_predict are in torch_l2topo.ops
+    # fleet: every local GPU at once (a torch.distributed job's fleet: torch_l2topo.distributed)
+    "calibrate_all",
+    # errors: the package's exception types
+    "L2TopoError", "DeviceError", "BackendUnavailable", "ProbeError", "ProbeTimeout", "CalibrationDisturbed",
+    "CalibrationMismatch", "TopologyFormatError", "RegistryError", "PlacementError", "TraceFormatError",
+    "ForestFormatError", "GeometryFormatError", "FleetError",
+    "__version__",
+]
 
 
 def __getattr__(name):

@@ -1,20 +1,18 @@
-"""Memory layouts shared by the host and the kernels: the probes' control block and the placement plan.
+"""Memory layouts shared by the host and the kernels: the probes' control block, the placement modes, plan and
+state, and the CTA recorder buffer. Each section below names its words.
 
-This module imports nothing else of torch_l2topo (and nothing beyond the standard library), so that the
-kernel folders can depend on it alone: triton_kernels/*.py import it as `torch_l2topo.layout`, and
-cuda_ext/layout.h mirrors every number (tests/test_kernel_sources.py checks that the two agree).
-Dependency direction: layout <- kernels (triton_kernels/, cuda_ext/) <- launch <- probes <- calibration.
+Contract: this module imports nothing, so the kernel folders can depend on it alone (triton_kernels/*.py import
+it as `torch_l2topo.layout`); cuda_ext/layout.h mirrors every number and tests/test_kernel_sources.py checks
+that the two agree. Direction: layout <- kernels (triton_kernels/, cuda_ext/) <- launch <- probes <- calibration.
 
-Control block (int64): four counters, then one claim flag per SM slot.
-Placement modes (PLACE_*): the constexpr a kernel built on the placement helpers is compiled with.
-Placement plan (int32, read-only on the device): a header, then per mode: shares (per-SM offsets into a flat
-item list (CSR), the items, then the dynamic tail), queues (each SM's home queue, queue offsets, the items),
-direct (nothing: program p takes item p). Placement state (int64): per-SM (or per-queue) cursors, the tail
-cursor, the count of finished CTAs (shares mode: the last CTA out zeroes the cursors, so launches need no host
-reset and can be captured in CUDA graphs; queues mode: the launcher zeroes the cursors before each launch, a
-memset captured with it), then per-SM statistics that accumulate across launches (shares mode).
-CTA recorder (int64): a cursor and the capacity, then one record per CTA (profiler/, placement policy
-"measured"); triton_kernels/recorder.py appends them.
+- Control block (int64): four counters, then one claim flag per SM slot.
+- Plan (int32, read-only on the device): a header, then the mode's arrays (shares: per-SM CSR offsets, items,
+  the dynamic tail; queues: home queues, queue offsets, items; direct: nothing, program p takes item p).
+- State (int64): cursors, the tail, finished CTAs, then per-SM statistics. Shares mode: the last CTA out zeroes
+  the cursors (no host reset, CUDA-graph safe); queues mode: the launcher's memset, captured with the launch.
+- CTA recorder (int64): a cursor and the capacity, then one record per CTA (triton_kernels/recorder.py).
+
+Docs: docs/usage.md ("Placing work").
 """
 
 # ---- probe control block ------------------------------------------------------------------------------

@@ -1,38 +1,17 @@
 """The embedding-bag kernels: the forward gathers BAGS consecutive bags per item, ROWS rows of each at a time as
-one [BAGS, ROWS, BLOCK_D] tile; the backward adds each bag's output gradient into the weight gradient rows of its
-entries.
+one [BAGS, ROWS, BLOCK_D] tile; the backward adds each bag's output gradient into the weight gradient rows of
+its entries.
 
-Bandwidth is the whole game (65,536 bags x 32 rows x 256 B read 512 MB for 16 MB written): every row of a
-step's tile is loaded by one tile load, so BAGS x ROWS independent row loads are in flight per program, each
-a run of 16-byte vector loads (the row stride is specialised as a multiple of 16 elements when it is, and
-then Triton proves the alignment). Sums and means accumulate in fp32 whatever the row dtype; max needs no
-wider type. Bag b spans input[offsets[b] : offsets[b + 1]] (the last bag without a following offset ends
-at n_indices); entries equal to padding_idx, and out-of-range entries, contribute nothing and do not count
-towards a mean, so the kernels never read or write outside the table.
-
-Checks without a host sync (CHECK): a program that meets an index outside [0, n_rows) or offsets that are not
-a valid partition of the input (offsets[0] != 0, a decreasing pair, an offset past the input) fails a
-tl.device_assert with CHECK_MESSAGE, as torch's own CUDA index kernels assert: the device prints the message
-and the program stops at its next synchronization. Triton compiles device asserts only into a kernel compiled
-with debug=True, so a checked launch passes debug=True and sanitize_overflow=False (debug alone would also
-assert on every int32 add, subtract and multiply that could overflow); nothing else of the kernel changes. The
-check costs no launch beside the kernel's (a flag asserted by torch._assert_async after the launch cost 16 us
-of host time per eager call on the H200 and one more kernel in a graph).
-
-Bags per program (BAGS): a program with one short bag does little but wait (16,384 bags of 4 rows of 128 B took
-12.8 us on the H200, torch's op 10.3 us: four waves of single-warp programs, each three dependent loads long),
-so short bags come BAGS to a program (ops/embedding_bag.py: bags_per_program), their rows in one tile; a step
-takes ROWS rows of every bag of the group, and the group loops until its longest bag is done.
-
-Item loop: the items (groups of BAGS bags) come from the placement helpers (plan_start / plan_next /
-plan_finish, PLACE a constexpr): in PLACE_DIRECT mode program p takes group p and the helpers compile to
-nothing.
-
-Backward (sum and mean): program p takes bag p, loads its output gradient row once (scaled by 1 / count for
-a mean) and adds it, times the entry's per-sample weight, into grad_weight[index] with fp32 atomic adds: no
-(entries x dim) intermediate is written, where a gather-then-scatter_add_ in PyTorch ops writes and reads one
-(537 MB at the target shape). With per-sample weights it also writes each entry's gradient,
-dot(grad_out[bag], weight[index]).
+Bandwidth is the whole game: every row of a step's tile is one tile load, so BAGS x ROWS independent row loads
+are in flight per program, each a run of 16-byte vector loads (the row stride is specialised as a multiple of 16
+elements when it is). Sums and means accumulate in fp32. Bag b spans input[offsets[b] : offsets[b + 1]]; entries
+equal to padding_idx, and out-of-range ones, contribute nothing and count towards no mean, so the kernels never
+read or write outside the table. Short bags come BAGS to a program (ops/embedding_bag.py: bags_per_program): a
+program with one short bag has little to do but wait.
+CHECK: a bad index or offset fails a tl.device_assert with CHECK_MESSAGE, as torch's CUDA index kernels assert,
+with no host sync and no launch beside the kernel's; a checked launch passes debug=True and
+sanitize_overflow=False (debug alone also asserts on int32 overflow). The forward's items (groups of BAGS bags)
+come from the placement helpers: in PLACE_DIRECT mode they compile to nothing. Docs: docs/ops.md.
 """
 import triton
 import triton.language as tl
@@ -126,6 +105,10 @@ def embedding_bag_backward_kernel(input_ptr, offsets_ptr, grad_ptr, weight_ptr, 
                                   grad_psw_ptr, n_indices, n_offsets, n_rows, dim, stride_w, padding_idx,
                                   MEAN: tl.constexpr, HAS_PSW: tl.constexpr, NEED_WEIGHT: tl.constexpr,
                                   NEED_PSW: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Program p takes bag p, loads its output gradient row once (scaled by 1 / count for a mean) and adds it,
+    times the entry's per-sample weight, into grad_weight[index] with fp32 atomic adds: no (entries x dim)
+    intermediate is written. With per-sample weights it also writes each entry's gradient,
+    dot(grad_out[bag], weight[index])."""
     bag = tl.program_id(0)
     start, end = _bag_span(bag, True, offsets_ptr, n_indices, n_offsets, False)
     cols = tl.arange(0, BLOCK_D)

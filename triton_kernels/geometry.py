@@ -1,28 +1,15 @@
 """Triton kernels of the L2 geometry suite (host side: torch_l2topo/geometry/chases.py, for suite.py).
 
-Three kernels, all on the public protocol (protocol.py): every SM is claimed, and only the SMs given a row
-measure (rows[sm] >= 0), all at once (wave = n_sm). Scalar or one-warp work: launch with num_warps=1.
-
-offsets_chase_kernel: one dependent chain of loads per measuring SM through a list of byte offsets from
-`base`, each load timed alone. The data is arbitrary (not pointers): the next address is base + offset,
-made to wait for the loaded value (protocol.address_after), so each load waits for the one before. The
-offset of the next load is read while the current one is in flight, so that read (an L1 hit, or an L2 load
-once every 16 offsets) overlaps the chain instead of adding to it. Each timing
-is one L2 or DRAM load plus the clock read (~25 cycles on the H200) and the loop's bookkeeping: what one
-dependent load costs a real chain. One list serves first touch (pairs of loads into cold memory), stride
-sweeps, regular against random orders, and footprint sweeps (random lines of a footprint).
-
-ring_chase_kernel: the chain probe's pointer chase on chosen SMs, for footprints each SM fills itself.
-
-lanes_chase_kernel: LANES independent pointer chases per measuring SM (one per thread of the warp), for
-contention: k SMs x LANES requests in flight at once against a chosen set of lines. Each word of the line
-buffer holds the address of the word its lane visits next. With LANES = 1 it issues the loads of a ring one by
-one; with LANES = M, M at once (the layout fixes' warp-wide bursts).
-
-column_read_kernel: the layout fixes' throughput kernel, not a probe (any SM, many warps): program c reads
-column c of a row-major table of 16-byte structs, every row, `reps` times. The same kernel runs without a
-fix (a power-of-two row pitch), padded (the pitch plus one line) and XOR-swizzled (struct column c of row r
-stored at column c XOR r), so the host compares like with like.
+Three probe kernels on the public protocol (protocol.py): every SM is claimed, only the SMs given a row measure
+(rows[sm] >= 0), all at once (wave = n_sm); scalar or one-warp work, so launch them with num_warps=1.
+- offsets_chase_kernel: one dependent chain per measuring SM through a list of byte offsets, each load timed
+  alone; one list serves first touch, stride sweeps, regular against random orders and footprint sweeps.
+- ring_chase_kernel: the chain probe's pointer chase on chosen SMs, for footprints each SM fills itself.
+- lanes_chase_kernel: LANES independent pointer chases per SM (one per thread of the warp), for contention and
+  the layout fixes' warp-wide bursts.
+And column_read_kernel, the layout fixes' throughput kernel (any SM, many warps): one kernel run without a fix,
+padded and XOR-swizzled, so the host compares like with like. Each kernel's docstring gives its contract.
+Docs: docs/geometry.md.
 """
 import triton
 import triton.language as tl
@@ -43,7 +30,12 @@ def offsets_chase_kernel(ctrl_ptr, base, offsets_ptr, rows_ptr, cycles_ptr, per_
     """rows[sm] = r >= 0: SM `sm` loads base + offsets[r, i] for i = 0..n_loads-1 in one dependent chain
     (offsets: (n_rows, n_loads + 1) int64, the last column unused padding for the read-ahead) and stores each
     load's clock64 cycles to cycles[r, i]; per_row[r] = (cycles, globaltimer ns, start ns, end ns) of the
-    whole chain."""
+    whole chain.
+
+    The data is arbitrary (not pointers): the next address is base + offset, made to wait for the loaded value
+    (protocol.address_after). The next offset is read while the current load is in flight (an L1 hit, or an L2
+    load once every 16 offsets), so it overlaps the chain. A timing is one L2 or DRAM load plus the clock read
+    and the loop's bookkeeping: what one dependent load costs a real chain."""
     sm, go = claim_sm(ctrl_ptr, n_sm, wave, timeout_ns)
     if go:
         row = tl.load(rows_ptr + sm)
@@ -75,7 +67,9 @@ def lanes_chase_kernel(ctrl_ptr, starts_ptr, rows_ptr, out_ptr, n_warm, n_timed,
                        LANES: tl.constexpr):
     """rows[sm] = r >= 0: SM `sm` runs LANES pointer chases from starts[r, 0..LANES-1]: n_warm steps, then
     n_timed timed ones. out[r] = (clock64 cycles, globaltimer ns, start ns, end ns, XOR of the final
-    addresses: the host checks the chase ends where its ring says)."""
+    addresses: the host checks the chase ends where its ring says). Each word of the line buffer holds the
+    address of the word its lane visits next: with LANES = 1 a ring's loads issue one by one, with LANES = M,
+    M at once."""
     sm, go = claim_sm(ctrl_ptr, n_sm, wave, timeout_ns)
     if go:
         row = tl.load(rows_ptr + sm)

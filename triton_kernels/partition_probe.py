@@ -1,33 +1,17 @@
 """Partition probes of a tensor's storage: which L2 partition each block of bytes is homed in.
 
 The host side is torch_l2topo/placement/partition_map.py (the map) and partition_check.py (the re-probe). Both
-kernels time dependent loads of the first line of each block. The data is arbitrary (not pointers), so a
-load's value cannot be the next address: the next address is the line's own address, made to wait for the
-loaded value (protocol.address_after: + (value AND zero), `zero` a runtime 0 the host passes, in asm that
-neither Triton nor ptxas can fold), so each load waits for the one before, and the chain never leaves the
-line. Scalar work per program: launch with num_warps=1.
+kernels time dependent loads of the first line of each block. The data is arbitrary (not pointers), so the next
+address is the line's own, made to wait for the loaded value (protocol.address_after), so each load waits for
+the one before and the chain never leaves the line. Scalar work per program: launch with num_warps=1.
 
-partition_probe_kernel (the map): all SMs at once (wave = n_sm), each pair of SMs over its own contiguous range.
-Every block is timed twice, by the two SMs of a pair (one near each partition): their difference decides the
-home (partition_decision.py says why one SM's latency alone does not). Each timing is the FASTEST of N_TIMED
-single loads, each between two clock reads. Why: on two H200s (benchmarks/record_partition_probe.py),
-~1% of the former 4-load timings of a tensor's first probe came out 8-46 cycles per load slower than in a
-second probe (a few up to 285), never faster; the second probe had none. Read as one load of the four
-delayed by up to ~190 cycles (4 x 46), it flips the pair's difference, and the minimum drops it (a delay
-of all four loads it would not: the GPU run checks).
-Count for 32 MB in 256-byte blocks: 131072 blocks x 2 timings / 132 SMs = 1986 blocks per SM, each
-1 warm load (a DRAM miss for the first SM of its pair, ~700 cycles; an L2 hit for the second, ~300) +
-N_TIMED = 4 timed loads of ~335 cycles each (~310 for the L2 load and the AND and add that chain it; ~25 for
-the clock read after it: the compare that makes it wait for the load, the read, two selects) + ~60 cycles of
-bookkeeping: ~1900 cycles a block, 3.8 M cycles per SM, ~1.9 ms at 1.98 GHz. The same count for the former
-4-load sums (two clock reads a block) gave ~1800 cycles, and they took 2.25 ms on the H200: expect ~2.4 ms.
-
-partition_reprobe_kernel (the independent check): one SM at a time (wave = 1), only the SMs with a row
-measure (one per partition), a given sample of blocks, N_WARM = 2 warm loads, then the SUM of N_TIMED = 16
-timed loads between two clock reads (the host divides: the mean). It stays a mean: a slow load as above
-moves it by at most ~190 / 16 = 12 cycles, and no recorded re-probe difference of the two SMs lies within
-26 cycles of 0.
-4096 blocks x 2 SMs x 18 loads x ~320 cycles = 47 M cycles, ~24 ms.
+partition_probe_kernel (the map): all SMs at once, each pair of SMs (one near each partition) over its own
+range, every block timed by both (partition_decision.py says why the difference decides). Each timing is the
+FASTEST of N_TIMED single loads, each between two clock reads: a rare load delayed by tens of cycles (seen in a
+tensor's first probe, never in a second) would flip a sum's pair difference; the minimum drops it.
+partition_reprobe_kernel (the independent check): one SM at a time, only the SMs with a row (one per
+partition), a given sample of blocks, N_WARM warm loads, then the SUM of N_TIMED timed loads (the host divides):
+spread over N_TIMED (16 by default) loads, such a delay stays far from the decision. Docs: docs/results.md.
 """
 import triton
 import triton.language as tl
@@ -37,8 +21,8 @@ from torch_l2topo.triton_kernels.protocol import address_after, chase, claim_sm,
 # The two SMs of a pair take turns with the halves of each CHUNK blocks of their range: SM row 0 starts at
 # the chunk's first block, SM row 1 at its middle. Both pay the DRAM miss of half the chunk's blocks, so
 # they keep pace, stay half a chunk apart (two SMs loading one line at once merge their requests, which
-# lowers the latency both see), and time each block within ~30 us of each other (a drifting clock shifts
-# both timings alike).
+# lowers the latency both see), and time each block close together in time (a drifting clock shifts both
+# timings alike).
 CHUNK = tl.constexpr(64)
 
 

@@ -1,73 +1,18 @@
 """The device side of SM-aware placement in Triton: take this program's items under one of three modes.
 
-Public API for any Triton kernel of torch_l2topo or of its users (cuda_ext/placement.cuh mirrors every
-function under the same name; tests/test_kernel_sources.py checks that the two lists agree). A kernel built on
-it takes a constexpr PLACE (a torch_l2topo.layout.PLACE_* mode, passed by the launcher) and hands it on:
-
-    plan_start(plan_ptr, state_ptr, PLACE) -> (sm, t0)
-        %smid of this program (int64) and its %globaltimer start (0 in direct mode: nothing is read). A
-        plan without PLAN_MAGIC_VALUE, or built for another mode, sets state[STATE_ERROR]; then plan_next
-        hands this program nothing.
-    plan_next(plan_ptr, state_ptr, sm, phase, PLACE) -> (item, phase)
-        the next item id (int32, as tl.program_id: a plan holds int32 item ids) for this program, or -1 when
-        none is left. Index arithmetic that can pass 2**31 casts it to int64 first, as with a program id.
-        Start with phase 0 and pass back the phase it returns (an opaque int64).
-    plan_finish(plan_ptr, state_ptr, sm, t0, n_done, PLACE)
-        shares mode: add this program's items, busy ns and 1 CTA to its SM's statistics, and the last
-        program out resets the cursors. Nothing in the other modes. With the PLACE_RECORD bit (profiling on),
-        in every mode: this program's record (triton_kernels/recorder.py) goes to the recorder buffer whose
-        address and tag the plan's header holds (PLAN_REC_*); without it none of that is compiled in.
-
-Usage (torch_l2topo.placement.sm_aware launches it, with the plan and state tensors of
-torch_l2topo.placement.slots as plan_ptr and state_ptr and the mode as PLACE):
-
-    @triton.jit
-    def my_kernel(x_ptr, out_ptr, plan_ptr, state_ptr, PLACE: tl.constexpr):
-        sm, t0 = plan_start(plan_ptr, state_ptr, PLACE)
-        item, phase = plan_next(plan_ptr, state_ptr, sm, 0, PLACE)
-        n_done = 0
-        while item >= 0:
-            ...work on item...
-            n_done += 1
-            item, phase = plan_next(plan_ptr, state_ptr, sm, phase, PLACE)
-        plan_finish(plan_ptr, state_ptr, sm, t0, n_done, PLACE)
-
-The modes (layouts in torch_l2topo/layout.py):
-- PLACE_DIRECT (policy "plain"): one program per item, program p takes item p, placed by the hardware's
-  CTA scheduler. The helpers are constexpr branches that compile to nothing: no plan load, no atomic, no
-  timer (tests/test_placement_kernels_compile.py checks the PTX), so the kernel is a plain kernel.
-- PLACE_QUEUES (policy "partition_queues"): a plain-sized grid (one program per chunk of items) that keeps the
-  hardware's concurrency, but each program claims its items, PLAN_CHUNK at a time, from its SM's home queue
-  (a queue of the items homed in the SM's L2 partition; each partition's items are split over several queues
-  so that thousands of programs starting at once do not all hit one counter), then from the other queues of
-  its group, then from the other group's. A program keeps claiming until every queue is empty, so any grid
-  does every item once; with one chunk per program most programs make exactly one claim. The launcher zeroes
-  the queue cursors before every launch (a memset that CUDA graphs capture with the kernel).
-- PLACE_SHARES (the persistent policies): ctas_per_sm x n_sm CTAs; each first takes the items the plan hands out by
-  program id (PLAN_N_FIRST: uniform and dynamic give one to each program, so no program claims at launch), then
-  its SM's static share, then the dynamic tail, then steals from the SM with the most unclaimed items; the last
-  CTA out resets the state, so launches (and CUDA graph replays) need no host work. A plan with nothing left to
-  claim (as many programs as items) touches no state but the statistics.
-
-Every item is handed out exactly once per launch: an item k below PLAN_N_FIRST goes to program k % grid, at its
-(k // grid)-th call, and to no claim; each index of a share, of the tail or of a queue is the
-return value of exactly one atomic_add on its cursor, and a program stops only once everything it could still
-claim is exhausted (cursors only grow during a launch, so "all exhausted" is final; so is the count of drained
-shares, which lets a program skip the scan once it reaches the number of shares). No wait here needs a
-watchdog: a program never waits for another one; every scan ends after at most one failed claim per slot or
-queue plus one per item it gets.
-
-Works for any num_warps: the helpers do scalar work. Triton executes a scalar atomic once per program, on
-thread 0, and broadcasts a used result through shared memory to every thread: in the num_warps=4 PTX every
-`atom.global` / `red.global` is predicated on `setp.eq (tid & 31) | (tid >> 5), 0`, and every claim's result
-goes st.shared -> bar.sync -> ld.shared (tests/test_placement_kernels_compile.py checks both). The scans are
-vectors spread over the program's threads (up to 8 warps hold no replica, so every warp decides alike) and
-reduced with tl.max, whose result every thread gets.
-
-Only constexpr globals and @triton.jit functions are referenced inside the helpers, so that torch.compile
-(Inductor inlines a user kernel's helpers by source) can compile a kernel built on them.
-
-This module imports only torch_l2topo.layout and the public names of triton_kernels/protocol.py.
+Public API for any Triton kernel (cuda_ext/placement.cuh mirrors every function under the same name;
+tests/test_kernel_sources.py checks the lists agree): plan_start, plan_next, plan_finish, each documented below.
+A kernel takes a constexpr PLACE (a torch_l2topo.layout.PLACE_* mode, passed by the launcher) and hands it on:
+- PLACE_DIRECT ("plain"): program p takes item p; the helpers compile to nothing (tests check the PTX).
+- PLACE_QUEUES ("partition_queues"): a plain-sized grid; each program claims items, PLAN_CHUNK at a time, from
+  its SM's home queue (its L2 partition's items), then its group's other queues, then the other group's.
+- PLACE_SHARES (persistent policies): items by program id, then the SM's share, the dynamic tail, stealing; the
+  last CTA out resets the state, so launches and graph replays need no host work.
+Invariant: every item is handed out exactly once per launch (each index is the result of exactly one atomic on
+its cursor; cursors only grow during a launch), and no program ever waits for another, so nothing needs a
+watchdog. Works for any num_warps: atomics run once per program and their result is broadcast. Only constexpr
+globals and @triton.jit functions are referenced, so torch.compile can inline the helpers. Imports only
+torch_l2topo.layout, protocol.py and recorder.py. Docs: docs/usage.md ("Placing work").
 """
 import triton
 import triton.language as tl
@@ -154,6 +99,9 @@ def _plan_ok(plan_ptr, PLACE: tl.constexpr):
 
 @triton.jit
 def plan_start(plan_ptr, state_ptr, PLACE: tl.constexpr):
+    """(sm, t0): this program's %smid (int64) and its %globaltimer start (both 0 in direct mode: nothing is
+    read). A plan without PLAN_MAGIC_VALUE, or built for another mode, sets state[STATE_ERROR] and returns
+    sm = -1; then plan_next hands this program nothing."""
     if (_mode(PLACE) == PLACE_DIRECT) and not _recording(PLACE):
         sm = tl.zeros((), tl.int64)
         t0 = tl.zeros((), tl.int64)
@@ -192,7 +140,13 @@ def _claims(plan_ptr):
 
 @triton.jit
 def _next_share(plan_ptr, state_ptr, sm, phase):
-    """Shares mode: items by program id, this SM's share, the dynamic tail, then stealing. (item, phase)."""
+    """Shares mode: items by program id, this SM's share, the dynamic tail, then stealing. (item, phase).
+
+    Exactly once: an item k below PLAN_N_FIRST goes to program k % grid at its (k // grid)-th call and to no
+    claim; each index of a share or of the tail is the result of exactly one atomic_add on its cursor; a
+    program stops only once everything it could still claim is exhausted (cursors only grow during a launch,
+    so "all exhausted" is final; so is the count of drained shares, which lets it skip the scan). A plan with
+    nothing to claim (as many programs as items) touches no state but the statistics."""
     item = tl.full((), -1, tl.int32)
     n_slots = tl.load(plan_ptr + PLAN_N_SLOTS)
     if (phase & PHASE_KIND_MASK) == PHASE_FIRST:
@@ -232,15 +186,13 @@ def _next_share(plan_ptr, state_ptr, sm, phase):
         # be the same in every warp), kept narrow so that a kernel's register count does not grow for a scan
         # it rarely runs: int32 share sizes and cursors (both below 2**31; a cursor is read as the low word of
         # its int64), and one int32 max over a key that packs the items left with the slot (ties: lowest slot,
-        # as tl.argmax). Vectors of int64 and a max + argmax took a gather kernel from 64 to 96 registers per
-        # thread and its residency from 32 to 21 single-warp CTAs per SM.
-        # A program gets here only while some share may have items (the drained count in the tail word, above).
-        # The scan reads every cursor from L2: 4,224 programs scanning as they ended made those few lines' slices
-        # so busy that the chases still running slowed by 16% (the chase at 32 items per SM, bench_placement.py
-        # --only uniform), before the count let them skip it. The count is read by atomics, whose result every
-        # thread gets from thread 0: a scalar load runs on every thread, and threads that read it at different
-        # times could disagree on whether to scan, while the scan's reduction needs every warp. (Read by a
-        # volatile load, a launch of one item hit an illegal address on the H200; read by an atomic, none did.)
+        # as tl.argmax). int64 vectors and a max + argmax cost a gather kernel registers and residency.
+        # A program gets here only while some share may have items (the drained count in the tail word, above):
+        # thousands of programs scanning every cursor as they ended kept those lines' L2 slices busy enough to
+        # slow the programs still working. The count is read by atomics, whose result every thread gets from
+        # thread 0: a scalar load runs on every thread, and threads that read it at different times could
+        # disagree on whether to scan, while the scan's reduction needs every warp. (A volatile load there once
+        # led a one-item launch to an illegal address; an atomic did not.)
         slots = tl.arange(0, MAX_SLOTS)
         in_plan = slots < n_slots
         cursor_low = (state_ptr + STATE_CURSORS + slots).to(tl.pointer_type(tl.int32), bitcast=True)
@@ -271,7 +223,12 @@ def _queue_order(home, j, n_queues, group_queues):
 
 @triton.jit
 def _next_queued(plan_ptr, state_ptr, sm, phase):
-    """Queues mode: the next item of this program's claimed range, else a new claim. (item, phase)."""
+    """Queues mode: the next item of this program's claimed range, else a new claim. (item, phase).
+
+    Each partition's items are split over several queues, so that thousands of programs starting at once do not
+    all hit one counter. A program keeps claiming until every queue is empty, so any grid does every item once;
+    with one chunk per program most programs make exactly one claim. The launcher zeroes the queue cursors
+    before every launch (a memset that CUDA graphs capture with the kernel)."""
     item = tl.full((), -1, tl.int32)
     n_slots = tl.load(plan_ptr + PLAN_N_SLOTS)
     n_queues = tl.load(plan_ptr + PLAN_N_QUEUES)
@@ -323,10 +280,21 @@ def _next_queued(plan_ptr, state_ptr, sm, phase):
 
 @triton.jit
 def plan_next(plan_ptr, state_ptr, sm, phase, PLACE: tl.constexpr):
+    """(item, phase): the next item id for this program (int32, as tl.program_id: cast to int64 before index
+    arithmetic that can pass 2**31), or -1 when none is left. Start with phase 0 and pass back the phase it
+    returns (an opaque int64).
+
+        sm, t0 = plan_start(plan_ptr, state_ptr, PLACE)
+        item, phase = plan_next(plan_ptr, state_ptr, sm, 0, PLACE)
+        while item >= 0:
+            ...work on item...; n_done += 1
+            item, phase = plan_next(plan_ptr, state_ptr, sm, phase, PLACE)
+        plan_finish(plan_ptr, state_ptr, sm, t0, n_done, PLACE)
+    """
     phase = tl.zeros((), tl.int64) + phase  # the first call passes a literal 0
     if _mode(PLACE) == PLACE_DIRECT:
         # program p takes item p on the first call: the grid is exactly one program per item. An int32 item in
-        # every mode (Triton 3.6 wants the branches to agree): an int64 one cost a 2-4 us gather 3-5%.
+        # every mode (Triton 3.6 wants the branches to agree): an int64 one slowed a short gather measurably.
         item = tl.where(phase == 0, tl.program_id(0), -1)
         phase = tl.full((), PHASE_DONE, tl.int64)
     elif sm < 0:  # plan_start found a bad plan: nothing for this program
@@ -354,8 +322,8 @@ def _count_out(plan_ptr, state_ptr, n_slots):
     (the last one being the failed claim that returned -1) before this increment, and acq_rel orders them
     before it (release) and this program's resets after it (acquire). The program that sees grid - 1 is
     therefore the last to touch the cursors in this launch, and the next launch starts after this one ends in
-    stream order. (Counting in 16 shards first, so that 4,224 programs ending together do not all count on one
-    address, measured no faster on the H200.)"""
+    stream order. (Counting in shards first, so that thousands of programs ending together do not all count on
+    one address, was no faster.)"""
     finished = tl.atomic_add(state_ptr + STATE_FINISHED, tl.full((), 1, tl.int64), sem="acq_rel")
     if finished == tl.num_programs(0) - 1:
         slots = tl.arange(0, MAX_SLOTS)
@@ -366,6 +334,10 @@ def _count_out(plan_ptr, state_ptr, n_slots):
 
 @triton.jit
 def plan_finish(plan_ptr, state_ptr, sm, t0, n_done, PLACE: tl.constexpr):
+    """Shares mode: add this program's items, busy ns and 1 CTA to its SM's statistics; the last program out
+    resets the cursors. Nothing in the other modes. With the PLACE_RECORD bit (profiling on), in every mode,
+    this program's record (recorder.py) goes to the recorder buffer whose address and tag the plan's header
+    holds (PLAN_REC_*); without the bit none of that is compiled in."""
     if _recording(PLACE):
         if sm >= 0:  # a bad plan (sm -1) holds no recorder address to trust
             _record(plan_ptr, sm, t0, n_done)

@@ -1,32 +1,16 @@
 """The device-side protocol in Triton: timers, dependent loads, and the claim / barrier / turn protocol.
 
-Public API for any Triton kernel of torch_l2topo or of its users (cuda_ext/protocol.cuh mirrors every
-function under the same name; tests/test_kernel_sources.py checks that the two lists agree):
-
-    sm_id()                        %smid of the SM running this program (int64)
-    global_ns()                    %globaltimer, ns, device-wide (32 ns steps on Hopper)
-    clock_after(dep)               %clock64, read only once `dep` has arrived (see below)
-    chase(addr)                    one dependent load through L2 (ld.global.cg: skips L1); returns the loaded word
-    chase_l1(addr)                 the same load allowed to hit in L1 (ld.global.ca): the L1-hit oracle
-    address_after(addr, value, zero)
-                                   addr itself, but only once `value` has arrived: chains loads of data that
-                                   are not pointers (zero: a runtime 0 the host passes)
-    nanosleep(ns)                  back off between polls
-    fail(ctrl, code, detail)       record the first error in a control block (layout.py)
-    wait_at_least(ctrl, word, target, timeout_ns, code) -> ok
-                                   spin until ctrl[word] >= target, bounded by a %globaltimer watchdog
-    claim_sm(ctrl, n_sm, wave, timeout_ns) -> (sm, go)
-                                   claim this program's SM; go is true for exactly one program per SM once
-                                   every SM is claimed and its wave's turn has come
-    finish_turn(ctrl)              this SM is done: release the next wave
+Public API for any Triton kernel of torch_l2topo or of its users, each function documented where it is defined
+(cuda_ext/protocol.cuh mirrors every one under the same name; tests/test_kernel_sources.py checks the lists):
+timers sm_id, global_ns, clock_after; dependent loads chase, chase_l1, address_after; the protocol nanosleep,
+fail, wait_at_least, claim_sm, finish_turn over a control block (layout.py).
 
 Every function does scalar work: launch kernels that use them with num_warps=1 (inline asm repeats per
 replicated element, and one warp keeps one dependent chain per SM). Every wait is bounded: the watchdog
-restarts whenever the awaited word moves, and when nothing moves for `timeout_ns` the waiter records an
-error and gives up; every other waiter gives up as soon as it sees the error. A kernel built on this
-protocol never hangs the GPU, whatever else runs on it.
-
-This module imports only torch_l2topo.layout (layout.py says why).
+restarts whenever the awaited word moves, and when nothing moves for `timeout_ns` the waiter records an error
+and gives up; every other waiter gives up as soon as it sees the error. A kernel built on this protocol never
+hangs the GPU, whatever else runs on it. Imports only torch_l2topo.layout (layout.py says why).
+Docs: docs/method.md ("Making every SM measure, once").
 """
 import triton
 import triton.language as tl
@@ -47,16 +31,19 @@ POLL_BACKOFF_NS = tl.constexpr(_layout.POLL_BACKOFF_NS)
 
 @triton.jit
 def sm_id():
+    """%smid of the SM running this program (int64)."""
     return tl.extra.cuda.smid().to(tl.int64)
 
 
 @triton.jit
 def global_ns():
+    """%globaltimer: ns, device-wide (32 ns steps on Hopper)."""
     return tl.extra.cuda.globaltimer().to(tl.int64)
 
 
 @triton.jit
 def clock_after(dep):
+    """%clock64, read only once `dep` (an address or a count, never -1) has arrived."""
     # The read is predicated on a compare of `dep`, so it cannot issue before the load that produced `dep`
     # completes: an unused input alone does not stop ptxas from scheduling the read early, and then one
     # load latency is missing from the interval or added to it. dep is an address or a count, never -1.
@@ -67,6 +54,7 @@ def clock_after(dep):
 
 @triton.jit
 def chase(addr):
+    """One dependent load through L2 (ld.global.cg: skips L1); returns the loaded word."""
     # Written as asm rather than tl.load so that the emitted instruction is exactly the CUDA backend's.
     return tl.inline_asm_elementwise("ld.global.cg.u64 $0, [$1];", "=l,l", [addr], dtype=tl.int64,
                                      is_pure=False, pack=1)
@@ -74,12 +62,15 @@ def chase(addr):
 
 @triton.jit
 def chase_l1(addr):
+    """The same load allowed to hit in L1 (ld.global.ca): the L1-hit oracle."""
     return tl.inline_asm_elementwise("ld.global.ca.u64 $0, [$1];", "=l,l", [addr], dtype=tl.int64,
                                      is_pure=False, pack=1)
 
 
 @triton.jit
 def address_after(addr, value, zero):
+    """addr itself, but only once `value` has arrived: chains loads of data that are not pointers (zero: a
+    runtime 0 the host passes)."""
     # addr + (value AND zero). `zero` is a runtime argument (0), and the AND is asm, so neither Triton nor
     # ptxas can fold it: the address depends on `value`, and a load from it waits for the load that made
     # `value`. Pure: it only orders, it reads nothing.
@@ -89,6 +80,7 @@ def address_after(addr, value, zero):
 
 @triton.jit
 def nanosleep(ns):
+    """Back off between polls."""
     tl.inline_asm_elementwise("nanosleep.u32 $1; mov.u32 $0, 0;", "=r,r", [ns], dtype=tl.int32,
                               is_pure=False, pack=1)
 
@@ -101,6 +93,7 @@ def _i64(x):
 
 @triton.jit
 def fail(ctrl_ptr, code, detail):
+    """Record the first error (code, detail) in the control block."""
     # First error wins; its detail is written by the same winner only.
     if tl.atomic_cas(ctrl_ptr + ERROR, _i64(0), _i64(code)) == 0:
         tl.atomic_xchg(ctrl_ptr + ERROR_DETAIL, detail.to(tl.int64))
@@ -152,5 +145,6 @@ def claim_sm(ctrl_ptr, n_sm, wave, timeout_ns):
 
 @triton.jit
 def finish_turn(ctrl_ptr):
+    """This SM is done: release the next wave."""
     # Release: this SM's results are visible before the next wave starts measuring.
     tl.atomic_add(ctrl_ptr + TURN, 1, sem="release")

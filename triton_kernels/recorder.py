@@ -1,23 +1,8 @@
 """Per-CTA records from any Triton kernel: which SM ran each program, when, and how much work it did.
 
-Public API (cuda_ext/recorder.cuh mirrors every function under the same name; tests/test_kernel_sources.py
-checks that the two lists agree):
-
-    record_start(RECORD) -> (sm, t0)
-        %smid of this program (int64) and its %globaltimer start, ns. (0, 0) and no instruction at all when
-        RECORD is false.
-    record_cta(rec_ptr, tag, sm, t0, n_items, n_near, RECORD)
-        append this program's record to the recorder buffer: tag, sm, program id, t0, the %globaltimer now,
-        n_items, n_near (items whose data is homed in this SM's L2 partition; pass -1 when not known). One
-        relaxed atomic reserves the slot; a full buffer drops the record (the cursor keeps counting, so the
-        host knows how many were dropped). Nothing is compiled in when RECORD is false.
-    recorder_at(address) -> rec_ptr
-        the buffer as a pointer, from its address held as an int64 (for example in a placement plan's header)
-
-RECORD is a tl.constexpr, so a kernel compiled with RECORD false carries none of it: no timer reads, no
-atomic, no stores (tests/test_profiler_kernels_compile.py compares its PTX with that of the same kernel
-written without the helpers). Usage, in any kernel (the recorder buffer and tag come from
-torch_l2topo.placement.recording.CtaRecorder: .buffer and .register(name)):
+Public API, each function documented where it is defined (cuda_ext/recorder.cuh mirrors every one under the
+same name; tests/test_kernel_sources.py checks the lists): record_start, record_cta, recorder_at. The buffer
+(layout.py's REC_*) and tag come from torch_l2topo.placement.recording.CtaRecorder (.buffer, .register(name)).
 
     @triton.jit
     def my_kernel(x_ptr, n, rec_ptr, tag, RECORD: tl.constexpr):
@@ -25,11 +10,9 @@ torch_l2topo.placement.recording.CtaRecorder: .buffer and .register(name)):
         ...the program's work...
         record_cta(rec_ptr, tag, sm, t0, 1, -1, RECORD)
 
-Graph-safe: the buffer has a fixed address and nothing here needs the host; the host drains it after the
-step. Works for any num_warps: the helpers do scalar work (the atomic runs once per program, as in
-placement.py). The buffer layout is torch_l2topo/layout.py's (REC_*).
-
-This module imports only torch_l2topo.layout and the public names of triton_kernels/protocol.py.
+RECORD is a tl.constexpr: compiled with it false, a kernel carries no timer read, atomic or store (a PTX test
+checks). Graph-safe (a fixed buffer, no host work) and any num_warps (scalar work, one atomic per program).
+Imports only torch_l2topo.layout and protocol.py's public names. Docs: docs/profiler.md.
 """
 import triton
 import triton.language as tl
@@ -53,6 +36,8 @@ REC_WORDS = tl.constexpr(_layout.REC_WORDS)
 
 @triton.jit
 def record_start(RECORD: tl.constexpr):
+    """(sm, t0): %smid of this program (int64) and its %globaltimer start, ns; (0, 0) and no instruction at all
+    when RECORD is false."""
     if RECORD:
         sm = sm_id()
         t0 = global_ns()
@@ -73,6 +58,10 @@ def _linear_program_id():
 
 @triton.jit
 def record_cta(rec_ptr, tag, sm, t0, n_items, n_near, RECORD: tl.constexpr):
+    """Append this program's record to the recorder buffer: tag, sm, program id, t0, the %globaltimer now,
+    n_items, n_near (items whose data is homed in this SM's L2 partition; -1 when not known). One relaxed
+    atomic reserves the slot; a full buffer drops the record (the cursor keeps counting, so the host knows how
+    many were dropped). Nothing is compiled in when RECORD is false."""
     if RECORD:
         t1 = global_ns()
         # relaxed: the slot orders nothing else; the host reads the buffer after the kernel has ended
@@ -90,4 +79,5 @@ def record_cta(rec_ptr, tag, sm, t0, n_items, n_near, RECORD: tl.constexpr):
 
 @triton.jit
 def recorder_at(address):
+    """The buffer as a pointer, from its address held as an int64 (a placement plan's header holds one)."""
     return (tl.zeros((), tl.int64) + address).to(tl.pointer_type(tl.int64))

@@ -5,9 +5,9 @@ calibration (repeat_sigma), the resolution below which two latencies count as eq
 (fit_nuca -> NucaModel: every term as arrays and tidy DataFrames, R^2 and residual-over-noise by rank, and
 how many interaction terms stand above the noise).
 
-On the bundled H200 calibrations the additive model explains only ~15% of the variance: the L2 partition
-is an interaction (an SM is fast to the lines of its own side), so rank 1 brings R^2 to ~0.90 and six
-terms reach the repeat noise.
+On the bundled H200 calibrations the additive model explains little of the variance: the L2 partition is an
+interaction (an SM is fast to the lines of its own side), so one rank-1 term takes most of it and a few terms
+reach the repeat noise. Docs: docs/method.md ("The analysis").
 """
 from __future__ import annotations
 
@@ -19,14 +19,12 @@ import numpy as np
 
 # Two latencies (or two profiles, RMS over their entries) count as different only when they differ by
 # more than this many times the per-entry repeat noise. The repeat noise is a median of ranges over 2-3
-# repeats quantized to 1/8 cycle (per SM it reads 0.25 or 0.375 on the H200s, a factor 1.5 apart), and
-# entries have heavier tails than a Gaussian (the CUDA and Triton calibrations of one H200 differ by 0.39
-# cycles RMS after their offset, 0.27 per calibration, where the repeat noise predicts 0.19), so a
-# difference within twice the predicted noise is not evidence.
+# repeats quantized to 1/8 cycle, and entries have heavier tails than a Gaussian (two backends' calibrations
+# of one GPU differ by more than it predicts), so a difference within twice the predicted noise is not evidence.
 NOISE_TOLERANCE = 2.0
-# A term carried by one or two SMs or lines is an isolated disturbance, not topology: the Triton
-# calibrations of both H200s hold such terms (SM 4 on lines 137-141, SM 86 on line 165, 15-20 cycles off)
-# with participation ratios 1.4-2.6, where every structural term spreads over 64+ SMs and 200+ lines.
+# A term carried by one or two SMs or lines is an isolated disturbance, not topology: such terms in the bundled
+# Triton calibrations have participation ratios below 3, where structural terms spread over dozens of SMs and
+# hundreds of lines.
 _MIN_PARTICIPATION = 2.0
 # Relative round-off of float64 sums of a few thousand latencies: the resolution of a noise-free matrix.
 _NUMERIC_FLOOR = 1e-9

@@ -113,8 +113,8 @@ def cluster_gpcs(data, noise=None, k: int | None = None) -> GpcClusters:
     Average linkage over RMS profile distances. Without k, the cut is the level of the hierarchy with the
     largest gap (outer / inner merge height) among levels whose clusters are apart by more than the
     resolution and typically hold more than one TPC (median size > 2: the TPC level is find_twins' job).
-    The offset is left out because on the H200 it steps by ~5 cycles between TPCs that share one profile
-    shape: it orders the TPCs inside a group rather than separating groups.
+    The offset is left out because it steps by a few cycles between TPCs that share one profile shape (on
+    the H200): it orders the TPCs inside a group rather than separating groups.
     """
     model = as_model(data, noise)
     n = model.n_sm

@@ -1,20 +1,16 @@
 """The L2 geometry suite on a GPU: experiments that measure the curves detectors.py reads, and run_suite().
 
-Each experiment takes a Context (device, SM count, calibration labels) and a time budget, measures with
-the kernels of triton_kernels/geometry.py through chases.py (or the package's probes and partition maps;
-the persisting experiment also through driver.py), and returns a JSON-able dict of raw curves and the
-detectors' verdicts (summary.py says them in a few lines). An experiment that runs out of budget stops its
-sweep early and says so ("truncated"). run_suite(quick) runs them all and prints one progress line per
-experiment on stderr.
+Each experiment takes a Context (device, SM count, calibration labels) and a time budget, measures with the
+kernels of triton_kernels/geometry.py through chases.py (or the package's probes and partition maps; persisting
+also through driver.py), and returns a JSON-able dict of raw curves and the detectors' verdicts (summary.py
+says them in a few lines). One that runs out of budget stops its sweep early and says so ("truncated").
+run_suite(quick) runs them all, one progress line per experiment on stderr.
 
-Experiments: first_touch (which bytes one missed load brings in), stride_sweep (cold stride sweep),
-capacity (footprint sweep from SMs of each partition, split by each line's home), prefetch (regular strides
-against an LFSR order, cold and warm), address_bits (home partition of 128-byte blocks: granularity, XOR
-model, held-out accuracy; slice classes of consecutive lines), contention (k SMs on lines of one slice class
-against lines spread over classes; the pair detector), persisting (an L2 access policy window through the
-driver API), conflict_sets (n lines at a power-of-two stride: sets and ways, or the hash that hides them),
-layout_fixes (padding, XOR swizzle and warp-wide bursts, each the same kernel with and without). Cold means:
-after reading a flush buffer of 4x the L2, and in memory not touched since.
+Experiments: first_touch, stride_sweep, capacity (split by each line's home partition), prefetch, address_bits
+(home partition of 128-byte blocks; slice classes), contention, persisting (an L2 access policy window),
+conflict_sets and layout_fixes (padding, XOR swizzle, warp-wide bursts, each with and without); each
+function's docstring says what it measures. Cold means: after reading a flush buffer of 4x the L2, and in
+memory not touched since. Docs: docs/geometry.md.
 """
 from __future__ import annotations
 

@@ -1,25 +1,17 @@
 """Device fingerprints: which physical GPU made this calibration, from its latency maps alone.
 
-Owns the device signature (the address-independent, offset-free part of a Topology), the distance between
-two signatures and the decision on a distance (decide(): match, no match, or ambiguous inside the band
-around the threshold). registry.py keeps known signatures on disk; hashed.py exports them for matching
-without sharing maps; fingerprint_eval.py fits and tests the decision on a labelled collection.
+Owns the device signature (the address-independent, offset-free part of a Topology), the distance between two
+signatures and the decision on a distance (decide(): match, no match, or ambiguous inside the band around the
+threshold). registry.py keeps known signatures on disk; hashed.py exports them for matching without sharing
+maps; evaluation.py fits and tests the decision on a labelled collection.
 
-What a signature holds, and why (measured on two H200s, 12 calibrations, benchmarks/bench_fingerprint.py):
-- chain block: the per-SM chain map (cycles per load over the random 2 MiB ring) minus its median.
-  The ring covers every L2 slice many times, so it does not depend on which buffer was probed. Centering
-  removes the per-load overhead that differs between backends (Triton ~2 cycles above CUDA).
-- side block: the L2 partition side of each SM (labels.sm_labels, oriented so that the lowest decided SM
-  is on side -1; 0 for an undecided SM), times SIDE_CYCLES, a fixed weight of about half the H200's far -
-  near gap: one SM on the wrong side costs about what it costs in latency. The side of an SM does not depend
-  on the probed addresses as long as the lines cover both partitions; the measured gap does (it averages
-  the probed lines' slices): one H200 calibrated by two processes at once, so with two buffers, measured
-  31.3 and 32.7 cycles, and a side block scaled by the measured gap put that GPU 0.74 from itself
-  (version 1 of the signature).
-- not included: per-SM near/far latency. They average over whichever L2 slices the probed lines happen
-  to hit; two disjoint halves of the same 512 lines give per-SM near/far maps 0.2-1.5 cycles RMS apart
-  (median 0.7-0.8), about as far as two different H200s are apart (1.2-1.9): they would fingerprint the
-  buffer as much as the GPU.
+A signature holds two blocks, both independent of which buffer was probed:
+- chain: the per-SM chain map minus its median (the random ring covers every L2 slice many times; centering
+  removes the per-load overhead that differs between backends).
+- side: each SM's L2 partition side (labels.sm_labels; -1 for the lowest decided SM's side, 0 undecided)
+  times the fixed weight SIDE_CYCLES, so one SM on the wrong side costs about what it costs in latency.
+Per-SM near/far latencies are left out: they average over whichever slices the probed lines hit, so they
+would fingerprint the buffer as much as the GPU. Docs: docs/fingerprints.md.
 """
 from __future__ import annotations
 
@@ -35,16 +27,12 @@ SIGNATURE_VERSION = 2  # 2: the side block's weight is fixed (SIDE_CYCLES), no l
 BLOCKS = ("chain", "side")
 FORMAT = "torch_l2topo/device-signature"
 
-# The decision band of decide(): threshold and factor from calibrate_threshold() on the tuning sessions of
-# the labelled collection (2026-11-30: two H200s at 05:37 on one machine,
-# six calibrations each, and machine A's two H200s at 21:34, two each; trusted calibrations only, truth =
-# uuid since none of them has a serial). Within-device distances 0.007-0.263, between-device from 0.981:
-# threshold 0.508, band 0.263-0.981 (factor 1.93). Held out: every pair not wholly inside those sessions
-# (benchmarks/bench_fingerprint.py, "collection"; tests/test_fingerprint.py).
+# The decision band of decide(): calibrate_threshold() on the tuning sessions of the labelled collection,
+# tested on every other pair (docs/fingerprints.md, "The study").
 DEFAULT_THRESHOLD = 0.51
 AMBIGUITY_FACTOR = 1.93
 
-# Cycles per SM of the side block: about half the near - far gap measured on H200s (30.7-32.7 cycles).
+# Cycles per SM of the side block: about half the near - far gap of the recorded H200s (docs/fingerprints.md).
 SIDE_CYCLES = 15.5
 
 # An SM's partition side is only recorded when the two partitions differ by more than this many times the
@@ -56,7 +44,7 @@ _SIDE_MIN_GAP_IN_NOISE = 10.0
 class DeviceSignature:
     """The fingerprint of one GPU: its model and a float vector of 2 * sm_count entries (cycles).
 
-    vector[:sm_count]: chain block (chain map minus its median). vector[sm_count:]: side block (+-gap/2
+    vector[:sm_count]: chain block (chain map minus its median). vector[sm_count:]: side block (+-SIDE_CYCLES
     per SM, 0 everywhere when no partition structure was found). See the module docstring.
     """
 

@@ -13,12 +13,9 @@ from .fingerprint import DeviceSignature
 
 FORMAT = "torch_l2topo/hashed-signature"
 
-# 1024 sign bits over the centered chain map. Measured (benchmarks/bench_fingerprint.py, 8 salts, on the
-# fingerprint tuning set d557bc and f78934): within-device Hamming fractions 0-0.027, between-device
-# 0.070-0.086; boundary 0.044, 1.6x from both. The two H200s' chain maps are 13.7 degrees apart, repeats
-# <= 3.3 degrees, so the fractions sit near 0.076 and 0.018 and only their spread (sd ~ sqrt(p(1-p)/bits))
-# decides: 256 bits let them touch. Fewer bits reveal less about the map to whoever holds the salt, but
-# separate less.
+# 1024 sign bits over the centered chain map: the bit count sets the spread (sd ~ sqrt(p(1-p)/bits)) of the
+# within- and between-device Hamming fractions, and fewer bits reveal less of the map but separate less.
+# 1024 and 0.044 (the geometric boundary): from the fingerprint tuning set (benchmarks/bench_fingerprint.py).
 HASH_BITS = 1024
 DEFAULT_HASH_THRESHOLD = 0.044
 

@@ -19,16 +19,12 @@ from ..labelings import first_seen_labels
 
 # Two SMs are one unit when their whole line profiles differ by no more than this many times the
 # per-entry noise (RMS of the offset-free difference): a difference of that size is what repeating the
-# measurement of one SM gives (TPC twins on H200 sit at 0.8-1.6x), so no choice of lines separates them.
+# measurement of one SM gives (TPC twins sit within it), so no choice of lines separates them.
 MERGE_IN_NOISE = 2.0
 # Two units stay apart only when every prototype of one is this many noise units from every prototype of
-# the other, over the chosen lines. Gaussian noise would need ~6 (nearest-profile errs when the noise
-# projected on a difference exceeds half of it; a probe vector carries ~noise/sqrt(2) per entry), but
-# the tails are heavier: in concurrent-mode calibrations 1% of entries sit 13 noise units off. Measured
-# on two H200s (bench_fingerprint.py, trained on cuda-waves, tested on the five other calibrations):
-# 8 gives 12-20 units at 96.2% worst-case unit accuracy, 12 gives 12-13 units at >= 98.5%.
-# (Distances are Euclidean over the k lines and noise is per entry: noise projected on any direction
-# has the per-entry spread, whatever k.)
+# the other, over the chosen lines. Gaussian noise would need ~6, but the tails are heavier (whatever k, the
+# noise projected on a direction has the per-entry spread).
+# 12: the worst-case unit accuracy on two H200s' held-out calibrations (benchmarks/bench_fingerprint.py).
 SEPARATION_IN_NOISE = 12.0
 
 

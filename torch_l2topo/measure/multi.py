@@ -1,20 +1,15 @@
 """calibrate_all(): calibrate every visible GPU (or the ones named) at once, one Topology per device.
 
-Two mechanisms, switchable because which one is faster is a measurement on a multi-GPU machine
-(benchmarks/bench_fleet.py, `calibrate-all`), not a guess:
-- "threads" (the default): one thread per device in this process, each calling calibrate(index). Every
-  probe runs on its device's own current stream (calibrate() makes the device current in its thread; the
-  current device is per thread), and the host waits of one device release the GIL for the others. No
-  process start-up. The first calibration of each device in a process runs alone: a Triton kernel's first
-  launch on a device compiles or loads it, and that is not thread-safe (triton-lang/triton#5933, open:
-  concurrent first launches from threads on several GPUs fail at random; the usual workaround is one pass
-  before going parallel). Later calibrations of that device run concurrently.
-- "processes": one spawned process per device (never fork: the parent may hold CUDA state), each calling
-  calibrate(index) and sending the saved form back (Topology.to_bytes: no pickle of numpy objects). Host work
-  of the devices runs truly in parallel, at the price of a Python, torch and CUDA start-up per device.
+Two mechanisms, switchable because which is faster is a measurement on a multi-GPU machine
+(benchmarks/bench_fleet.py `calibrate-all`), not a guess:
+- "threads" (default): one thread per device calling calibrate(index) on its own current stream; host waits
+  release the GIL. Each device's first calibration in a process runs alone: a Triton kernel's first launch on
+  a device is not thread-safe (triton-lang/triton#5933). Later ones run concurrently.
+- "processes": one spawned process per device (never fork: the parent may hold CUDA state), each sending back
+  Topology.to_bytes(). Truly parallel host work, at a Python + torch + CUDA start-up per device.
 
-Each calibration is cached as calibrate() caches it (per GPU uuid, under that GPU's measurement lock), so a
-second call is served from the cache in milliseconds. Progress: one line per finished device to `progress`.
+Each calibration is cached as calibrate() caches it (per GPU uuid, under that GPU's lock), so a second call
+is served from the cache. Docs: docs/fleet.md ("calibrate_all(): threads or processes").
 """
 from __future__ import annotations
 
@@ -30,8 +25,8 @@ from ..topology import Topology
 from . import calibration
 
 MECHANISMS = ("threads", "processes")
-# Not yet decided by measurement (no multi-GPU machine was lent when this was written): threads start no
-# process and share the Triton kernels compiled once. benchmarks/bench_fleet.py decides on 2 GPUs.
+# Not yet decided by measurement on two GPUs (docs/fleet.md): threads start no process and share the Triton
+# kernels compiled once. benchmarks/bench_fleet.py decides.
 DEFAULT_MECHANISM = "threads"
 
 log = logging.getLogger("torch_l2topo")
@@ -39,16 +34,29 @@ log = logging.getLogger("torch_l2topo")
 
 def calibrate_all(devices=None, *, mechanism: str = DEFAULT_MECHANISM, return_exceptions: bool = False,
                   progress: Callable[[str], None] | None = None, **options) -> dict:
-    """Calibrate several CUDA devices concurrently: {device index: Topology}, in index order.
+    """Calibrate several CUDA devices concurrently.
 
-    devices: None (every visible device) or an iterable of indices, "cuda:N" or torch.device (a device
-    named twice is calibrated once). mechanism: "threads" or "processes" (module docstring). options:
-    calibrate()'s keyword options (backend, mode, force, use_cache, gpc, check, attempts, probe config),
-    the same for every device. progress: called with one line per finished device.
+    A device whose calibration fails does not stop the others: they finish (and are cached) first, and every
+    failure is logged.
 
-    A device whose calibration fails does not stop the others: they finish (and are cached) first. Then
-    return_exceptions=False re-raises the first failure (every failure is logged), and
-    return_exceptions=True returns the exception in that device's place.
+    Args:
+        devices: None (every visible device) or an iterable of indices, "cuda:N" or torch.device; a device
+            named twice is calibrated once.
+        mechanism: "threads" or "processes" (module docstring).
+        return_exceptions: True puts a failed device's exception in its place in the result; False re-raises
+            the failure of the lowest failed index.
+        progress: called with one line per finished device.
+        **options: calibrate()'s keyword options (backend, mode, force, use_cache, gpc, check, attempts,
+            probe config), the same for every device.
+
+    Returns:
+        {device index: Topology (or the exception, with return_exceptions=True)}, in index order.
+
+    Raises:
+        ValueError: `mechanism` is not one of MECHANISMS.
+        DeviceError: no CUDA device is available, a device cannot be resolved, or `devices` is empty.
+        Exception: with return_exceptions=False, the failure of the lowest failed index as calibrate() raised
+            it (an L2TopoError such as ProbeError or CalibrationDisturbed, usually).
     """
     check_choice("mechanism", mechanism, MECHANISMS)
     indices = visible_devices() if devices is None else list(dict.fromkeys(resolve_device(d) for d in devices))

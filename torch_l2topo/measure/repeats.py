@@ -1,21 +1,16 @@
 """The raw repeats of one calibration, and how they combine into its maps.
 
-Every SM's chain and line latencies are measured in `repeats` launches (probes.py); calibration.py keeps
-them (Topology.extras) and combines them here. The plain median over repeats is not enough on an H200: the
-GPU's whole L2 latency level steps between discrete states (0.3-0.4 and ~1.1 cycles apart, lasting from
-tens of ms to seconds; benchmarks/bench_noise.py), and every SM measuring at that moment shifts
-alike (within a wave the shifts agree to 0.02 cycles). A step inside a calibration leaves some waves'
-median in one state and others' in another. align_levels() estimates the level of every (repeat, wave) from
-the repeats themselves, puts them on one scale, and the maps are the medians after removing it: SMs are then
-comparable across waves, and two calibrations differ by one constant (the state each was in).
+Every SM's chain and line latencies are measured in `repeats` launches (probes.py); calibration.py keeps them
+(Topology.extras) and combines them here, in two steps (pure numpy):
+- at_wave_clock(): an L2 hit runs partly in the SM's clock and partly in one of its own (t_ns = FIXED_NS + S / f),
+  so an SM whose clock dips below its wave's reads fewer cycles; each SM's cycles are put at its wave's median
+  clock (a GPU-wide clock change moves a whole wave, which the next step takes out).
+- align_levels(): the GPU's whole L2 latency level steps between discrete states, shifting every SM measuring at
+  that moment alike, so a plain median over repeats leaves waves in different states. The level of every
+  (repeat, wave) is estimated from the repeats themselves and removed before the median: SMs then compare
+  across waves, and two calibrations differ by one constant.
 
-Before that, at_wave_clock() takes out the SM clock: an L2 hit's latency runs partly in the SM's clock domain
-and partly in a clock of its own (the L2 and crossbar), t_ns = FIXED_NS + S / f, so counted in SM cycles one
-load takes FIXED_NS x f + S cycles and moves with the SM clock f. The clocks of single TPCs (SM 2i, 2i+1) fall
-by up to 0.3% below their wave's in some repeats (1.974 against 1.980 GHz on H200s; clock64 / %globaltimer per
-SM and repeat): their chain latency then reads ~0.4 cycles lower, in whichever backend's calibration it happens
-(that was the "CUDA probe noise" of issue 18). Each SM's cycles are
-put at its wave's median clock (a GPU-wide clock change moves a whole wave, which the alignment takes out).
+Docs: docs/method.md ("Timing that means what it says").
 """
 from __future__ import annotations
 
@@ -23,9 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# The part of an L2 hit's latency that does not scale with the SM clock, by compute capability: fitted on the
-# H200 repeats whose TPC clocks moved (cycles against clock deviation within an SM, correlation 0.95-0.99;
-# 63-75 ns). Elsewhere fit_fixed_ns() fits it on the calibration itself.
+# The part of an L2 hit's latency that does not scale with the SM clock, by compute capability.
+# 71.0: fitted on recorded H200 repeats whose TPC clocks moved (docs/method.md); elsewhere fit_fixed_ns() fits it.
 FIXED_NS = {(9, 0): 71.0}
 # Clock deviations below this (GHz) are not used to fit FIXED_NS: the clock reads to ~1e-5 GHz over a pass.
 MIN_FIT_CLOCK = 1e-3

@@ -1,24 +1,16 @@
 """Self-checks of one calibration: is the map it produced an L2 map of an undisturbed GPU?
 
-A busy GPU can make the probes measure something else without failing: another process's matrix products
-evict the L2-resident ring, and the chain probe then times DRAM (seen on an H200: +340 cycles per load,
-returned normally and cached). calibrate() therefore checks every calibration on its raw repeats before it
-returns or caches it, and retries or refuses one that fails (calibration.py). Pure numpy on the repeats.
+A busy GPU can make the probes measure something else without failing (another process's work evicts the
+L2-resident ring and the chain probe times DRAM), so calibrate() checks every calibration on its raw repeats
+before it returns or caches it, and retries or refuses one that fails (calibration.py). Pure numpy.
 
 The checks, each against a measurement made in the same run:
-- residency: each SM's chain latency against the L2 hits its own line probe timed in the same run (a line
-  loaded twice, then timed: an L2 hit whatever happened to the ring). An L2-resident random ring runs at
-  0.90-1.02 of that on H200s; an evicted one at about twice it.
+- residency: each SM's chain latency against the L2 hits its own line probe timed (a line loaded twice, then
+  timed: an L2 hit whatever happened to the ring); an evicted ring reads about twice it.
 - repeats agree: the chain repeats of each SM lie within REPEAT_PTP_MAX cycles of each other.
-- clocks held: the SM clock while probing (clock64 cycles / %globaltimer ns) is one clock for every SM and
-  every repeat.
-Against the GPU's previous trusted calibration (the cache's), a moved clock or map is said, not refused: a
-driver or clock-setting change legitimately moves the map.
-
-Thresholds were set on the clean calibrations recorded before this check existed (40 calibrations of six
-H200s: ratio 0.896-1.015, repeat range <= 1.16
-cycles, clock spread <= 0.43%) and tested on recordings of disturbed and clean runs
-(tests/test_trust.py). The repeats themselves are repeats.py's.
+- clocks held: the SM clock while probing (clock64 / %globaltimer) is one clock for every SM and repeat.
+Against the GPU's previous trusted calibration a moved clock or map is said, not refused (a driver or clock
+setting change legitimately moves it). Docs: docs/method.md ("Self-checks before a map is returned or cached").
 """
 from __future__ import annotations
 
@@ -28,6 +20,7 @@ import numpy as np
 
 from .repeats import Repeats
 
+# Thresholds: set on recorded clean calibrations of six H200s, tested on disturbed ones (tests/test_trust.py).
 RESIDENT_RATIO_MAX = 1.10   # chain / same-SM line-probe L2 hit; clean <= 1.015, an evicted ring ~2
 REPEAT_PTP_MAX = 2.0        # cycles between an SM's chain repeats; clean <= 1.16
 CLOCK_SPREAD_MAX = 0.01     # relative range of the SM clock over SMs and repeats; clean <= 0.0043

@@ -1,30 +1,17 @@
 """Small eager calls on CUDA C++ kernels bound with pybind11: embedding bags (cuda_ext/eager_bags.cu) and forests
 (cuda_ext/eager_forest.cu), one module (cuda_ext/eager_bindings.cpp).
 
-A small eager call costs what the host spends on it. On the H200 machines torch's own embedding_bag call took 11-19
-us, and our Triton kernels' lean launch alone 16 us of a 37-80 us call (binding its arguments, Triton's launcher,
-the output allocation and our Python around them);
-forest_predict's eager call at one sample took 47-76 us of host time for a few microseconds of GPU time. A pybind11
-function that allocates the output and launches a plain CUDA kernel takes 6-10 us, and our whole embedding_bag call
-through it 8-13 us.
+Why: a small eager call costs what the host spends on it. A Triton kernel's launch from Python (binding its
+arguments, Triton's launcher, the output allocation) is most of such a call, and no Python in front of torch's
+own embedding_bag can be cheaper than none; a pybind11 function that allocates the output and launches a plain
+CUDA kernel costs a fraction of either. So embedding_bag's small eager calls (embedding_bag.eager_launch) and
+forest_predict's (forest_predict.eager_forest) run these kernels. Each embedding-bag launch comes with an
+estimate of its GPU time (`gpu_us`) that embedding_bag's rule compares with the Triton call's host time.
 
-Embedding bags: no Python in front of torch's call can be cheaper than none (the op's argument checks and its
-choice cost ~2 us, 10-17% of torch's call), so embedding_bag's small eager calls (embedding_bag.eager_launch) run
-the C++ kernel. On the full grid's shapes it takes, the module's call took 0.43-0.69x torch's eager call, and the
-kernel's GPU time 0.45-1.04x torch's; the op's whole call took
-0.74-0.78x torch's at the default grid's small shapes. Each
-launch comes with an estimate of its GPU time (`gpu_us` with TORCH_OP_US or EAGER_KERNEL_US), which embedding_bag's
-rule compares with the Triton kernel's host time: the C++ kernel took 0.29-0.69x torch's GPU time wherever torch's
-took 15 us or more on rows of 64 or more features, so once it is loaded it is given larger calls than torch's op was.
-
-Forests: forest_predict's eager calls (forest_predict.eager_forest) run the same walk, split the same way, on the
-C++ kernel: the Triton kernel's eager launch alone is most of a small call.
-
-Availability: the module is built with torch.utils.cpp_extension (nvcc and a C++ compiler; measure/extension.py,
-cached per torch version and GPU architecture) in a background thread that the first such call on a device
-starts, so no call waits for a compiler. Until it is loaded, where it cannot be built, or with
-TORCH_L2TOPO_EAGER_KERNELS=0 in the environment, small embedding bags run torch's own op (`torch_bags`) and forests
-the Triton kernel, as they did before this module.
+Availability: the module is built with torch.utils.cpp_extension (measure/extension.py, cached per torch version
+and GPU architecture) in a background thread that the first such call on a device starts, so no call waits for
+a compiler. Until it is loaded, where it cannot be built, or with TORCH_L2TOPO_EAGER_KERNELS=0, small embedding
+bags run torch's own op (`torch_bags`) and forests the Triton kernel. Docs: docs/ops.md ("embedding_bag").
 """
 from __future__ import annotations
 
@@ -38,9 +25,8 @@ from .policy import device_properties
 
 log = logging.getLogger("torch_l2topo")
 ENV_SWITCH = "TORCH_L2TOPO_EAGER_KERNELS"  # "0": never build (module doc)
-# GPU microseconds of each launch on the H200, as terms (benchmarks/fit_eager_rule.py, fitted to the fp32 "sum" rows
-# of its CUDA-graph times): per row of the mean bag, per MB read, per bag, per row read, per row read from a table
-# larger than the L2.
+# GPU microseconds of each launch, as terms: per row of the mean bag, per MB read, per bag, per row read, per row
+# read from a table larger than the L2. Fitted by benchmarks/fit_eager_rule.py to H200 CUDA-graph times (docs/ops.md).
 TORCH_OP_US = (0.147, 0.291, 6.57e-4, 8.68e-6, 4.43e-5)     # torch's op (benchmarks/fit_eager_rule.py)
 EAGER_KERNEL_US = (0.0674, 0.0593, 2.74e-4, 3.72e-5, 2.32e-5)  # the C++ kernel (the same fit)
 

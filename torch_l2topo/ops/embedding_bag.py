@@ -2,65 +2,17 @@
 
     out = torch_l2topo.ops.embedding_bag(input, weight, offsets, mode="sum")
 
-The same arguments as torch.nn.functional.embedding_bag (max_norm, norm_type, scale_grad_by_freq and sparse
-aside): 1-D input with offsets or 2-D input of fixed-length bags, modes "sum", "mean" (torch's default) and
-"max", per_sample_weights (mode "sum"), padding_idx (excluded from sums, means and maxima), include_last_offset.
-Arguments are checked in torch's order with torch's exception types and messages (tests/test_ops_embedding_bag.py
-compares them on the CPU). Backward (sum and mean) gives the dense weight gradient and, for "sum", the
-per_sample_weights gradient, as torch does.
+Contract: torch's arguments (max_norm, norm_type, scale_grad_by_freq and sparse aside), checked in torch's order
+with torch's exception types and messages; backward for "sum" and "mean". fp32/bf16/fp16 tables on a GPU run the
+Triton kernel (triton_kernels/embedding_bag.py), CPU tensors torch's own op, fp64 (on a GPU, or with
+include_last_offset) `reference_bags`. The op is `torch.ops.torch_l2topo.embedding_bag`, whose fake implementation
+is its own body: torch.compile(fullgraph=True) and CUDA graphs keep it whole; it mutates nothing. Index and
+offset values are checked on a GPU by a device assert in the kernel (no host sync; it never reads outside the
+table), on the CPU on the host.
 
-Where it runs: fp32, bf16 and fp16 tables on a CUDA device through the Triton kernel
-(triton_kernels/embedding_bag.py); CPU tensors through torch's own CPU op; where torch's op means something else
-(fp64 with include_last_offset: torch 2.13's fp64 CPU path ignores offsets[-1]) and for fp64 tables on a GPU,
-through `reference_bags`, the kernel's semantics in PyTorch ops (tested against torch's op, and sharing its bag
-assignment with the backward). The op is
-`torch.ops.torch_l2topo.embedding_bag`, a torch.library custom op whose fake implementation is its own body
-(policy.triton_launcher: on fake tensors the body only allocates): torch.compile(fullgraph=True) keeps it as
-one opaque call and CUDA graphs capture it; it mutates nothing (the output is allocated inside).
-
-Data checks (indices inside the table, offsets[0] == 0, offsets non-decreasing and ending inside the input):
-on a GPU the kernel checks them as it reads (no extra pass, no extra launch, no host sync) with a device
-assert, as torch's own CUDA index kernels do: a bad index stops the program at its next synchronization with
-a device-side assert whose message (the kernel module's CHECK_MESSAGE) the device prints; the CUDA context
-is unusable afterwards, as after any device-side assert. The kernel never reads outside the table:
-out-of-range entries are skipped. On the CPU the checks run on the host with torch's messages.
-`check_indices=False` compiles the assert out (the kernel still skips bad entries); inside torch.compile'd
-regions it is off too (the kernel skips bad entries there as well).
-
-Dispatch: an eager call that needs no autograd graph calls the implementation directly (policy.direct_call:
-the dispatcher costs tens of microseconds per call); everything else goes through the op.
-
-Small eager calls run the C++ eager kernel (policy "auto" only; `eager_launch`; ops/eager_kernels.py). A call through
-the Triton kernel spends 37-80 us on the host of the H200 machines before its kernel runs (the whole call, arguments
-checked, output allocated, Triton's launcher), torch's own call
-11-19 us, and our whole call to the C++ eager kernel 8-13 us, so a call whose work takes less GPU time than
-EAGER_BELOW_US is faster there when nothing else is queued, as in an eager loop of small steps. Such a call (1-D input
-with offsets, no per_sample_weights or padding_idx, no autograd, indices checked (the C++ kernel asserts on a bad
-index, as torch's op does, where the unchecked Triton kernel skips it), outside compilation and CUDA graph capture)
-goes to the device's eager launch: the C++ kernel once its background build is loaded, torch.embedding_bag (the
-function torch.nn.functional.embedding_bag ends in) until then or where it cannot be built. The GPU time is that
-launch's own, estimated by eager_kernels.gpu_us: non-negative least-squares fits (benchmarks/fit_eager_rule.py) to
-CUDA-graph times on an H200 in the fp32 rows of the issue's full grid (tables of 1 MB to 4 GB), with a
-term per row of the mean bag (torch's op walks a bag's rows in turn: one bag of 256 rows takes ~29 us) and a dearer
-row for tables larger than the L2 (1,024 bags of 256 fp32 rows took torch 76-80 us from 256 MB and 4 GB tables, 42-43
-us from 1 and 16 MB). The C++ kernel's line takes 65,536 bags of 2-8 rows from tables in the L2 and 1,024 bags of 256
-rows (20-47 us of GPU time, against the Triton call's 40-80 us) that torch's line left to the Triton kernel. The rule
-is tested (tests/test_ops_embedding_bag.py) against runs it was not fitted to: the bf16, "mean" and "max" rows of the
-same runs, three default-grid runs of torch's op on other H200s, and runs of the three eager calls side by side on two
-other H200s. In the first the rule sent 112 of 142
-shapes to the C++ kernel (0.40-0.61x torch's call) and every shape's call took at most 0.80x torch's (the second: the
-same 112, 0.42-0.78x); the line on torch's time (the rule before) kept four shapes on a Triton call of 1.03-1.73x
-torch's, and 65,536 bags of 2 and 4 rows took 1.03x and 1.11x torch on the Triton kernel in a default-grid run under
-it. The price, near the line on a fast host: 65,536 bags of 8 bf16 rows took the
-C++ call 46 us where the Triton call took 41. Torch's line (until the build loads) is not tested on the later full
-grid (H200 2b3b032d25ac), where it sends 65,536 one-row bags of the 4 GB fp32 table to torch's op
-(45.1 us) although the Triton call took 42.5 us: an estimate of 51.6 us, at the line; in the run it was fitted to,
-that Triton call took 73. In a CUDA graph, or when the GPU is busy and host time is hidden, the Triton kernel is the
-faster one (2.0-3.1 us against torch's 5.2-7.1 us at 1-1,024 bags of 32 rows; 5-20 us against the C++ kernel's 19-47
-us at 65,536 bags of 1-8 rows), which is why graphs and compiled code keep it.
-
-Placement: `policy=` takes the placement policies and "auto"; the kernel's item loop runs on the placement
-helpers (policy.py says how a call is launched). Items are groups of BAGS consecutive bags (bags_per_program).
+Dispatch: an eager call needing no autograd graph runs the body directly (policy.direct_call). Small eager calls
+under "auto" run the C++ eager kernel (eager_launch, ops/eager_kernels.py) where its estimated GPU time is below
+EAGER_BELOW_US, the Triton call's host time; graphs and compiled code keep the Triton kernel. Docs: docs/ops.md.
 """
 from __future__ import annotations
 
@@ -82,10 +34,8 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 NO_PADDING = -1
 # Bytes of one [ROWS, BLOCK_D] tile: 8 KB of rows in flight per program, whatever the row dtype (a tile counted
 # in elements held half as many bf16 bytes, and a 32-row bag of 256-byte bf16 rows then took two dependent
-# steps), on one warp: sixteen 16-byte loads in flight per thread and up to 32 programs per SM. Measured on the
-# H200 (benchmarks/bench_ops_kernels.py, the kernel alone in CUDA graphs): at 65,536 bags x 32 rows
-# x 64 fp32, 1 warp 0.061 ms, 2 warps 0.081, 4 warps 0.130 (torch 0.228); 128 bf16 rows from a 1 GB table,
-# 1 warp 0.132 ms, 4 warps 0.353 (torch 0.520).
+# steps), on one warp: sixteen 16-byte loads in flight per thread and up to 32 programs per SM. One warp per
+# tile: faster than 2 or 4 in benchmarks/bench_ops_kernels.py on the H200 (docs/ops.md).
 TILE_BYTES = 8192
 BYTES_PER_WARP = 8192
 MAX_WARPS = 8
@@ -93,9 +43,8 @@ MAX_WARPS = 8
 # single-warp programs per H200 SM, each with a tile of up to 8 KB of rows in flight (8 MB at once over the GPU).
 MIN_PROGRAMS = 1024
 # Small eager calls: the eager launch where its estimated GPU time is below the Triton call's host time (module doc).
-# The threshold is the geometric mean of the Triton kernel's whole eager call's host time on two H200 hosts (37.6
-# and 72.1 us: history/eager_host_h200_b185a230aa5e.json and history/eager_host_h200_87d6e450cf88.json), so that a
-# wrong choice costs the same ratio at most on either host; not tuned on the timings the rule is tested against.
+# 52.0: the geometric mean of that host time on the fastest and slowest H200 host measured (docs/ops.md), so a
+# wrong choice costs the same ratio at most on either; not tuned on the timings the rule is tested against.
 EAGER_BELOW_US = 52.0
 _is_compiling = torch.compiler.is_compiling  # read once: the eager rule's reads are its cost (eager_launch)
 _is_capturing = torch._C._cuda_isCurrentStreamCapturing
@@ -105,11 +54,31 @@ def embedding_bag(input: torch.Tensor, weight: torch.Tensor, offsets: Optional[t
                   mode: str = "mean", per_sample_weights: Optional[torch.Tensor] = None,
                   padding_idx: Optional[int] = None, include_last_offset: bool = False, *, policy: str = "auto",
                   check_indices: bool = True) -> torch.Tensor:
-    """torch.nn.functional.embedding_bag(input, weight, offsets, mode=..., per_sample_weights=...,
-    padding_idx=..., include_last_offset=...) on the Triton gather kernel: (n_bags, embedding_dim), weight's
-    dtype. policy: "auto", or a placement policy (torch_l2topo.ops.policy). check_indices: check the index
-    and offset values (on a GPU inside the kernel, without a host sync: see the module doc). Small eager calls
-    under "auto" with checked indices run the C++ eager kernel (eager_launch), which checks them too."""
+    """torch.nn.functional.embedding_bag on the Triton gather kernel (the module docstring says where a call runs).
+
+    Args:
+        input: int32 or int64 indices: 1-D with `offsets`, or 2-D (bags, fixed bag length) with offsets None.
+        weight: the (num_embeddings, embedding_dim) table: fp32, bf16, fp16 or fp64.
+        offsets: 1-D, where each bag starts in `input` (1-D input only).
+        mode: "sum", "mean" (torch's default) or "max".
+        per_sample_weights: weights of input's shape and weight's dtype (mode "sum" only).
+        padding_idx: a row that counts in no sum, mean or maximum.
+        include_last_offset: offsets holds n_bags + 1 entries, the last one ending the last bag (CSR).
+        policy: "auto", or a placement policy (torch_l2topo.ops.policy).
+        check_indices: check index and offset values; on a GPU inside the kernel, without a host sync. False
+            compiles the check out (the kernel skips out-of-range entries either way). Small eager calls under
+            "auto" with checked indices run the C++ eager kernel (eager_launch), which checks them too.
+
+    Returns:
+        (n_bags, embedding_dim) in weight's dtype; empty bags give zeros.
+
+    Raises:
+        ValueError: shapes, mode or policy that torch (or the placement layer) refuses, with torch's messages.
+        RuntimeError: index or weight dtypes, devices, padding_idx, include_last_offset without offsets, or (CPU
+            tensors) index and offset values that torch refuses, with torch's messages. On a GPU a bad value is
+            a device-side assert at the next synchronization, as in torch's CUDA index kernels.
+        NotImplementedError: per_sample_weights with a mode other than "sum".
+    """
     if policy == AUTO and check_indices:
         launch = eager_launch(input, weight, offsets, mode, per_sample_weights, padding_idx)
         if launch is not None:
@@ -171,8 +140,8 @@ def eager_launch(input, weight, offsets, mode, per_sample_weights=None, padding_
     until it is built), or None for the Triton kernel: an eager call on CUDA tensors (a plain tensor or an
     nn.Parameter table; 1-D input with 1-D offsets, a 2-D fp32/bf16/fp16 table, no per_sample_weights or
     padding_idx, a known mode, no autograd), outside compilation and CUDA graph capture, that the launch does on the
-    GPU in less than EAGER_BELOW_US (module doc). Every read here is host time on the calls it picks (0.05-0.3 us
-    each), so each is read once."""
+    GPU in less than EAGER_BELOW_US (module doc). Every read here is host time on the calls it picks, so each is
+    read once."""
     # compilation first: under torch.compile the size test below would put guards on the sizes
     if _is_compiling() or per_sample_weights is not None or padding_idx is not None or offsets is None \
             or mode not in MODES:
@@ -201,7 +170,7 @@ def _promoted_indices(input, offsets):
         raise RuntimeError("Expected tensor for argument #1 'indices' to have one of the following scalar types: "
                            f"Long, Int; but got {_legacy_type(common, input.device)} instead (while checking "
                            "arguments for embedding_bag)")
-    if input.dtype == offsets.dtype:  # the usual call: no .to (a dispatcher call each, 1-3 us of host time)
+    if input.dtype == offsets.dtype:  # the usual call: no .to (a dispatcher call each)
         return input, offsets
     return input.to(common), offsets.to(common)
 

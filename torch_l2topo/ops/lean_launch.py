@@ -1,26 +1,17 @@
 """Launch an op's Triton kernel the way JITFunction.run does, minus its per-launch check of the kernel's globals.
 
-Triton's launch (JITFunction.run, Triton 3.6 to 3.9) compares, on every call, each module global that the kernel
-and every helper it calls read with its value at compile time. Those globals are tl.constexpr values, and one
-comparison builds two constexpr objects: 1.7 us per global on a 2-core CI-class host, where the forest kernel's
-15 (most of them the placement helpers') took 26 us per launch. On the H200's host the embedding-bag kernel's
-launch alone took 25.5 us through kernel[grid] and 22.6 us here (benchmarks/bench_ops_kernels.py).
-The ops' kernels read only constants of torch_l2topo.layout and of their own modules, which never change while
-a program runs, so the ops launch through `lean(kernel)[grid](*args, **kwargs)`:
-
-- the compiled kernel is found as run finds it: Triton's own binder gives the specialisation (argument types,
-  16-byte alignment, integers equal to 1) and compute_cache_key the key, so a launch never runs a kernel
-  compiled for other arguments;
-- a call whose kernel is not compiled yet, or while any launch hook or pre-run hook is set, or on a Triton
-  without these internals, or in Triton's interpreter, goes through kernel[grid] unchanged (which compiles it
-  and checks its globals once).
-
-A Triton whose run() adds compile options this module does not know: lookups are keyed without them, so they
-miss the kernels run() compiled with those options set, and such calls take kernel[grid] (slower, the same
-kernel); a kernel compiled before such an option was set is still found, and launched as compiled.
-tests/test_ops_gpu.py checks that lean launches happen, that a kernel specialised for other arguments
-is never reused (row widths, alignment, index dtypes, arguments equal to 1, against torch's op), and that a
-launch hook sends calls to kernel[grid].
+Triton's launch (JITFunction.run, Triton 3.6 to 3.9) compares on every call each module global that the kernel
+and its helpers read with its value at compile time, building constexpr objects for each: a cost per global per
+launch, and the ops' kernels read many (most of them the placement helpers'). Those are constants of
+torch_l2topo.layout and of the kernels' own modules, which never change while a program runs, so the ops launch
+through `lean(kernel)[grid](*args, **kwargs)`:
+- the compiled kernel is found as run finds it (Triton's own binder for the specialisation, compute_cache_key
+  for the key), so a launch never runs a kernel compiled for other arguments;
+- a call whose kernel is not compiled yet, with a launch or pre-run hook set, on a Triton without these
+  internals, or in the interpreter, goes through kernel[grid] unchanged (compiling it, checking globals once).
+Compile options that run() adds and this module does not know are not in its keys: such calls miss and take
+kernel[grid] (slower, the same kernel). tests/test_ops_gpu.py checks that lean launches happen, that no kernel
+specialised for other arguments is reused, and that a hook sends calls to kernel[grid]. Docs: docs/ops.md.
 """
 from __future__ import annotations
 

@@ -1,29 +1,18 @@
 """How an op call launches: straight to its implementation or through the dispatcher, and under which placement.
 
-The `policy=` argument of the ops takes the placement layer's policies and "auto". Each op kernel runs its item
-loop on the placement helpers (plan_start / plan_next / plan_finish) with PLACE a constexpr, so a plain launch
-(PLACE_DIRECT) compiles to the machine code of a kernel written without them. `launch_placed` runs one call:
+The ops' `policy=` takes the placement policies and "auto". Each op kernel runs its item loop on the placement
+helpers with PLACE a constexpr, so a plain launch (PLACE_DIRECT) compiles to a kernel written without them.
+`launch_placed` runs one call:
 - "plain", and every call that cannot hold host state (inside torch.compile, under fake or functional tensors,
   during CUDA graph capture before a decision exists): a plain launch, one program per item;
 - another policy, in eager mode: through a placement.sm_aware.Placement of that policy kept per op (plans at
   fixed addresses, so a graph captured later replays them);
-- "auto": a plain launch. Measured on the H200 (benchmarks/bench_ops.py, 2026-12-01): with Placement's
-  own "auto" behind it, the only candidate besides plain for these ops is a persistent grid (no item classes:
-  every bag and tree chunk reads data homed in both L2 partitions), its trials timed the host more than the
-  kernel, and it settled on "weighted x1" for forests of 65,536 samples, 4.9-7.1x slower than plain.
-
-The ops are torch.library custom ops, opaque to torch.compile, whose fake implementation is their own body:
-`triton_launcher` gives that body the kernel on real tensors (launched through lean_launch) and, on fake
-tensors, a launcher that launches nothing, so the body only allocates its outputs. (They were triton_ops,
-traced through wrap_triton: on torch 2.11 with Triton 3.6 opcheck's test_aot_dispatch_dynamic failed on the
-H200, 2026-12-01, every element of the compiled forward's output wrong, as when wrap_triton's mutation analysis
-misses a store (the kernels' item loop is a `while`: pytorch/pytorch#173795). Outside a triton_op's own eager
-call, wrap_triton also launched through a higher-order op, about 0.4 ms per call there.)
-
-`direct_call` says when an op may skip the torch.library dispatcher and call its implementation (the same
-function the custom op runs): eager, plain tensors, no tensor needing a gradient, no dispatch or function mode
-and no functorch transform active. The dispatcher costs tens of microseconds per call (the custom op, its
-autograd wrapper, the redispatch), more than a small launch's whole kernel.
+- "auto": a plain launch. These ops' items (bags, tree chunks) read data homed in both L2 partitions, and
+  Placement's own "auto" chose a persistent grid that ran slower than plain (docs/ops.md, "Placement").
+The ops are torch.library custom ops whose fake implementation is their own body: `triton_launcher` gives it the
+kernel on real tensors (launched through lean_launch) and a launcher that launches nothing on fake ones.
+`direct_call` says when an eager call may skip the dispatcher (its cost is more than a small kernel's) and run
+the implementation itself. Docs: docs/ops.md ("torch.compile, CUDA graphs, opcheck").
 """
 from __future__ import annotations
 

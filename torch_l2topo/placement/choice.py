@@ -5,13 +5,13 @@ Pure Python and numpy (no GPU), so CI tests it on recorded-style timings. The la
 the trials and feeds the timings back; the occupancy that bounds the CTAs per SM comes from occupancy.py.
 
 Why pairs: a persistent grid with one CTA per SM runs an SM's items one after another, where a plain launch
-runs up to 32 CTAs per SM at once; on the H200 a latency-bound chase with 16 items per SM lost 1.22x that way.
+runs up to 32 CTAs per SM at once (a latency-bound chase at 16 items per SM lost that way: docs/results.md).
 So a persistent candidate gets as many CTAs per SM as the compiled kernel can hold (registers, shared
 memory, warps) but never more than the items can fill; "plain" and "partition_queues" keep the hardware's
 concurrency by construction (one program per item or chunk of items). Where an SM cannot hold all its items'
 programs at once (more items per SM than the kernel's resident CTAs), "partition_queues" is also tried with
-several items per claim: the same waves with a fraction of the claims on the queue counters (the issue's
-20-line kernel lost 7-10% to its claims at 32-64 items per SM).
+several items per claim: the same waves with a fraction of the claims on the queue counters (claims one item
+at a time cost a short kernel measurably at many items per SM).
 """
 from __future__ import annotations
 
@@ -117,9 +117,8 @@ def trial_rounds(n_candidates: int, trials: int = DEFAULT_TRIALS) -> int:
 
 def trial_schedule(cands, trials: int) -> list:
     """(candidate, timed) of the launches "auto" spends on trials: one untimed round over the candidates first
-    (it compiles each mode and loads every plan: on the H200 the first launches of a plan ran up to 40% slower
-    than later ones), then trial_rounds() timed rounds: interleaving spreads clock and cache drift over all
-    candidates alike."""
+    (it compiles each mode and loads every plan: the first launches of a plan run slower than later ones), then
+    trial_rounds() timed rounds: interleaving spreads clock and cache drift over all candidates alike."""
     rounds = trial_rounds(len(cands), trials)
     return [(c, False) for c in cands] + [(c, True) for _ in range(rounds) for c in cands]
 

@@ -1,24 +1,18 @@
 """Unmodified PyTorch ops on chosen SMs: CUDA green contexts built from the SM groups a calibration ranks best.
 
 Owns the SM groups of a device (how the driver splits its SMs, and which SM ids each group holds), their
-ranking from a calibration (choose_groups, pure and CPU-tested), and on_sms(): a context manager that runs
-the ops inside it on a stream restricted to the chosen groups. Kernels that can be rewritten should use
-@sm_aware instead (per-item placement); this is for the ops that cannot.
+ranking from a calibration (choose_groups, pure and CPU-tested), and on_sms(): a context manager that runs the
+ops inside it on a stream restricted to the chosen groups. Kernels that can be rewritten should use @sm_aware
+instead (per-item placement); this is for the ops that cannot.
 
-Why groups: no CUDA API restricts work to SMs by index. The driver splits a device's SMs into groups of
-its granularity (cuDevSmResourceSplitByCount; 8 SMs on Hopper), the same way every time; a context built
-from several groups of one split runs on exactly their SMs. So a %smid census on a stream of each group
-alone says which SMs it holds, the calibration ranks the groups, and one context is built from the best.
-On the H200 the split is 15 groups of 8 SMs (two TPC pairs from each of four neighbouring TPC blocks) plus
-a remainder of 12, and every group of 8 lies in one L2 partition: a context of the groups of partition p
-reads lines homed in p at near latency.
-
-Contexts and their streams are built once per (device, groups) and kept for the life of the process
-(creating one costs about a millisecond; they are few). Tensors allocated inside on_sms() belong to its
-stream, as with any side stream: call t.record_stream(caller_stream) before freeing one the caller still uses.
-
-Where green contexts are unavailable (no cuda-python: the `green` extra; a driver or device without them;
-MIG; no Triton for the census) on_sms() warns once per reason and runs the ops on the current stream.
+Why groups: no CUDA API restricts work to SMs by index. The driver splits a device's SMs into groups of its
+granularity (cuDevSmResourceSplitByCount; 8 SMs on Hopper), the same way every time, and a context built from
+several groups of one split runs on exactly their SMs. So a %smid census of each group says which SMs it
+holds, the calibration ranks the groups, and one context is built from the best (on the H200 every group of 8
+lies in one L2 partition). Contexts and their streams are built once per (device, groups) and kept.
+Where green contexts are unavailable (no cuda-python: the `green` extra; a driver or device without them; MIG;
+no Triton for the census) on_sms() warns once per reason and runs the ops on the current stream. Docs:
+docs/usage.md ("Placing work").
 """
 from __future__ import annotations
 
@@ -219,9 +213,9 @@ def _warn_once(reason: str) -> None:
 
 def select(n_sm: int, *, near: int | None = None, topology=None, device=None) -> Selection:
     """The Selection on_sms() would run on (building its context), or a fallback Selection with the reason.
-    Remembered per (device, n_sm, near, topology object): on the H200 choosing anew (labels, ranking) cost
-    about 120 us per call, a remembered one a dictionary lookup. topology=None means calibrate(device) as it
-    was at the first call."""
+    Remembered per (device, n_sm, near, topology object): choosing anew (labels, ranking) costs host time on
+    every call, a remembered one a dictionary lookup. topology=None means calibrate(device) as it was at the
+    first call."""
     import torch
 
     from ..device import resolve_device
@@ -258,16 +252,33 @@ def _select(index: int, n_sm: int, near: int | None, topology) -> Selection:
 
 @contextlib.contextmanager
 def on_sms(n_sm: int, *, near: int | None = None, topology=None, device=None):
-    """Run the ops inside on the best groups holding at least n_sm SMs; yields the Selection.
+    """Run the ops inside on the best SM groups holding at least n_sm SMs.
 
-        with torch_l2topo.on_sms(32, near=0) as sel:   # 4 groups of the H200 that lie in partition 0
+        with torch_l2topo.on_sms(32, near=0) as sel:   # the groups that lie in L2 partition 0
             y = torch.index_select(table, 0, rows)     # any op; it runs on sel.sms only
 
-    Best: lowest mean chain latency of the calibration (topology, default calibrate(device); another GPU's is
-    refused); with near=p, groups in L2 partition p first (sm_labels' partition indices, as partition_map's
-    homes). The green stream waits for the work queued before the block, and the caller's stream waits for the
-    block's work after it.
-    Where green contexts are unavailable it warns once per reason and yields a Selection with sms=None.
+    Best: lowest mean chain latency of the calibration. The green stream waits for the work queued before the
+    block, and the caller's stream waits for the block's work after it. Tensors allocated inside belong to the
+    green stream, as with any side stream: call t.record_stream(caller_stream) before freeing one the caller
+    still uses.
+
+    Args:
+        n_sm: SMs wanted, at least 1 and at most the SMs of the device's groups; the fewest best groups that
+            hold them are used.
+        near: an L2 partition (sm_labels' numbering, as partition_map's homes) whose groups come first; None: any.
+        topology: the device's calibration (default: calibrate(device) as it was at the first call).
+        device: the CUDA device (default: the current one).
+
+    Returns:
+        A context manager yielding the Selection: the chosen groups, their SM ids and the stream. Where green
+        contexts are unavailable it warns once per reason and yields sms=None (reason says why): the ops then
+        run on all SMs.
+
+    Raises:
+        ValueError: n_sm is out of range, or near is not a partition of the calibration.
+        DeviceError: `device` is not a CUDA device of this machine.
+        CalibrationMismatch: `topology` is another GPU's calibration.
+        L2TopoError: calibrate()'s errors, when no topology is given and the device has no cached calibration.
     """
     import torch
 

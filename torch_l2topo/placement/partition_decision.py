@@ -2,17 +2,14 @@
 measured on it (classify_blocks), and the per-plan data it needs besides the timings (block_pairs).
 
 Why pairs: one SM's latency alone does not say a line's home. Within one partition the latency an SM sees
-spreads over ~30 cycles with the distance to the line's L2 slice, so near and far overlap: the best per-SM
-threshold misreads 1.8% of the lines of the bundled H200 calibration, and 1.7-2.0% of the blocks (up to 11%
-for one SM) in the map probe's recordings of two H200s. The difference d of
-two SMs of opposite partitions cancels most of that spread: with pairs chosen on the calibration
-(partition_pairs.choose_pairs), every held-out calibration line is read right, with >= 17 cycles to spare, and
-the sign of d reads every recorded block as the serialized re-probe does (in a tensor's second probe; 98.9% in
-its first, whose slow loads triton_kernels/partition_probe.py explains). So every block is timed by both SMs
-of a pair, and each pair decides on its own blocks' d.
+spreads with the distance to the line's L2 slice, so near and far overlap and the best per-SM threshold
+misreads a few percent of the lines. The difference d of two SMs of opposite partitions cancels most of that
+spread: with pairs chosen on the calibration (partition_pairs.choose_pairs), every held-out calibration line is
+read right with cycles to spare, and the sign of d reads the recorded blocks as the serialized re-probe does.
+So every block is timed by both SMs of a pair, and each pair decides on its own blocks' d.
 
 The work is torch ops where the timings are (any device: the GPU in partition_map, the host in the tests and
-the offline analysis of recordings). What it costs on the GPU: _classify's docstring and partition_map.py.
+the offline analysis of recordings); _classify's docstring counts its launches. Docs: docs/results.md.
 """
 from __future__ import annotations
 
@@ -146,8 +143,7 @@ def block_pairs_expanded(template: BlockPairs, n_blocks: int) -> BlockPairs:
     template.n_blocks = P blocks (one block per SM pair: run k is block k), for any n_blocks >= P. probe_plan
     gives pair k the blocks floor(k n / P) .. floor((k + 1) n / P) - 1, all non-empty when n >= P, so block b is
     in run floor(((b + 1) P - 1) / n) and every other field is the template's. The per-size cost is a few
-    launches on the device: no host pass and no copy (a new size once took 1.2-1.6 ms of host work and copies
-    on the H200)."""
+    launches on the device: no host pass and no copy."""
     import torch
 
     runs = template.n_blocks
@@ -203,21 +199,17 @@ def classify_blocks(cycles, timers, near=None, far=None, *, noise_cycles: float 
                     z: float = UNDECIDED_Z) -> BlockClasses:
     """The home partition of each block from the latencies the two SMs of a pair measured on it.
 
-    cycles: (2, n_blocks) cycles per load, row p timed by the pair's SM near partition p (NaN: missing); a
-    numpy array or a torch tensor on any device, where the work then runs. timers: either (n_blocks, 2) those
-    SMs (timers_of_blocks; -1: none) with near, far: (n_sm,) the SMs' calibrated near/far latencies
-    (labels.sm_labels), or a BlockPairs prepared from them (block_pairs; then no near, far). Each pair decides
-    on d = cycles[0] - cycles[1]: its blocks' d split in two modes, lower for partition 0 (row 0's SM is near
-    it). 2-means per pair, started at the calibration's d of a block of each partition, sets its threshold
-    midway between the two means: home 0 below it, 1 above, margin = |d - threshold|. Pairs with fewer than
-    MIN_FIT blocks are fitted as one pool (d in units of the pair's calibrated contrast); a pool smaller still
-    keeps the calibrated thresholds. Undecided (-1): a missing timing, margin under z * noise_cycles, or a
-    fitted pair (or pool) whose modes are too close or too unbalanced to be partitions. No structure
-    (found=False, all -1): most fitted pairs lack two such modes, or too many blocks fall in the middle of the
-    gap between them.
-
-    Per-block work is torch ops where the timings are; the per-pair numbers (n_pairs + 2 of each) cross to
-    the host between passes, and the homes and margins come back in one copy at the end.
+    cycles: (2, n_blocks) cycles per load, row p timed by the pair's SM near partition p (NaN: missing); numpy or
+    a torch tensor on any device, where the work then runs (per-pair numbers cross to the host between passes;
+    homes and margins come back in one copy). timers: (n_blocks, 2) those SMs (timers_of_blocks; -1: none) with
+    near, far: (n_sm,) the SMs' calibrated near/far latencies (labels.sm_labels); or a BlockPairs (block_pairs)
+    and no near, far. Each pair decides on d = cycles[0] - cycles[1], lower for partition 0: 2-means per pair,
+    started at the calibration's d of a block of each partition, sets its threshold midway between the two
+    means (home 0 below, 1 above, margin = |d - threshold|). Pairs with fewer than MIN_FIT blocks are fitted as
+    one pool (d in units of the pair's calibrated contrast); a pool smaller still keeps the calibrated
+    thresholds. Undecided (-1): a missing timing, margin under z * noise_cycles, or a fitted pair (or pool)
+    whose modes are too close or too unbalanced. No structure (found=False, all -1): most fitted pairs lack two
+    such modes, or too many blocks fall in the middle of the gap between them.
     """
     import torch
 

@@ -1,26 +1,18 @@
 """Partition maps of tensors: the L2 partition each block of a CUDA tensor's storage is homed in.
 
-On the H200 a 128-byte line is homed in one of two L2 partitions, the home changing every 256 bytes of
-physical address, and an SM reads lines of its own partition ~30 cycles faster. Homes follow physical
-addresses, fixed for an allocation's lifetime, so a map is measured once per allocation and cached.
+A line's home partition follows its physical address (on the H200 it changes every 256 bytes), fixed for an
+allocation's lifetime, and an SM reads lines of its own partition faster; so a map is measured once per
+allocation and cached.
 
-This module owns partition_map() (measure, classify, cache) and what it keeps per GPU: the setup
-(calibration, SM labels, pairs) and per tensor size the probe plan with the classifier's data. The jobs it
-puts together have their own modules: the decision (partition_decision.py: classify_blocks, block_pairs), the
-SM pairs that time each block (partition_pairs.py: choose_pairs, probe_plan), the independent serialized check
-(partition_check.py: reprobe, agreement) and the per-allocation cache (partition_cache.py). The kernels are
-triton_kernels/partition_probe.py.
+This module owns partition_map() (measure, classify, cache) and what it keeps per GPU: the setup (calibration,
+SM labels, pairs) and, per tensor size, the probe plan with the classifier's data. The jobs it puts together
+have their own modules: the decision (partition_decision.py), the SM pairs that time each block
+(partition_pairs.py), the independent serialized check (partition_check.py), the per-allocation cache
+(partition_cache.py); the kernels are in triton_kernels/partition_probe.py.
 
-What a cold map costs (counted for a 32 MB tensor, 131072 blocks; launches and copies do not grow with it):
-the per-GPU setup and, per tensor size, the probe plan with each block's pair id (GpuSetup.plan: one small
-copy to the GPU and a few launches there) are made once and kept with the setup, so a cold map does no host
-work per block. Under the GPU lock: the probe (the output's fill, the control
-block's two, the kernel; the host polls its end, then reads the control block back: 1 copy); 3 launches turn
-its clock counts into float64 with NaN for a missing timing, and the timings never leave the GPU. The decision
-(partition_decision._classify) is 38 + 8 k small launches for k 2-means updates (the recordings need 1-3), one
-read to the host of a convergence flag per update, 2 reads of per-group numbers (n_pairs + 2 of each: the fit,
-then the tallies that say which pairs see two modes), 2 copies of per-group numbers to the GPU, and the
-result: one copy of 5 bytes a block (margin float32, home int8), which the PartitionMap's numpy arrays view.
+Cost contract: a cold map does no host work per block, and its launches and copies do not grow with the tensor:
+the probe's timings stay on the GPU, the decision reads a few numbers per pair group back, and the result is
+one copy of 5 bytes a block. Docs: docs/usage.md ("Placing work").
 """
 from __future__ import annotations
 
@@ -129,8 +121,8 @@ class GpuSetup:
 
     @classmethod
     def of(cls, topology) -> "GpuSetup":
-        """The setup a calibration implies (labels take ~0.5 s on the H200). ProbeError if it shows no two
-        partitions."""
+        """The setup a calibration implies (the SM labels take a fraction of a second). ProbeError if it shows no
+        two partitions."""
         from ..analysis.labels import sm_labels
 
         labels = sm_labels(topology)
@@ -240,12 +232,28 @@ def partition_map(tensor, *, topology=None, backend: str = "triton", block_bytes
     """The L2 partition of every `block_bytes` block of `tensor`'s storage, measured with all SMs at once.
 
     A non-contiguous tensor or a view maps its whole storage (block i starts at byte i * block_bytes of the
-    storage, not of the view). topology: the calibration whose SM labels (partition numbers) and SM pairs
-    are used (another GPU's is refused: CalibrationMismatch); default calibrate(device), cached per process.
-    backend: "triton" ("auto" means it too: the probe is Triton only). The map is cached per storage until
-    the storage is freed or moves (clear_cache() forgets them all); a cached map is returned as the same
-    object. Measuring takes the GPU lock, and is refused during CUDA graph capture. Raises ProbeError when the
-    timings show no partitions (a broken probe).
+    storage, not of the view). The map is cached per storage until the storage is freed or moves (clear_cache()
+    forgets them all); a cached map is returned as the same object. Measuring takes the GPU lock.
+
+    Args:
+        tensor: a CUDA tensor whose storage starts on a 128-byte line (torch's allocator aligns it).
+        topology: the calibration whose SM labels (partition numbers) and SM pairs are used; default
+            calibrate(device), cached per process.
+        backend: "triton" ("auto" means it too: the probe is Triton only).
+        block_bytes: the block size, a positive multiple of 128 bytes.
+        timeout_s: the probe's watchdog deadline.
+
+    Returns:
+        A PartitionMap: homes (int8 per block: 0/1, -1 undecided), margins, the storage mapped and timings.
+
+    Raises:
+        TypeError: `tensor` is not a torch.Tensor.
+        ValueError: the tensor is not on a CUDA device, is empty or not line-aligned; block_bytes or backend is
+            invalid.
+        CalibrationMismatch: `topology` is another GPU's calibration.
+        ProbeError: the calibration or the timings show no two partitions (a broken probe), the probe failed,
+            or the call came during CUDA graph capture (map the tensor before capturing).
+        ProbeTimeout: the probe ran past timeout_s.
     """
     import torch
 

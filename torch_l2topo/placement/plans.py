@@ -1,28 +1,18 @@
 """Placement plans: which SM gets which work items, what that should cost, and the best it could cost.
 
-Owns the host-side model of SM-aware work placement; pure numpy/scipy, no GPU. A persistent kernel runs
-CTAs on every SM; each CTA reads %smid and then
-0. takes the items the plan hands out by program id (Plan.n_first; policies without SM preference give one to
-   each program of the grid the plan is built for, so nobody claims at launch),
-1. takes the items of its SM's static share in order, one at a time through that SM's cursor (shared by all
-   CTAs on the SM),
-2. takes items of the dynamic tail, one at a time through one global cursor, while any are left,
-3. steals: takes the next unclaimed item (at the victim's cursor) of the SM with the most unclaimed items,
-   so that no item is lost when an SM is missing, busy or slow,
-and stops when nothing is left (the shares mode). Two policies run in other modes of the device helpers
-(triton_kernels/placement.py): "plain" (direct mode) is one program per item (program p takes item p) placed
-by the hardware's CTA scheduler, exactly a plain launch of a non-persistent kernel, and the reference every
-placement must beat; "partition_queues" (queues mode) keeps that plain-sized grid but lets each program claim
-its items from a queue of the items homed in its SM's L2 partition first. POLICY_TABLE says what each policy
-is. make_plan() decides the shares, queues and tail (Plan, stored on the device in the int32 format of
-layout.py); predict() simulates the protocol under a SpeedModel; limit() is the lower bound over all
-fractional assignments; gain_fraction() says how much of the possible gain a measured run took. ("auto",
-choosing among plans by timing them, belongs to the launcher, not here.)
+Owns the host-side model of SM-aware placement; pure numpy/scipy, no GPU. make_plan() decides a policy's
+shares, queues and tail (a Plan, stored on the device in layout.py's int32 format; POLICY_TABLE says what each
+policy is); predict() simulates the device protocol under a SpeedModel; limit() is the lower bound over all
+fractional assignments; gain_fraction() the part of the possible gain a measured run took. Choosing among plans
+by timing them ("auto") is the launcher's (sm_aware.py, choice.py).
 
-Costs: cost[s, c] is the price of one load on SM s of data homed in L2 partition c (2: unknown or mixed
-home); an item of class c with L loads costs L * cost[s, c] on SM s. From a calibration the unit is cycles;
-from measured per-SM statistics it is ns per item of the measured workload. A plan has one slot per SM of
-its SpeedModel; the launcher checks that this matches the device's SM count before using a plan.
+Shares mode (persistent policies): each CTA reads %smid, takes its items by program id (Plan.n_first), then its
+SM's static share (that SM's cursor), the dynamic tail (one global cursor), then steals from the SM with the most
+unclaimed items, so no item is lost when an SM is missing, busy or slow. "plain" (direct mode) is a plain
+launch, the reference; "partition_queues" (queues mode) claims items homed in the SM's partition first.
+Costs: cost[s, c] is one load on SM s of data homed in partition c (2: unknown or mixed); an item of class c
+with L loads costs L * cost[s, c]: cycles from a calibration, ns per item from measured statistics. A plan has
+one slot per SM of its SpeedModel. Docs: docs/usage.md ("Placing work").
 """
 from __future__ import annotations
 
@@ -85,8 +75,8 @@ POLICY_TABLE = {p.name: p for p in (
            "persistent grid, items to SMs near their home partition"),
     Policy("affine_weighted", PLACE_SHARES, True, True, False,
            "persistent grid, the limit's LP rounded to whole items"),
-    # Its plan changes while it runs, so a few timed launches do not say what it will do (on the H200 gather it
-    # won trials by noise and then ran 40% slower than dynamic): never an "auto" candidate.
+    # Its plan changes while it runs, so a few timed launches do not say what it will do (on a gather it won
+    # trials by noise and then ran slower than dynamic): never an "auto" candidate.
     Policy("measured", PLACE_SHARES, False, False, False, "persistent grid, shares by the kernel's measured speed"),
 )}
 POLICIES = tuple(POLICY_TABLE)
@@ -96,7 +86,7 @@ SHARE_ORDERS = ("dealt", "blocks")  # make_plan's share_order
 QUEUE_SMS = 8
 N_CLASSES = 3  # item classes: home partition 0, home partition 1, unknown or mixed home
 # The static shares carry the locality and affinity; the tail only has to absorb the model's error (a
-# workload's real per-SM speed differs from the calibration's by a few %, the H200 chain map spreads +-4%)
+# workload's real per-SM speed differs from the calibration's by a few %)
 # and the last items' granularity, and each tail claim is a global atomic. 1/32 of the items (~3%) covers
 # that while 97% stay where the plan put them; a larger error is still rebalanced by stealing.
 DEFAULT_TAIL_FRACTION = 1 / 32
@@ -465,24 +455,17 @@ def make_plan(policy: str, speeds: SpeedModel, workload: Workload, *, k: int | N
               grid: int | None = None) -> Plan:
     """A plan of `policy` (POLICY_TABLE) for `workload` on the SMs of `speeds`.
 
-    grid: the CTAs of the launch that will run it. A policy without SM preference (POLICY_TABLE's by_program:
-    uniform, dynamic) then hands items 0..min(grid, n)-1 out by program id (Plan.n_first), one per program and
-    no claim, and plans the rest as below; any launch of the plan still does every item once (a smaller grid
-    takes several by id per program, a larger one none for the programs past n). None: no items by program id.
-
-    share_order (the static policies): which ids make up a share of a given size. "dealt" (default): the ids
-    of each group are dealt to its SMs in turns (_dealt), so that the CTAs of one SM run ids about n_sm apart
-    at once, as in a plain launch, not neighbours (items with neighbouring ids often touch neighbouring data at
-    the same time). "blocks": contiguous id blocks, for items that share data with their neighbours.
-    uniform: equal item counts. dynamic: everything in the tail. weighted: counts
-    proportional to each SM's speed on this workload's class mix (largest remainder). fastest: weighted over
-    only the k fastest SMs; the others drain the tail and steal. partition_affine: items of class p to the SMs
-    near p (equal counts), class 2 over all SMs. affine_weighted: limit()'s LP rounded to whole items per
-    (SM, class): near first, spilling far only when a class is overloaded. measured: weighted, meant for a
-    SpeedModel.from_measured() (the workload's own per-SM speed rather than the calibration's). Every static
-    policy then moves about tail_fraction of the items from the end of each share to the tail.
-    plain: direct mode (one program per item, no claims); predicted like dynamic, the hardware scheduler being
-    a queue without a claim cost. partition_queues: queues mode, `chunk` items per claim (queue_plan).
+    Static shares: uniform equal counts; weighted counts proportional to each SM's speed on the workload's class
+    mix (largest remainder); fastest weighted over the k fastest SMs only (the others drain the tail and steal);
+    partition_affine class-p items to the SMs near p (equal counts), class 2 over all; affine_weighted limit()'s
+    LP rounded to whole items per (SM, class), spilling far only when a class is overloaded; measured weighted,
+    meant for a SpeedModel.from_measured(). Each then moves about tail_fraction of the items from the end of
+    each share to the tail; dynamic puts everything there. plain: direct mode, predicted like dynamic (the
+    hardware scheduler as a queue without claim cost). partition_queues: queues mode, `chunk` items per claim.
+    grid: the CTAs of the launch that will run it (None: no items by program id); by_program policies (uniform,
+    dynamic) then hand items 0..min(grid, n)-1 out by program id (Plan.n_first), and any grid does every item once.
+    share_order: "dealt" (default) deals each group's ids to its SMs in turns, so one SM's CTAs run ids about
+    n_sm apart, as in a plain launch; "blocks": contiguous id blocks, for items sharing data with neighbours.
     """
     check_choice("policy", policy, POLICIES)
     check_choice("share_order", share_order, SHARE_ORDERS)

@@ -1,27 +1,18 @@
 """The CTA recorder's host side: one fixed device buffer per GPU that kernels append per-CTA records to, the
-switch that says whether recording is on, and the records read back as numpy columns.
+switch that says whether recording is on, and the records read back as numpy columns (CtaRecords).
 
-One mechanism for two readers: the profiler (torch_l2topo.profiler) draws the records as per-SM tracks of a
-torch.profiler trace, and placement policy "measured" reads per-SM statistics aggregated from the same
-records (per_sm_statistics). Kernels write through triton_kernels/recorder.py or cuda_ext/recorder.cuh,
-which document the record (layout.py: REC_*).
+Two readers: the profiler (per-SM tracks of a trace) and placement policy "measured" (per_sm_statistics()).
+Kernels write through triton_kernels/recorder.py or cuda_ext/recorder.cuh (the record: layout.py REC_*).
 
-    with recording():                          # recording on, for every GPU that launches a recording kernel
-        rec = active_recorder(0)               # None when recording is off: launch with RECORD false
-        tag = rec.register("my_kernel")
-        my_kernel[grid](..., rec.buffer, tag, RECORD=True)
-        records = rec.drain()                  # CtaRecords: one row per CTA
+    with recording():                      # on, for every GPU that launches a recording kernel
+        rec = active_recorder(0)           # None when recording is off: launch with RECORD false
+        my_kernel[grid](..., rec.buffer, rec.register("my_kernel"), RECORD=True)
+        records = rec.drain()              # CtaRecords: one row per CTA
 
-Graph-safe: a recorder's buffer is allocated once per GPU and process and never moved or freed, so a CUDA
-graph captured with recording on keeps a valid address on every replay; nothing is synchronized per launch.
-The host resets the cursor (reset) and reads the buffer after the steps (drain: one synchronization, where the
-profiler synchronizes anyway; the profiler's background spool copies it without one, profiler/spool.py). A
-graph captured with recording on still writes records when replayed with recording off: the profiler leaves
-them out (they fall outside its cycles), and they cost one atomic per CTA.
-A full buffer drops records and counts them (CtaRecords.dropped); pass a larger capacity to recording().
-
-This module imports torch lazily: CtaRecords and per_sm_statistics are plain numpy (the profiler's CPU
-post-processing uses them).
+Graph-safe: a buffer is allocated once per GPU and process and never moved or freed, so a captured graph keeps
+a valid address (and still records when replayed with recording off: one atomic per CTA, left out by the
+profiler); nothing synchronizes per launch. A full buffer drops records and counts them (CtaRecords.dropped).
+torch is imported lazily: CtaRecords and per_sm_statistics are numpy. Docs: docs/profiler.md.
 """
 from __future__ import annotations
 
@@ -244,9 +235,9 @@ class CtaRecorder:
         self.tags = KernelTags()
         # Whether records may have been written since the last reset or drain: a launch was handed this recorder
         # (active_recorder) since then, or a CUDA graph captured with it may replay at any time (in_graphs). The
-        # profiler resets a recorder when a cycle starts only if it is dirty: a reset is a launch, ~60 us of a
-        # profiled cycle's host time on the H200 machine. A kernel launched with the buffer of recorder() itself,
-        # not of active_recorder(), is not seen: reset() before profiling then.
+        # profiler resets a recorder when a cycle starts only if it is dirty: a reset is a launch, host time in
+        # every profiled cycle. A kernel launched with the buffer of recorder() itself, not of active_recorder(),
+        # is not seen: reset() before profiling then.
         self.dirty = False
         self.in_graphs = False
         # A drain that holds this recorder's records but is not launched yet (the profiler's spool holds several
@@ -409,8 +400,8 @@ def stop_recording() -> None:
 
 def set_profiling(on: bool) -> None:
     """Recording on while a profiler collects (on), or not (off): one flag, which profiler.profile sets when each
-    cycle starts and clears when it stops, after set_up() once (at the cycle's edges on an H100 machine,
-    start_recording() took 9.9 us and stop_recording() 6.7 us: each Python line is slow there)."""
+    cycle starts and clears when it stops, after set_up() once (cheaper at the cycle's edges than
+    start_recording() and stop_recording(), on hosts where each Python line is slow)."""
     _switch.profiling = bool(on)
 
 

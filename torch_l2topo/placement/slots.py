@@ -96,7 +96,7 @@ class PlanSlot:
         self.loaded = None  # the plans.Plan last loaded
         self._cursors = None  # queues mode: the state's queue cursors, zeroed before every launch
         self.recorder = None  # (id of the CtaRecorder, tag) the plan's header points at
-        self._pinned = None  # the host buffer of snapshot(), allocated once: pinning memory costs ~100 us
+        self._pinned = None  # the host buffer of snapshot(), allocated once: pinning memory is slow
 
     def load(self, plan) -> None:
         """Write `plan` (a plans.Plan of n_slots slots) into the plan tensor and clear the error flag.

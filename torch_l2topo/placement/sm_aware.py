@@ -1,51 +1,17 @@
 """@sm_aware: launch a kernel built on the placement helpers with the placement chosen by measurement.
 
-Owns the choice of placement per launch: per workload and device it builds the plan of a policy (plans.py)
-from the cached calibration, keeps it in a slots.PlanSlot (fixed addresses, so CUDA graph replays keep
-reading it), launches it in the policy's mode of the device helpers (the kernel's PLACE constexpr) on the
-grid that mode needs, and for policy "auto" times candidate (policy, CTAs per SM) pairs with CUDA events
-(choice.py) and keeps the fastest, never one slower than a plain launch; for "measured" it rebuilds the plan
-from the per-SM statistics the device accumulates.
+Owns the choice of placement per launch. Per workload and device, Placement builds the plan of a policy
+(plans.py) from the cached calibration, keeps it in a slots.PlanSlot (fixed addresses, so CUDA graph replays
+keep reading it) and launches it in the policy's mode (the kernel's PLACE constexpr) on the grid that mode
+needs. Policy "auto" times candidate (policy, CTAs per SM) pairs with CUDA events (choice.py) and keeps the
+fastest, never one slower than a plain launch: the right placement depends on the kernel (its occupancy, its
+bandwidth), not only on the map. Policy "measured" rebuilds its plan from the per-SM statistics the device
+accumulates.
 
-    @torch_l2topo.sm_aware(num_warps=1)
-    @triton.jit
-    def chase_items(starts_ptr, ends_ptr, n_loads, plan_ptr, state_ptr, PLACE: tl.constexpr):
-        ...the loop of triton_kernels/placement.py's docstring...
-
-    chase_items(starts, ends, 320, n_items=n, item_class=homes)   # homes: each item's L2 partition (0/1, 2: mixed)
-    print(chase_items.explain())                                   # what "auto" tried and chose, in words
-
-Placement is the same machinery for any launch (a CUDA kernel built on cuda_ext/placement.cuh included):
-Placement(policy=...)(launch, n_items=..., device=...) calls launch(grid, plan, state, place).
-
-Why measure: the right placement depends on the kernel, not only on the map. On the H200 a latency-bound
-chase over lines homed in the SM's own L2 partition ran 6.8% faster, but an embedding-bag-like gather at 64
-warps/SM ran about 55% slower when every SM read only its own partition's rows (affinity halves the usable
-L2 bandwidth), and a persistent grid loses to a plain launch whenever the SM could run more items at once.
-So "auto" times a plain launch (policy "plain": direct mode, the machine code of a kernel written without the
-helpers) beside the placements that keep concurrency, and keeps another only when it beats plain clearly.
-
-torch.compile: the policy logic is host-side Python with state (CUDA events, plan rebuilds, statistics
-read-back), which a triton_op body cannot hold (it may only call PyTorch ops and wrapped Triton kernels, and
-it is traced once). So a call of an @sm_aware kernel inside a compiled region is a graph break
-(torch.compiler.disable): the code before and after it is compiled, the launch runs eagerly with every policy
-working as outside. To keep the region whole, fix the policy and pass the plan tensors in as inputs of your
-own torch.library.triton_op:
-
-    chase_jit = chase_items.fn                                   # the @triton.jit function itself
-    plan, state = chase_items.plan_tensors(n_items=n, policy="weighted")   # eager, outside the region
-    grid, place = chase_items.grid(policy="weighted", n_items=n), chase_items.place("weighted")
-
-    @torch.library.triton_op("mylib::chase", mutates_args={"ends", "state"})  # exactly what the kernel writes
-    def chase_op(starts: torch.Tensor, ends: torch.Tensor, n_loads: int, plan: torch.Tensor,
-                 state: torch.Tensor, grid: int, place: int) -> None:
-        torch.library.wrap_triton(chase_jit)[(grid,)](starts, ends, n_loads, plan, state, place, num_warps=1)
-
-In shares mode the state is written (cursors, statistics), the plan only read; a queues-mode policy
-("partition_queues") also needs its queue cursors zeroed before each launch (PlanSlot.prepare: a torch op,
-so it may stand in the op body too). Inductor's own analysis of which tensors a user kernel writes stops at
-inline asm (%globaltimer) and then treats every tensor argument as written (it logs a warning; the result is
-still correct). tests/test_gpu_placement.py runs both ways with the checksum kernel.
+Entry points: sm_aware (SmAwareKernel) for @triton.jit kernels; Placement(policy=...)(launch, n_items=...,
+device=...) for any launch, a CUDA kernel on cuda_ext/placement.cuh included: it calls launch(grid, plan,
+state, place). Under torch.compile a call is a graph break; sm_aware's docstring gives the whole-graph recipe.
+Docs: docs/usage.md ("Placing work").
 """
 from __future__ import annotations
 
@@ -74,9 +40,8 @@ DEFAULT_REFRESH = 16
 TRITON_DEFAULT_WARPS = 4  # what Triton launches with when num_warps is not given
 HELPERS = ("plan_start", "plan_next", "plan_finish")
 PLACE_ARG = "PLACE"
-# A GPU spin of ~0.25 ms at 2 GHz before each timed trial launch (see __call__): 3-5x the 50-80 us the host took to
-# queue a partition_queues trial (its cursor reset, then the launch) on the H200 machine, where 0.1 ms sometimes
-# fell short and the host's time entered the trial (1.44-1.52 ms for a 1.44 ms kernel).
+# A GPU spin (~0.25 ms at 2 GHz) before each timed trial launch (see __call__): several times what the host takes
+# to queue a partition_queues trial (its cursor reset, then the launch); half of it sometimes fell short.
 HOST_GAP_CYCLES = 500_000
 
 
@@ -87,7 +52,7 @@ def _digest(a) -> str:
 
 def _fast_key(device, n_items, item_class, loads_per_item):
     """(key, objects, weak refs) naming a call's workload by identity, not content, or None where an argument
-    cannot be weakly referenced (a list). Hashing item_class costs ~2 ms per million items; once a workload's
+    cannot be weakly referenced (a list). Hashing item_class costs host time per item; once a workload's
     plan is final, a call with the very same array objects (checked through the weak refs, so a recycled id
     never matches) reuses it. Arrays changed in place are not seen: pass a new array when the classes change."""
     objects, refs, ident = (item_class, loads_per_item), [], []
@@ -128,8 +93,8 @@ def _host_array(a, what: str):
 
 
 def workload_key(n_items: int, item_class=None, loads_per_item=1.0) -> WorkloadKey:
-    """The key of a workload. item_class (and per-item loads) are hashed on every call, about 2 ms of host
-    time per million items: a launch costs that much more than with item_class=None."""
+    """The key of a workload. item_class (and per-item loads) are hashed on every call, so a launch with them
+    costs host time in proportion to the items (none with item_class=None)."""
     classes = None if item_class is None else _digest(_host_array(item_class, "item_class").astype(np.int8))
     loads = loads_per_item
     if isinstance(loads, (int, float, np.number)):
@@ -170,22 +135,18 @@ class _Entry:
 class Placement:
     """The policy machinery for launches of a kernel built on the placement helpers.
 
-    policy: one of plans.POLICIES (POLICY_TABLE says what each is), or "auto". ctas_per_sm: CTAs per SM of a
-    persistent policy's grid (default: as many as the kernel holds at once, from max_ctas_per_sm or the compiled
-    kernel, capped by the items); "plain" and "partition_queues" launch one program per item (per chunk).
-    chunk: items a "partition_queues" program claims per atomic. max_ctas_per_sm: how many CTAs of the kernel
-    an SM holds (SmAwareKernel reads it from the compiled kernel; for other launches give it, else 1).
-    topology: a calibration of the device (default: torch_l2topo.calibrate(device), on first use).
-    tail_fraction, share_order: plans.make_plan's (None: its default). k: SMs of policy "fastest". refresh:
-    launches between plan rebuilds of "measured" (eager only). trials: timed launches per "auto" candidate.
-    tolerance: how much faster than plain another candidate must be for "auto" to keep it. candidates: the
-    policies "auto" may try (choice.candidates prunes them per workload).
-
+    policy: one of plans.POLICIES (POLICY_TABLE says what each is) or "auto". ctas_per_sm: CTAs per SM of a
+    persistent policy's grid (default: as many as the kernel holds at once, capped by the items); "plain" and
+    "partition_queues" launch one program per item (per chunk). chunk: items a "partition_queues" program claims
+    per atomic. max_ctas_per_sm: CTAs of the kernel an SM holds (SmAwareKernel reads the compiled kernel; else
+    1). topology: the device's calibration (default: calibrate(device), on first use). tail_fraction,
+    share_order: make_plan's (None: its default). k: SMs of "fastest". refresh: launches between "measured"
+    rebuilds (eager only). trials, tolerance, candidates: timed launches per "auto" candidate, how much faster
+    than plain another must be to be kept, the policies "auto" may try (choice.candidates prunes them).
     decisions: per WorkloadKey, what "auto" did (a choice.Decision: .explain() says it in words).
 
-    Launches of one workload and policy share one state tensor (its cursors): they must not overlap. Launch
-    them on one stream (eager launches and graph replays alike); two at once on two streams would split
-    the items between them.
+    Launches of one workload and policy share one state tensor (its cursors): launch them on one stream (eager
+    launches and graph replays alike); two at once on two streams would split the items between them.
     """
 
     def __init__(self, *, policy: str = AUTO, ctas_per_sm: int | None = None, chunk: int = 1,
@@ -253,7 +214,7 @@ class Placement:
                 self._refresh_measured(entry, slot)
             if timed:
                 # Keep the GPU busy while this host queues the launch, so that the events time the kernel and not
-                # the host's launch cost (~25-35 us for a Triton launch: kernels of a few us would all time alike
+                # the host's launch cost (tens of us for a Triton launch: kernels of a few us would all time alike
                 # and noise would pick the winner). Whether the spin covered the host is checked when the events
                 # are read: the host's queueing time against the spin's own GPU time (_read_timings).
                 spin, start, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
@@ -330,7 +291,7 @@ class Placement:
     def plan_tensors(self, n_items: int, item_class=None, loads_per_item=1.0, *, policy: str | None = None,
                      device=None):
         """(plan, state) tensors of a fixed policy for this workload, built and loaded now (eagerly): for a
-        torch.library.triton_op of your own (module docstring). policy: default the decorator's if it is
+        torch.library.triton_op of your own (sm_aware's docstring). policy: default the decorator's if it is
         fixed, else what "auto" chose for this workload, else "plain"."""
         from ..device import resolve_device
 
@@ -479,7 +440,7 @@ class SmAwareKernel(Placement):
         self._occupancy: dict = {}  # device index -> CTAs per SM of the shares-mode kernel
         self._call = None           # (args, kwargs) of the call being launched, for the occupancy compile
 
-    @torch.compiler.disable  # a graph break inside torch.compile: the module docstring says why and what else works
+    @torch.compiler.disable  # a graph break inside torch.compile: sm_aware's docstring says why and what else works
     def __call__(self, *args, n_items: int, item_class=None, loads_per_item=1.0, **kwargs) -> None:
         from ..measure.launch import launch_triton
 
@@ -555,11 +516,46 @@ def check_kernel(fn) -> None:
 
 def sm_aware(fn=None, *, policy: str = AUTO, ctas_per_sm: int | None = None, num_warps: int | None = None,
              topology=None, tail_fraction: float | None = None, **options):
-    """Decorate a @triton.jit kernel built on the placement helpers (its last parameters plan_ptr, state_ptr,
-    PLACE: tl.constexpr) so that calling it launches it with an SM-aware placement; see SmAwareKernel and
-    Placement for the options (chunk, max_ctas_per_sm, k, refresh, trials, tolerance, candidates) and the
-    module docstring for torch.compile. Usable bare (@sm_aware) or with options (@sm_aware(policy="plain")).
-    num_warps: default Triton's, 4.
+    """Decorate a @triton.jit kernel built on the placement helpers so that calling it places its items on SMs.
+
+    The kernel takes plan_ptr, state_ptr, PLACE: tl.constexpr after its own positional arguments and calls
+    plan_start, plan_next and plan_finish (triton_kernels/placement.py). Usable bare (@sm_aware) or with options
+    (@sm_aware(policy="plain")). Call the result as kernel(*args, n_items=..., item_class=None,
+    loads_per_item=1.0, **kwargs) on CUDA tensors; kernel.explain() says what "auto" tried and kept.
+
+    Args:
+        fn: the @triton.jit function (given when used bare).
+        policy: "auto" (time candidates, keep the fastest, never slower than plain) or one of plans.POLICIES.
+        ctas_per_sm: CTAs per SM of a persistent policy's grid (default: as many as the compiled kernel holds).
+        num_warps: warps per program (default: Triton's, 4).
+        topology: the device's calibration (default: torch_l2topo.calibrate(device), on first use).
+        tail_fraction: plans.make_plan's share of the items left to the dynamic tail (None: its default).
+        **options: Placement's other options (chunk, max_ctas_per_sm, share_order, k, refresh, trials,
+            tolerance, candidates).
+
+    Returns:
+        An SmAwareKernel; with fn None, the decorator that makes one.
+
+    Raises:
+        PlacementError: fn is not a @triton.jit function with those parameters and helper calls; or, when
+            called, a launch under CUDA graph capture finds no plan built yet (launch once eagerly first).
+        ValueError: an option is out of range or not one of its choices.
+        DeviceError: (when called) no tensor argument is on a CUDA GPU.
+
+    torch.compile: a call inside a compiled region is a graph break (torch.compiler.disable), since the policy
+    logic is host-side state that a triton_op body cannot hold. To compile the region whole, fix the policy and
+    pass the plan tensors to a torch.library.triton_op of your own (tests/test_gpu_placement.py does):
+
+        plan, state = kernel.plan_tensors(n_items=n, policy="weighted")   # eager, outside the region
+        grid, place = kernel.grid(policy="weighted", n_items=n), kernel.place("weighted")
+
+        @torch.library.triton_op("mylib::chase", mutates_args={"ends", "state"})  # exactly what the kernel writes
+        def chase_op(starts: torch.Tensor, ends: torch.Tensor, n_loads: int, plan: torch.Tensor,
+                     state: torch.Tensor, grid: int, place: int) -> None:
+            torch.library.wrap_triton(kernel.fn)[(grid,)](starts, ends, n_loads, plan, state, place, num_warps=1)
+
+    A queues-mode policy ("partition_queues") also needs its cursors zeroed before each launch: PlanSlot.prepare,
+    a torch op, may stand in the op body too.
     """
     def wrap(f):
         return SmAwareKernel(f, policy=policy, ctas_per_sm=ctas_per_sm, num_warps=num_warps, topology=topology,
