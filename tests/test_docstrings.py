@@ -1,7 +1,6 @@
 """The package's source says what it owns, not what a run measured: no module docstring over MAX_LINES lines
 under torch_l2topo/, triton_kernels/ and cuda_ext/, and no `benchmarks/results` path in any file there (the
-evidence lives in docs/, the figures in docs/results.md). Files still being rewritten sit in ALLOWED, which
-can only shrink: an allowed file that already passes fails the test until its entry is removed."""
+evidence lives in docs/, the figures in docs/results.md)."""
 import ast
 from pathlib import Path
 
@@ -13,21 +12,6 @@ MAX_LINES = 15
 RESULTS = "benchmarks/results"
 TEXT_SUFFIXES = (".py", ".cu", ".cuh", ".h", ".cpp")  # the bundled calibrations (*.npz) are data, not source
 LONG, CITES = f"module docstring over {MAX_LINES} lines", f"cites {RESULTS}"
-
-# Issue 45: files other engineers were still rewriting when this test came in, with what each still breaks.
-# The lead empties this list; nothing may be added to it.
-ALLOWED = {
-    "torch_l2topo/profiler/__init__.py": {LONG},
-    "torch_l2topo/profiler/align.py": {LONG},
-    "torch_l2topo/profiler/spool.py": {LONG, CITES},
-    "torch_l2topo/profiler/tracefile.py": {CITES},
-    "torch_l2topo/distributed/health.py": {LONG},
-    "torch_l2topo/geometry/detectors.py": {LONG},
-    "torch_l2topo/ops/forest.py": {LONG},
-    "torch_l2topo/ops/forest_predict.py": {LONG},
-    "triton_kernels/forest.py": {LONG},
-}
-
 
 def docstring_lines(source: str) -> int:
     """Lines of a module's docstring as written (0 without one), counted from the opening quotes' line."""
@@ -53,16 +37,8 @@ def source_files(root: Path = ROOT) -> dict:
 
 
 def test_no_long_module_docstring_and_no_results_path():
-    bad = {path: sorted(found - ALLOWED.get(path, set())) for path, found in source_files().items()}
-    bad = {path: found for path, found in bad.items() if found}
+    bad = {path: sorted(found) for path, found in source_files().items() if found}
     assert not bad, f"trim these (module docstrings <= {MAX_LINES} lines, evidence in docs/): {bad}"
-
-
-def test_the_allow_list_only_shrinks():
-    files = source_files()
-    assert set(ALLOWED) <= set(files), f"allowed files that no longer exist: {sorted(set(ALLOWED) - set(files))}"
-    fixed = {path: sorted(reasons - files[path]) for path, reasons in ALLOWED.items() if reasons - files[path]}
-    assert not fixed, f"these now pass: remove them from ALLOWED in tests/test_docstrings.py: {fixed}"
 
 
 @pytest.mark.parametrize("n_lines, expected", [(MAX_LINES, set()), (MAX_LINES + 1, {LONG})])

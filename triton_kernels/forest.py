@@ -1,36 +1,15 @@
 """The tree-ensemble kernel: every (sample, tree) pair of a tile walks its tree for DEPTH dependent steps.
 
-Nodes are 16-byte records of four int32 words (torch_l2topo/ops/forest.py builds them):
-    [feature | default_left << 31, threshold (float32 bits) or leaf value row, left child, right child]
-A sample goes left when x[feature] <= threshold, or when x[feature] is NaN and default_left is set. Leaves
-point to themselves, so every walk takes exactly DEPTH steps with no branch (a tile's lanes never diverge in
-trip count); each step is one 16-byte record load (a vector load: records are 16-byte aligned) and one load of
-x, both dependent on the last: a walk is a latency-bound chain, and a tile of BLOCK_S samples x BLOCK_T trees
-keeps BLOCK_S x BLOCK_T chains in flight per program. The leaf's record then names its row of leaf values.
-
-Item = one (sample block, tree chunk) pair. Chunk 0 starts from base, so a one-chunk launch adds base + tree 0 +
-tree 1 + ... in tree order, the order the forest libraries use, and stores the block's prediction. In a chunked
-launch each program stores its chunk's sums in partial[chunk, sample, output] and counts itself in on the block's
-counter (counts_ptr, zero at launch); the last of a block's chunks to arrive adds the block's partial sums in chunk
-order (a deterministic result: no float atomics), stores the prediction and zeroes the counter for the next launch.
-The count is the threadfence-reduction pattern: a CTA barrier, so that every thread's stores precede it, then one
-acq_rel atomic (release: this chunk's sums are visible before the count; acquire: the last program reads every
-chunk's after it), and the last program reads the partials past L1 (.cg), which may hold a previous call's lines.
-Leaves of width 1 add to output groups[tree] (gradient boosting: one tree per class and round); wider leaves
-(VECTOR_LEAVES: random-forest class probabilities, multi-output regression) add their whole row.
-
-The sums are stored times `scale` (1 / the forest's divisor: random forests average), so the host adds no pass.
-The prediction is stored through the forest's link (LINK, a constexpr: identity, sigmoid, the binary pair
-[1 - p, p] of scikit-learn's predict_proba, softmax over the outputs, exp): it leaves the kernel finished, where
-summing the chunks and the link in PyTorch ops took up to four more launches per call, host time that was most of
-a small batch's call.
-
-Item loop: the items come from the placement helpers (plan_start / plan_next / plan_finish, PLACE a constexpr):
-in PLACE_DIRECT mode program p takes item p and the helpers compile to nothing.
-
-Per-partition copies (REPLICAS 2): the records hold one copy of the forest per L2 partition, copy p homed in
-partition p with its own child pointers, and roots is (2, n_trees); each program reads its SM's partition
-(sm_part[%smid], copy 0 for an SM id past n_sm) once and walks that copy. REPLICAS 1 reads neither.
+Nodes are 16-byte records [feature | default_left << 31, threshold bits or leaf row, left, right]
+(torch_l2topo/ops/forest.py builds them); a sample goes left when x[feature] <= threshold, or when it is NaN and
+default_left is set. Leaves point to themselves, so every walk takes exactly DEPTH steps without divergence; a
+step is one vector record load and one load of x, both dependent on the last (a latency-bound chain). Items are
+(sample block, tree chunk) pairs from the placement helpers (PLACE; PLACE_DIRECT compiles them away). Chunk 0
+starts from base, so sums follow tree order as the libraries add them; in a chunked launch the last chunk of a
+block to arrive (a barrier, then one acq_rel count on the block's counter, zeroed again) adds the partial sums in
+chunk order (deterministic: no float atomics) and stores the prediction, times `scale` and through LINK, so the
+host adds no pass. x loads are masked by n_features (a second line behind the load-time checks). REPLICAS 2:
+each program walks the copy homed in its SM's L2 partition (sm_part[%smid]).
 """
 import triton
 import triton.language as tl

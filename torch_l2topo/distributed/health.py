@@ -1,24 +1,13 @@
 """The health view of a fleet: what an operator should look at, with by how much, as DCGM-style lines.
 
-Owns the findings on a fleet table (fleet.py) and their diagnostic lines (Pass / Warn / Fail, as `dcgmi diag`
-words them):
-- Fail "calibration": the rank's calibration failed or did not finish in time (the error is the row's).
-- Warn "untrusted": the map failed its self-checks and was returned anyway (calibrate(check=False)).
-- Warn "same GPU": ranks whose GPUs have one uuid (two ranks on one GPU: a missing torch.cuda.set_device).
-  Not judged by the maps: different H200 boards can have matching fingerprints (3.6% of the held-out pairs of
-  different boards matched, benchmarks/bench_fingerprint.py), which in a fleet of hundreds would
-  flag many distinct GPUs; the distances are in the table for the operator to read.
-- Warn "mixed models": the job runs on more than one GPU model (a job-wide finding, rank None).
-- Warn "map moved" / "clock moved": the rank's last calibration found its chain map or clock moved against the
-  GPU's calibration before it (trust.py's check, with its limits).
-- Warn "peers": a GPU whose map summary deviates from the median of its peer group (the GPUs of one model,
-  partition layout and probe backend, itself included: Triton reads ~2 cycles above CUDA) by more than
-  PEER_LIMITS.
-
-PEER_LIMITS were set on the recorded calibrations of the sessions before 2026-11-30T23:00 (8 H200s,
-the labelled fingerprint collection): three times the largest deviation of a healthy GPU from the median of its
-peer group, rounded up to 0.5. They were tested on the 7 other H200 boards of the later sessions, which pass them,
-and on planted deviations (tests/test_fleet.py); benchmarks/bench_fleet.py (`paper`) recomputes both.
+Owns the findings on a fleet table (fleet.py) and their Pass / Warn / Fail lines (worded as `dcgmi diag` does):
+Fail "calibration" (the rank's calibration failed or timed out); Warn "untrusted" (returned despite failed
+self-checks); Warn "same GPU" (ranks sharing one uuid: a missing torch.cuda.set_device; judged by uuid, not by
+maps, since different boards can have matching fingerprints); Warn "mixed models" (job-wide); Warn "map moved" /
+"clock moved" (trust.py's check against the GPU's previous calibration); Warn "peers" (a map summary farther
+than PEER_LIMITS from the median of its peer group: one model, partition layout and probe backend).
+PEER_LIMITS: three times the largest deviation of a healthy GPU in the labelled collection, rounded up to 0.5,
+tested on other boards and planted deviations (docs/fleet.md; benchmarks/bench_fleet.py recomputes them).
 """
 from __future__ import annotations
 

@@ -1,25 +1,13 @@
 """L2 geometry detectors: what the geometry suite's curves say, decided in pure numpy (no GPU).
 
-Each detector takes a measured curve (or labels of addresses) and returns a small frozen result with
-`found` and, when nothing is found, a `reason`. A flat or noisy curve is reported as "not found", never as
-a structure: every threshold is a multiple of the curve's own noise or a fraction of its level, whichever is
-larger. The GPU experiments that produce the curves live in suite.py.
-
-It owns:
-- find_regimes: the latency plateaus of a footprint sweep and the knees between them (capacity);
-  first_rise: where a curve leaves its first plateau (a knee's onset, also before a ramp);
-  effective_capacity: the capacity the miss ratio beyond a knee implies;
-- hit_extent: which bytes a first load brought in (first-touch: the fetch granule); two_levels splits
-  latencies into hits and misses;
-- saturation: where a rising curve levels off (cold stride sweep: the line size; contention: the k SMs at
-  which a slice saturates);
-- find_dips: strides a regular order is faster at than a random order of the same addresses (prefetching);
-- bit_flips / xor_model: how a label (home partition, slice class) changes when one address bit flips, and
-  the XOR-of-address-bits model that follows, with its accuracy on held-out pages; pattern_accuracy: the
-  model of pages that repeat a few patterns, for labels no XOR explains;
-- conflict_sets: whether n lines at a power-of-two stride miss once n passes a number of ways (a plainly
-  set-indexed cache), or keep hitting (a hashed index spreads them), against an unaligned control;
-- fix_effect: whether a layout fix changed a kernel's time beyond the spread of its own repeats.
+Each detector takes a measured curve (or labels of addresses) and returns a small frozen result with `found`
+and, when nothing is found, a `reason`. A flat or noisy curve is "not found", never a structure: every threshold
+is a multiple of the curve's own noise or a fraction of its level, whichever is larger. The experiments that
+produce the curves live in suite.py (docs/geometry.md). Detectors: find_regimes, first_rise and
+effective_capacity (plateaus, knees, capacity); hit_extent and two_levels (the fetch granule); saturation (line
+size, slice contention); find_dips (prefetching strides); bit_flips, xor_model and pattern_accuracy (how a
+label follows address bits); conflict_sets (set-indexed or hashed); fix_effect (did a layout fix change a
+kernel's time beyond its own spread).
 """
 from __future__ import annotations
 

@@ -1,26 +1,15 @@
 """Forest: a tree ensemble as flat tensors, in one of three node layouts, ready for forest_predict.
 
-A forest is a list of binary trees whose internal nodes test `x[feature] <= threshold` (float32 compares: the
-loaders convert each library's own test to exactly this one) with a default direction for NaN, and whose
-leaves hold a row of values. Prediction = (base + the leaf rows of every tree, each added to its output
-group) / divisor, then a link (identity, sigmoid, softmax, exp): random forests average (divisor = trees),
-boosted trees add from a base margin.
-
-Storage (torch_l2topo/triton_kernels/forest.py reads it): `nodes` (n_slots, 4) int32 records
-[feature | default_left << 31, threshold bits or the leaf's value row, left, right], leaves pointing to
-themselves; `values` (n_leaves, leaf_width); `roots`, `groups` per tree; `base` per output. Layouts (which
-node sits next to which: the measurement decides which one the kernel walks fastest):
-    "bfs"     breadth first per tree: the top levels of a tree share lines (the levels every walk reads)
-    "dfs"     depth first (preorder) per tree: a left child sits right after its parent
-    "blocks"  three levels (7 nodes) per 128-byte line-aligned block of 8 slots: one line per three steps
-TreeArrays (per-tree arrays numbered breadth first) is the layout-free form: `tree_arrays()` reads it back from
-any layout, and `relayout()` rebuilds another, which is how the layouts are tested to hold the same trees.
-
-Per-partition copies (`per_partition()`, CUDA): one copy of the node records per L2 partition in one buffer, copy
-p only in 256-byte blocks that the buffer's partition map homes in p, its children rewritten to point into the
-same copy; `roots` is then (2, n_trees), row p the roots of copy p, and `sm_partition` (n_sm,) says which copy
-each SM walks (its partition in the calibration). Leaf values stay one table. `homed_slots` and
-`replicated_records` are the pure-numpy layout, tested on the CPU against the original forest's walk.
+Internal nodes test `x[feature] <= threshold` (float32; the loaders in forest_sources.py convert each library's
+test to exactly this) with a default direction for NaN; leaves hold a row of values. Prediction = (base + the
+leaf rows of every tree, each added to its output group) / divisor, then a link (identity, sigmoid, softmax,
+exp). Storage (triton_kernels/forest.py reads it): `nodes` (n_slots, 4) int32 records [feature | default_left
+<< 31, threshold bits or the leaf's row, left, right], leaves pointing to themselves; `values`; `roots`,
+`groups` per tree; `base` per output. Layouts: "bfs" (top levels share lines), "dfs" (a left child after its
+parent), "blocks" (three levels per 128-byte block). TreeArrays is the layout-free form (`tree_arrays()`,
+`relayout()`). Trees are checked once at load (indices and children in range, no cycles). Per-partition
+copies (`per_partition()`, CUDA): one copy of the records per L2 partition, each only in 256-byte blocks its
+partition homes, `roots` (2, n_trees) and `sm_partition` saying which copy each SM walks (docs/ops.md).
 """
 from __future__ import annotations
 

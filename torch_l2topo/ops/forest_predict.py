@@ -1,37 +1,17 @@
 """forest_predict(forest, x): tree-ensemble inference, a Triton walk on a GPU and a pure-torch walk on the CPU.
 
     forest = Forest.from_sklearn(model).to("cuda")      # once
-    proba = forest_predict(forest, x)                    # what model.predict_proba(x) returns (predict for
-                                                         # regressors; Booster.predict for xgboost files)
+    proba = forest_predict(forest, x)                    # model.predict_proba(x) (predict for regressors)
 
-The op `torch.ops.torch_l2topo.forest_predict` returns the prediction: the sums (base + every tree's leaf row,
-per output) over the divisor (random forests average), through the forest's link (identity, sigmoid, the
-binary pair [1 - p, p], softmax, exp). On a CUDA device the kernel of triton_kernels/forest.py (float32) walks
-the trees, adds the tree chunks and applies the link itself (no PyTorch op after it: each took a launch of host
-time per call); elsewhere the same walk in PyTorch ops, in the forest's own precision (float64 for
-scikit-learn, float32 for xgboost), adding trees in order from the base, so the CPU path reproduces the
-library's own predictions. The op is a torch.library custom op (no argument mutated: the partial sums are
-allocated inside) whose fake implementation is its own body, so torch.compile(fullgraph=True) keeps it as one
-call and CUDA graphs capture it; the forest's tensors are inputs, built outside the region (Forest.to(device)
-once). An eager call (no autograd: forests are not trained here) calls the op's body directly
-(policy.direct_call: the dispatcher costs tens of microseconds, more than a small batch's kernel).
-
-Eager calls under "auto" of fewer than EAGER_MAX_STEPS walk steps run the same walk, split the same way, on the C++
-eager kernel (cuda_ext/eager_forest.cu, through ops/eager_kernels.py, once its background build is loaded): the
-Triton kernel's eager call spends 46-130 us of host time on the H200 machines, and the C++ kernel's whole call
-15-36 us, while below the line either kernel's GPU time is under the Triton call's host time. Larger calls, CUDA
-graph capture, torch.compile'd code and every other policy keep the Triton kernel, whose GPU time is the shorter
-(the C++ kernel's was 0.8-1.4x it in CUDA graphs at batches up to 1,024, 1.1-1.5x at 65,536 samples of 100-500
-trees).
-
-Work split on a GPU: items are (block of BLOCK_S samples, chunk of trees) pairs; with few sample blocks the trees
-are cut into chunks until there are about ITEMS_PER_SM items per SM (batch 1 on an H200: 132 x 8 items of a
-few dozen trees each). The kernel itself adds a block's chunks (the last chunk to finish adds them all, counted
-on per-block counters that the kernel leaves at zero: chunk_counters) and links the sum, so a call is one launch.
-
-Placement: `policy=` takes the placement policies and "auto" (policy.py says how a call is launched); items are
-the (sample block, tree chunk) pairs. Data placement: a forest with per-partition copies (Forest.per_partition)
-lets every SM walk the copy homed in its own L2 partition, whatever SM its items land on.
+The op `torch.ops.torch_l2topo.forest_predict` returns (base + every tree's leaf row, per output) / divisor,
+through the forest's link. On CUDA the kernel of triton_kernels/forest.py walks, adds the tree chunks and applies
+the link in one launch; elsewhere the same walk in PyTorch ops in the forest's own precision, so the CPU path
+reproduces the library's predictions. A custom op with no mutated argument (torch.compile keeps it whole; CUDA
+graphs capture it); an eager call skips the dispatcher (policy.direct_call). Eager calls under "auto" of fewer
+than EAGER_MAX_STEPS walk steps run the C++ eager kernel (ops/eager_kernels.py) once it is built: its whole
+call costs less host time than the Triton launch. Work: items are (sample block, tree chunk) pairs, about
+ITEMS_PER_SM per SM; `policy=` places them (policy.py), and per-partition copies let each SM walk the copy homed
+in its partition (docs/ops.md).
 """
 from __future__ import annotations
 
