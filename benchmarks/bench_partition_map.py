@@ -42,8 +42,8 @@ def main(argv=None) -> dict:
 
     from torch_l2topo.measure.calibration import calibrate, measuring
     from torch_l2topo.measure.probes import warm_clocks
-    from torch_l2topo.placement import partition_map as pm
-    from torch_l2topo.placement.partition_check import REPROBE_TIMED, agreement, reprobe
+    from torch_l2topo.placement.partition import maps as pm
+    from torch_l2topo.placement.partition.check import REPROBE_TIMED, agreement, reprobe
 
     device = torch.device("cuda", args.device)
     torch.cuda.set_device(device)

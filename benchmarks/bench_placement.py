@@ -597,7 +597,7 @@ def bench_partition_map_sizes(dev) -> dict:
     alternative target: well under a millisecond), median of 5 sizes."""
     import torch
 
-    from torch_l2topo.placement.partition_map import n_blocks_of, partition_map, setup_for
+    from torch_l2topo.placement.partition.maps import n_blocks_of, partition_map, setup_for
 
     out = {}
     for mb in (32, 40, 256):

@@ -30,13 +30,14 @@ from bench_placement import interleaved
 from common import bootstrap_ci90, calibrated_device, gpu_parser, quantile_rows, quantiles, row, write_result
 from profiler_cycles import ACTIVE, CAPACITY, DIM, GRID, ROWS, model_step, ours_against_plain
 
-from torch_l2topo.placement import recording
-from torch_l2topo.profiler import session, spool
-from torch_l2topo.profiler.align import TICK_NS
+from torch_l2topo.measure import recording
+from torch_l2topo.profiler import session
 from torch_l2topo.profiler.demo import ptx_instructions
-from torch_l2topo.profiler.readback import launches
-from torch_l2topo.profiler.tracefile import load_trace, strip, write_trace
-from torch_l2topo.profiler.tracks import CTA_CATEGORY
+from torch_l2topo.profiler.runtime import spool
+from torch_l2topo.profiler.trace.align import TICK_NS
+from torch_l2topo.profiler.trace.readback import launches
+from torch_l2topo.profiler.trace.tracefile import load_trace, strip, write_trace
+from torch_l2topo.profiler.trace.tracks import CTA_CATEGORY
 
 ADJACENT_CYCLES = 100  # per block of the adjacent-cycle comparison
 VARIANTS = ("plain", "background", "concurrent", "inline")  # overhead(): plain torch.profiler, then ours

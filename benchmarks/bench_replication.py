@@ -77,7 +77,7 @@ class Tables:
         import torch
 
         from torch_l2topo.analysis.labels import sm_labels
-        from torch_l2topo.placement.partition_map import partition_map
+        from torch_l2topo.placement.partition.maps import partition_map
 
         self.dev, self.n_rows = dev, table_bytes // ROW_BYTES
         n = self.n_rows

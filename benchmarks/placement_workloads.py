@@ -201,7 +201,7 @@ def chase_workload(device, footprint_bytes: int, n_items: int, loads: int, seed:
     items evenly spaced along them (classes alternating; shuffled: the same classes in a random order)."""
     import torch
 
-    from torch_l2topo.placement.partition_map import partition_map
+    from torch_l2topo.placement.partition.maps import partition_map
 
     n_lines = footprint_bytes // LINE_BYTES
     buf = torch.zeros(n_lines * LINE_WORDS, dtype=torch.int64, device=device)
@@ -242,7 +242,7 @@ def gather_workload(device, table_bytes: int, n_bags: int, bag: int = 32, dim: i
     the bag's partition (classes alternating)."""
     import torch
 
-    from torch_l2topo.placement.partition_map import partition_map
+    from torch_l2topo.placement.partition.maps import partition_map
 
     row_bytes = dim * 4
     n_rows = table_bytes // row_bytes

@@ -19,10 +19,10 @@ import torch
 from common import bootstrap_ci90, quantiles
 
 from torch_l2topo import layout
-from torch_l2topo.placement import recording
+from torch_l2topo.measure import recording
 from torch_l2topo.profiler import session
 from torch_l2topo.profiler.demo import row_sums
-from torch_l2topo.profiler.spool import shared_spool
+from torch_l2topo.profiler.runtime.spool import shared_spool
 
 ROWS, DIM, GRID = 65_536, 64, 528
 ACTIVE = 5

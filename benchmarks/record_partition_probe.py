@@ -29,9 +29,9 @@ def main(argv=None) -> None:
     import torch_l2topo
     from torch_l2topo.analysis.labels import sm_labels
     from torch_l2topo.measure.calibration import measuring
-    from torch_l2topo.placement import partition_map as pm
-    from torch_l2topo.placement.partition_check import reprobe
-    from torch_l2topo.placement.partition_pairs import choose_pairs, probe_plan, timers_of_blocks
+    from torch_l2topo.placement.partition import maps as pm
+    from torch_l2topo.placement.partition.check import reprobe
+    from torch_l2topo.placement.partition.pairs import choose_pairs, probe_plan, timers_of_blocks
 
     dev = torch.device("cuda", args.device)
     torch.cuda.set_device(dev)

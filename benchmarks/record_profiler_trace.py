@@ -29,10 +29,10 @@ def record(device: int, out: Path, proton_on: bool = True) -> dict:
     import torch
     from common import calibrated_device, command_line, environment
 
-    from torch_l2topo.placement import recording
+    from torch_l2topo.measure import recording
     from torch_l2topo.profiler.demo import KERNEL_NAME, row_sums, scoped_copy
-    from torch_l2topo.profiler.offline import save_raw
-    from torch_l2topo.profiler.smmap import SmMap
+    from torch_l2topo.profiler.trace.offline import save_raw
+    from torch_l2topo.profiler.trace.smmap import SmMap
 
     dev, topo, _ = calibrated_device(device, "fixture")
     smmap = SmMap.from_topology(topo)  # hashed ids only
@@ -98,8 +98,8 @@ def main(argv=None) -> None:
         print(json.dumps({"records": manifest["records"], "dropped": manifest["dropped"],
                           "proton": manifest["proton"]["note"] or "merged", "bytes": sizes}, indent=1))
     if args.figure:
-        from torch_l2topo.profiler.offline import enrich_raw
-        from torch_l2topo.profiler.timeline import render_timeline
+        from torch_l2topo.profiler.trace.offline import enrich_raw
+        from torch_l2topo.profiler.trace.timeline import render_timeline
 
         print(f"wrote {render_timeline(enrich_raw(raw), args.figure, kernel='row_sum_kernel')}")
 

@@ -61,8 +61,8 @@ def optional_kernels(device, topo):
     import torch
 
     from torch_l2topo.measure.launch import launch
-    from torch_l2topo.placement.partition_check import reprobe
-    from torch_l2topo.placement.partition_map import partition_map
+    from torch_l2topo.placement.partition.check import reprobe
+    from torch_l2topo.placement.partition.maps import partition_map
     from torch_l2topo.placement.sm_aware import Placement
 
     data = torch.zeros(1 << 18, device=device)

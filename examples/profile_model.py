@@ -115,7 +115,7 @@ def main(argv=None) -> list:
             print("--graph skipped: CUDA graphs need a GPU")
     written = run(out, cycles=args.cycles, graph=args.graph and torch.cuda.is_available())
     from torch_l2topo.profiler import format_summary, summarize
-    from torch_l2topo.profiler.tracefile import load_trace
+    from torch_l2topo.profiler.trace.tracefile import load_trace
 
     for path in written:
         print(f"wrote {path} (open it in https://ui.perfetto.dev or chrome://tracing)")

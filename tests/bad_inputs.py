@@ -269,8 +269,8 @@ def xgboost_files() -> dict:
 def _enriched_trace() -> dict:
     """The recorded H200 trace (tests/data/profiler) enriched, cut to what the readers use: Kineto's top-level keys,
     its kernel events, our launch slices, track names and the CTAs of the first launch."""
-    from torch_l2topo.profiler.offline import enrich_raw
-    from torch_l2topo.profiler.tracefile import is_ours
+    from torch_l2topo.profiler.trace.offline import enrich_raw
+    from torch_l2topo.profiler.trace.tracefile import is_ours
 
     trace = enrich_raw(ROOT / "tests" / "data" / "profiler")
     events = trace["traceEvents"]
@@ -519,8 +519,8 @@ def _trace_json_oracle(path: Path) -> Callable:
 
 
 def _trace_summary(path: Path) -> str:
-    from torch_l2topo.profiler.summary import format_summary, summarize
-    from torch_l2topo.profiler.tracefile import load_trace
+    from torch_l2topo.profiler.trace.summary import format_summary, summarize
+    from torch_l2topo.profiler.trace.tracefile import load_trace
 
     return format_summary(summarize(load_trace(path), str(path)))
 

@@ -31,7 +31,7 @@ def apply_fault(name, in_worker: bool = False) -> None:
     once its temporary file exists) in the job's process and its workers; "slow" and "crash" (a worker process
     dies on its first job) in the workers only; export faults are the job's (export_fault)."""
     from torch_l2topo import files
-    from torch_l2topo.profiler import worker
+    from torch_l2topo.profiler.runtime import worker
 
     if name in (None, "", "none") or name.startswith("export-"):
         return
@@ -67,7 +67,7 @@ def export_fault(name, export):
             export(prof, path)
             import json
 
-            from torch_l2topo.profiler.tracefile import read_text, write_trace
+            from torch_l2topo.profiler.trace.tracefile import read_text, write_trace
             trace = json.loads(read_text(path))
             write_trace({"a": {"traceEvents": [{"ph": "i", "name": "nested"}]}, **trace}, path)
         return foreign

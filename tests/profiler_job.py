@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from profiler_faults import FAULT_ENV, apply_fault, export_fault  # noqa: E402
 
 import torch_l2topo  # noqa: E402
-from torch_l2topo.profiler import worker  # noqa: E402
+from torch_l2topo.profiler.runtime import worker
 
 
 def main() -> None:
@@ -70,7 +70,7 @@ def main() -> None:
         print(json.dumps(report), flush=True)
 
     if args.slot:  # pageable without CUDA, but a file in /dev/shm like any slot
-        from torch_l2topo.profiler.spool import shared_spool
+        from torch_l2topo.profiler.runtime.spool import shared_spool
 
         shared_spool().reserve(0, 1024, 1)
     model = torch.nn.Linear(16, 16)

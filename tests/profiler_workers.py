@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 
-from torch_l2topo.profiler.worker import Worker
+from torch_l2topo.profiler.runtime.worker import Worker
 
 ACTIVITIES = [torch.profiler.ProfilerActivity.CPU]
 

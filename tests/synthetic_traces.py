@@ -9,7 +9,7 @@ import json
 
 import numpy as np
 
-from torch_l2topo.placement.recording import CtaRecords
+from torch_l2topo.measure.recording import CtaRecords
 
 # A %globaltimer reading (ns since 1970) and the offset Kineto's clock sits at from it in these traces.
 GLOBALTIMER_T0 = 1_790_000_000_000_000_000

@@ -38,7 +38,7 @@ MAY_IMPORT = {
     "identity": {"root", "measure", "analysis"},
     "geometry": {"root", "measure", "analysis", "placement"},
     "report": {"root", "analysis", "geometry"},
-    "profiler": {"root", "measure", "analysis", "placement"},
+    "profiler": {"root", "measure", "analysis"},
     "ops": {"root", "measure", "analysis", "placement"},
     "distributed": {"root", "measure", "analysis", "identity"},
 }
@@ -119,6 +119,16 @@ def test_the_rule_check_sees_a_violation():
     a, b = "analysis.nuca", "measure.probes"
     assert _room(a) == "analysis" and _room(b) == "measure" and _room(b) not in MAY_IMPORT[_room(a)]
     assert _room("cli") == "entry" and _room("topology") == "root" and _room("placement") == "placement"
+
+
+def test_the_profilers_trace_format_stands_apart_from_its_processes():
+    """profiler/trace (the trace format and its enrichment: pure numpy and JSON) imports nothing of profiler/runtime
+    (processes, shared memory, GPU hand-offs) or the session; runtime may use the format."""
+    edges = _package_edges()
+    assert any(a.startswith("profiler.runtime") and b.startswith("profiler.trace") for a, b, _, _ in edges)
+    bad = [(a, b) for a, b, _, _ in edges if a.startswith("profiler.trace") and b.startswith("profiler")
+           and not b.startswith("profiler.trace")]
+    assert not bad, f"the trace format reaches the profiler's processes: {bad}"
 
 
 def test_no_private_names_cross_modules():

@@ -144,3 +144,17 @@ def test_the_checker_sees_broken_imports(tmp_path):
     assert unresolved(path, PACKAGE) == [f"1: no module {PACKAGE}.no_such_module",
                                          f"2: {PACKAGE}.errors has no NoSuchError",
                                          "4: numpyy is not installed and not a declared optional dependency"]
+
+
+def test_every_subpackage_is_reachable_after_a_plain_import():
+    """The docs write torch_l2topo.profiler.trace_handler(...) and torch_l2topo.ops.embedding_bag(...) after a plain
+    `import torch_l2topo`: each subpackage is an attribute, imported on first use, in a fresh interpreter."""
+    import subprocess
+    import sys
+
+    import torch_l2topo
+
+    code = ("import torch_l2topo as t; t.profiler.trace_handler; t.ops.embedding_bag; "
+            + "; ".join(f"t.{name}" for name in torch_l2topo.SUBPACKAGES))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

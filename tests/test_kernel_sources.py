@@ -123,7 +123,7 @@ def test_triton_occupy_kernel_compiles_to_sm90_ptx():
 
 
 def test_triton_clock_kernel_compiles_to_sm90_ptx():
-    """The profiler's clock link (profiler/clock.py) reads %globaltimer once and stores it."""
+    """The profiler's clock link (profiler/runtime/clock.py) reads %globaltimer once and stores it."""
     from torch_l2topo.triton_kernels import clock
 
     ptx = sm90_ptx(clock.timer_kernel, dict(out_ptr="*i64"), {})

@@ -363,7 +363,7 @@ def test_eager_forest_leaves_graphs_and_large_calls_to_the_triton_kernel():
 def test_forest_with_per_partition_copies_predicts_the_same(layout):
     # each SM walks the copy homed in its partition: the same sums, bit for bit, as the one-copy forest, and the
     # copies' records sit in blocks that a fresh partition map of the buffer homes on their side
-    from torch_l2topo.placement.partition_map import clear_cache, partition_map
+    from torch_l2topo.placement.partition.maps import clear_cache, partition_map
 
     x, models = _sklearn_models()
     for name, model in models.items():

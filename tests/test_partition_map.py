@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from torch_l2topo import load_example, sm_labels
-from torch_l2topo.placement import partition_decision as decision
-from torch_l2topo.placement import partition_map as pm
-from torch_l2topo.placement.partition_cache import MapCache
-from torch_l2topo.placement.partition_check import agreement, reprobe
-from torch_l2topo.placement.partition_pairs import choose_pairs, probe_plan, timers_of_blocks
+from torch_l2topo.placement.partition import decision as decision
+from torch_l2topo.placement.partition import maps as pm
+from torch_l2topo.placement.partition.cache import MapCache
+from torch_l2topo.placement.partition.check import agreement, reprobe
+from torch_l2topo.placement.partition.pairs import choose_pairs, probe_plan, timers_of_blocks
 
 
 @pytest.fixture(scope="module")
@@ -599,7 +599,7 @@ def test_pairs_built_from_the_plan_equal_the_per_block_oracle(h200, n_blocks):
 
 
 def test_agreement_counts_undecided_blocks_as_disagreeing():
-    from torch_l2topo.placement.partition_check import Reprobe
+    from torch_l2topo.placement.partition.check import Reprobe
 
     homes = np.array([0, 1, 1, -1, 0, 1], np.int8)
     pmap = pm.PartitionMap(homes=homes, margin=np.zeros(6, np.float32), block_bytes=256, data_ptr=0, nbytes=1536,

@@ -3,9 +3,9 @@ allows, every CTA lands inside its own launch, CTAs from outside the trace's win
 that drifts is followed, and a CTA that cannot fit is reported by exactly how far it sticks out."""
 import numpy as np
 
-from torch_l2topo.placement.recording import CtaRecords
-from torch_l2topo.profiler.align import TICK_NS, align, launch_groups
-from torch_l2topo.profiler.kineto import Kernels, kernel_matches
+from torch_l2topo.measure.recording import CtaRecords
+from torch_l2topo.profiler.trace.align import TICK_NS, align, launch_groups
+from torch_l2topo.profiler.trace.kineto import Kernels, kernel_matches
 
 OFFSET = -1_784_721_005_612_345_678  # trace ns - globaltimer ns
 GT0 = 1_790_000_000_000_000_000      # globaltimer at the first launch

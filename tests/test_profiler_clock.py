@@ -6,8 +6,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from torch_l2topo.profiler import clock, session
-from torch_l2topo.profiler.clock import RESOLUTION_NS, ClockLink, link_of
+from torch_l2topo.profiler import session
+from torch_l2topo.profiler.runtime import clock
+from torch_l2topo.profiler.runtime.clock import RESOLUTION_NS, ClockLink, link_of
 
 
 def _readings(offset: int, brackets) -> list:

@@ -19,11 +19,11 @@ from synthetic_traces import (
 
 import torch_l2topo
 from torch_l2topo.errors import TraceFormatError
-from torch_l2topo.profiler.enrich import enrich, enrich_file, enrichment
-from torch_l2topo.profiler.proton_trace import proton_records
-from torch_l2topo.profiler.smmap import SmMap
-from torch_l2topo.profiler.tracefile import L2MAP_PID, load_trace, write_trace
-from torch_l2topo.profiler.tracks import CTA_CATEGORY, LANE_STRIDE, LAUNCH_CATEGORY
+from torch_l2topo.profiler.trace.enrich import enrich, enrich_file, enrichment
+from torch_l2topo.profiler.trace.proton_trace import proton_records
+from torch_l2topo.profiler.trace.smmap import SmMap
+from torch_l2topo.profiler.trace.tracefile import L2MAP_PID, load_trace, write_trace
+from torch_l2topo.profiler.trace.tracks import CTA_CATEGORY, LANE_STRIDE, LAUNCH_CATEGORY
 
 N_SM = 132
 LAUNCH_NS, PERIOD_NS, LEAD_NS, CTA_NS = 50_000, 80_000, 2_000, 40_000
@@ -233,7 +233,7 @@ def test_hta_sees_the_same_kernels_in_the_enriched_trace(base, topo, tmp_path):
 
 
 def test_splicing_the_additions_into_the_profilers_text_equals_a_full_rewrite(base, topo):
-    from torch_l2topo.profiler.tracefile import dumps, parse, splice
+    from torch_l2topo.profiler.trace.tracefile import dumps, parse, splice
 
     trace, k0 = base
     text = json.dumps(trace, indent=1)  # laid out unlike our compact dumps: the profiler's own text is kept

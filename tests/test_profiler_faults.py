@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from torch_l2topo.files import host_tag, pid_alive
-from torch_l2topo.profiler.tracefile import METADATA_KEY, load_trace, strip
+from torch_l2topo.profiler.trace.tracefile import METADATA_KEY, load_trace, strip
 
 JOB = Path(__file__).resolve().parent / "profiler_job.py"
 JOB_TIMEOUT_S = 90  # a hung job fails the test long before any default wait of ours would matter
@@ -220,7 +220,7 @@ def test_records_of_a_killed_process_are_removed_by_the_next_block(tmp_path):
     import torch
 
     import torch_l2topo
-    from torch_l2topo.profiler.spool import SLOT_PREFIX, spool_directory
+    from torch_l2topo.profiler.runtime.spool import SLOT_PREFIX, spool_directory
 
     traces = tmp_path / "traces"
     traces.mkdir()

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from torch_l2topo.profiler.align import TICK_NS
-from torch_l2topo.profiler.enrich import enrich
-from torch_l2topo.profiler.offline import MANIFEST, enrich_raw, load_raw
-from torch_l2topo.profiler.readback import calibrations, launches, recorded_ctas
-from torch_l2topo.profiler.summary import summarize
-from torch_l2topo.profiler.tracefile import L2MAP_PID, load_trace, strip, write_trace
-from torch_l2topo.profiler.tracks import CTA_CATEGORY
+from torch_l2topo.profiler.trace.align import TICK_NS
+from torch_l2topo.profiler.trace.enrich import enrich
+from torch_l2topo.profiler.trace.offline import MANIFEST, enrich_raw, load_raw
+from torch_l2topo.profiler.trace.readback import calibrations, launches, recorded_ctas
+from torch_l2topo.profiler.trace.summary import summarize
+from torch_l2topo.profiler.trace.tracefile import L2MAP_PID, load_trace, strip, write_trace
+from torch_l2topo.profiler.trace.tracks import CTA_CATEGORY
 
 DATA = Path(__file__).resolve().parent / "data" / "profiler"
 pytestmark = pytest.mark.skipif(not (DATA / MANIFEST).exists(),

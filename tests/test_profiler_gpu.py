@@ -8,13 +8,14 @@ import torch
 
 import torch_l2topo
 from torch_l2topo import layout
-from torch_l2topo.placement import recording
-from torch_l2topo.profiler import clock, session
-from torch_l2topo.profiler.align import TICK_NS
+from torch_l2topo.measure import recording
+from torch_l2topo.profiler import session
 from torch_l2topo.profiler.demo import KERNEL_NAME, row_sums, scoped_copy
-from torch_l2topo.profiler.readback import launches
-from torch_l2topo.profiler.tracefile import load_trace
-from torch_l2topo.profiler.tracks import CTA_CATEGORY
+from torch_l2topo.profiler.runtime import clock
+from torch_l2topo.profiler.trace.align import TICK_NS
+from torch_l2topo.profiler.trace.readback import launches
+from torch_l2topo.profiler.trace.tracefile import load_trace
+from torch_l2topo.profiler.trace.tracks import CTA_CATEGORY
 
 pytestmark = pytest.mark.gpu
 ROWS, DIM, GRID = 20_000, 48, 264
@@ -89,7 +90,7 @@ def test_the_spool_hands_over_each_drain_and_no_more():
     """Two launches, each drained into a slot right after it (nothing synchronized in between): each slot holds
     exactly its launch's programs, the slots (in /dev/shm, the default) are page-locked, and an empty drain
     loads empty; a slot released and taken again (its drain graph replayed) holds its new launch's programs."""
-    from torch_l2topo.profiler.spool import RecordSpool
+    from torch_l2topo.profiler.runtime.spool import RecordSpool
 
     x = torch.randn(ROWS, DIM, device="cuda")
     sp = RecordSpool()
@@ -212,7 +213,7 @@ def test_each_cycle_reads_its_own_records_from_a_drain_that_holds_several(tmp_pa
     worker, and each cycle's job reads the CTAs of its own window (spool.py, Held drains): with cycles back to back
     (no wait, no warmup) or a wait step between, each trace holds exactly its own cycle's launches; and the block's
     5 cycles take one drain (max_held 8), or three (max_held 1: drains of two cycles, the last one of one)."""
-    from torch_l2topo.profiler.spool import shared_spool
+    from torch_l2topo.profiler.runtime.spool import shared_spool
 
     x = torch.randn(ROWS, DIM, device="cuda")
     recording.recorder(0).in_graphs = False  # no graph of an earlier test replays here
@@ -255,8 +256,8 @@ def test_a_block_page_locks_its_slots_before_its_steps(tmp_path, monkeypatch):
     """profile() makes two spool slots (the held drain's and the next one's), with their drain graphs, when the block
     starts: a block of max_held + 1 cycles makes and captures none in its loop (a slot page-locks megabytes,
     milliseconds; a capture takes about half of one)."""
-    from torch_l2topo.profiler import spool
-    from torch_l2topo.profiler.perprocess import PerProcess
+    from torch_l2topo.profiler.runtime import spool
+    from torch_l2topo.profiler.runtime.perprocess import PerProcess
 
     monkeypatch.setattr(spool, "_shared", PerProcess(spool.RecordSpool))  # a spool with no slot yet
     made, make = [], spool._Slot.__init__

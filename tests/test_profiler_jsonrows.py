@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from torch_l2topo.profiler import jsonrows
-from torch_l2topo.profiler.tracks import CtaSlices
+from torch_l2topo.profiler.trace import jsonrows
+from torch_l2topo.profiler.trace.tracks import CtaSlices
 
 EDGES = [0, 1, -1, 9, 10, -10, 999, 1000, 9999, 10000, -10000, 123456789, -5, 2**62, -(2**62), 4503599627370495]
 
@@ -58,7 +58,7 @@ def _lanes_reference(sm, start, end):
 
 @pytest.mark.parametrize("seed", range(6))
 def test_lanes_are_the_greedy_lowest_free_lane(seed):
-    from torch_l2topo.profiler.tracks import lanes
+    from torch_l2topo.profiler.trace.tracks import lanes
 
     rng = np.random.default_rng(seed)
     n = int(rng.integers(1, 3000))

@@ -4,8 +4,8 @@ placement estimate from the closed form of the one-class limit (total items over
 import numpy as np
 import pytest
 
-from torch_l2topo.profiler.metrics import blind_near_share, busy_by_sm, launch_metrics
-from torch_l2topo.profiler.smmap import SmMap
+from torch_l2topo.profiler.trace.metrics import blind_near_share, busy_by_sm, launch_metrics
+from torch_l2topo.profiler.trace.smmap import SmMap
 
 
 def _covered_ns(sm, start, end, n_sm):
@@ -79,7 +79,7 @@ def test_blind_near_share_counts_each_partitions_sms():
 def test_the_placement_estimate_is_plans_limit():
     """The closed form in metrics.placement_estimate is plans.limit over the measured speeds."""
     from torch_l2topo.placement.plans import SpeedModel, Workload, limit
-    from torch_l2topo.profiler.metrics import placement_estimate
+    from torch_l2topo.profiler.trace.metrics import placement_estimate
 
     rng = np.random.default_rng(3)
     n_sm = 16

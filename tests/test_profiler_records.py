@@ -7,8 +7,8 @@ import torch
 
 import torch_l2topo
 from torch_l2topo import layout
-from torch_l2topo.placement import recording
-from torch_l2topo.placement.recording import CtaRecords, per_sm_statistics
+from torch_l2topo.measure import recording
+from torch_l2topo.measure.recording import CtaRecords, per_sm_statistics
 
 
 def _buffer(records, capacity):

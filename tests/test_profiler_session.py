@@ -23,13 +23,15 @@ from synthetic_traces import (
 import torch_l2topo
 from torch_l2topo.cli import main as cli
 from torch_l2topo.errors import TraceFormatError
-from torch_l2topo.profiler import cycle, session, smmap
-from torch_l2topo.profiler.enrich import enrich
-from torch_l2topo.profiler.readback import calibrations, launches, recorded_ctas
-from torch_l2topo.profiler.smmap import SmMap
-from torch_l2topo.profiler.summary import summarize
-from torch_l2topo.profiler.timeline import pick_launch, render_timeline, timeline_rows
-from torch_l2topo.profiler.tracefile import load_trace, write_trace
+from torch_l2topo.profiler import session
+from torch_l2topo.profiler.runtime import cycle
+from torch_l2topo.profiler.trace import smmap
+from torch_l2topo.profiler.trace.enrich import enrich
+from torch_l2topo.profiler.trace.readback import calibrations, launches, recorded_ctas
+from torch_l2topo.profiler.trace.smmap import SmMap
+from torch_l2topo.profiler.trace.summary import summarize
+from torch_l2topo.profiler.trace.timeline import pick_launch, render_timeline, timeline_rows
+from torch_l2topo.profiler.trace.tracefile import load_trace, write_trace
 
 
 def test_profile_writes_one_enriched_trace_per_cycle(tmp_path):
@@ -156,8 +158,8 @@ def test_the_timeline_draws_one_bar_per_cta_in_map_order(tmp_path):
 
 
 def test_raw_inputs_saved_here_enrich_the_same_elsewhere(tmp_path):
-    from torch_l2topo.profiler.offline import enrich_raw, save_raw
-    from torch_l2topo.profiler.proton_trace import load_proton, proton_records
+    from torch_l2topo.profiler.trace.offline import enrich_raw, save_raw
+    from torch_l2topo.profiler.trace.proton_trace import load_proton, proton_records
 
     topo = torch_l2topo.load_example()
     trace = cpu_trace(tmp_path)

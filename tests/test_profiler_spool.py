@@ -13,13 +13,14 @@ import pytest
 from profiler_workers import ready_worker
 
 from torch_l2topo.layout import REC_CAPACITY, REC_CURSOR, REC_HEADER, REC_WORDS
-from torch_l2topo.placement.recording import COLUMNS, CtaRecords
-from torch_l2topo.profiler import cycle, session, spool
-from torch_l2topo.profiler.cycle import CycleJob
-from torch_l2topo.profiler.offline import load_raw
-from torch_l2topo.profiler.spool import BUFFER_WORD, FLAG_WORD, RecordSpool, SpooledRecords, SpoolError
-from torch_l2topo.profiler.tracefile import load_trace, write_trace
-from torch_l2topo.profiler.tracks import CTA_CATEGORY
+from torch_l2topo.measure.recording import COLUMNS, CtaRecords
+from torch_l2topo.profiler import session
+from torch_l2topo.profiler.runtime import cycle, spool
+from torch_l2topo.profiler.runtime.cycle import CycleJob
+from torch_l2topo.profiler.runtime.spool import BUFFER_WORD, FLAG_WORD, RecordSpool, SpooledRecords, SpoolError
+from torch_l2topo.profiler.trace.offline import load_raw
+from torch_l2topo.profiler.trace.tracefile import load_trace, write_trace
+from torch_l2topo.profiler.trace.tracks import CTA_CATEGORY
 
 DATA = Path(__file__).resolve().parent / "data" / "profiler"
 
@@ -32,7 +33,7 @@ def unpinned(monkeypatch):
 
 def _words(records: CtaRecords) -> np.ndarray:
     """The rows as the recorder holds them (layout.REC_*), independent of spool.py."""
-    from torch_l2topo.placement.recording import _WORD_OF
+    from torch_l2topo.measure.recording import _WORD_OF
 
     table = np.zeros((len(records), REC_WORDS), np.int64)
     for name in COLUMNS:
@@ -225,7 +226,7 @@ def test_a_map_pickles_to_the_same_map_and_its_fields_are_pickled_once():
     import pickle
 
     import torch_l2topo
-    from torch_l2topo.profiler.smmap import SmMap
+    from torch_l2topo.profiler.trace.smmap import SmMap
 
     smmap = SmMap.from_topology(torch_l2topo.load_example())
     first = pickle.dumps(smmap)
@@ -268,7 +269,7 @@ class _FakeRecorder:
     def __init__(self, device=0, capacity=10, held=None):
         import torch
 
-        from torch_l2topo.placement.recording import KernelTags
+        from torch_l2topo.measure.recording import KernelTags
 
         self.device_index, self.capacity, self.in_graphs = device, capacity, False
         self.buffer = torch.zeros(4, dtype=torch.int64)
@@ -413,7 +414,7 @@ def test_handing_a_job_to_the_worker_launches_its_held_drain(tmp_path, unpinned,
 def test_a_cycle_start_leaves_alone_a_recorder_whose_records_a_held_drain_has_not_taken(monkeypatch):
     """reset_dirty (when a cycle starts) would wipe the held cycles' records: a recorder with a held drain is left
     as it is (its cycles' windows leave out what it records between them)."""
-    from torch_l2topo.placement import recording
+    from torch_l2topo.measure import recording
 
     resets = []
     held = SimpleNamespace(dirty=True, before_reset=lambda: None, reset=lambda: resets.append("held"))

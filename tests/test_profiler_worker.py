@@ -17,12 +17,13 @@ from profiler_workers import ACTIVITIES, export, ready_worker, steps
 
 import torch_l2topo
 from torch_l2topo.files import host_tag
-from torch_l2topo.profiler import cycle, session, worker
-from torch_l2topo.profiler.cycle import CycleJob
-from torch_l2topo.profiler.perprocess import PerProcess
-from torch_l2topo.profiler.smmap import SmMap
-from torch_l2topo.profiler.tracefile import METADATA_KEY, load_trace
-from torch_l2topo.profiler.worker import IN_PIPE, Worker
+from torch_l2topo.profiler import session
+from torch_l2topo.profiler.runtime import cycle, worker
+from torch_l2topo.profiler.runtime.cycle import CycleJob
+from torch_l2topo.profiler.runtime.perprocess import PerProcess
+from torch_l2topo.profiler.runtime.worker import IN_PIPE, Worker
+from torch_l2topo.profiler.trace.smmap import SmMap
+from torch_l2topo.profiler.trace.tracefile import METADATA_KEY, load_trace
 
 
 def _job(tmp_path, name: str, topo=None) -> CycleJob:
@@ -232,8 +233,8 @@ import os, sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[2])
 import torch_l2topo
-from torch_l2topo.profiler.cycle import CycleJob
-from torch_l2topo.profiler.smmap import SmMap
+from torch_l2topo.profiler.runtime.cycle import CycleJob
+from torch_l2topo.profiler.trace.smmap import SmMap
 from profiler_workers import ready_worker
 w = ready_worker(processes=1)
 w.submit(CycleJob(Path(sys.argv[1]), {}, {0: SmMap.from_topology(torch_l2topo.load_example())}, {}, (0,)),
@@ -397,7 +398,7 @@ def test_traces_are_written_whole_without_waiting_for_the_disk(tmp_path, monkeyp
     """write_trace replaces the file atomically but does not fsync (the worker writes while the training loop
     runs: an fsync held up torch.profiler's own export behind the journal); a calibration still syncs."""
     from torch_l2topo import files
-    from torch_l2topo.profiler.tracefile import write_trace
+    from torch_l2topo.profiler.trace.tracefile import write_trace
 
     synced = []
     monkeypatch.setattr(files.os, "fsync", lambda fd: synced.append(fd))

@@ -50,7 +50,7 @@ register_sm_column("partition", partition_column)
 # name -> (module, attribute), imported on first access (PEP 562)
 _LAZY = {
     "sm_aware": ("torch_l2topo.placement.sm_aware", "sm_aware"),
-    "partition_map": ("torch_l2topo.placement.partition_map", "partition_map"),
+    "partition_map": ("torch_l2topo.placement.partition.maps", "partition_map"),
     "profile": ("torch_l2topo.profiler.session", "profile"),
 }
 
@@ -78,16 +78,25 @@ __all__ = [
 ]
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        import importlib
+# subpackages reachable as attributes after a plain `import torch_l2topo` (torch_l2topo.profiler.trace_handler,
+# torch_l2topo.ops.embedding_bag), imported on first use
+SUBPACKAGES = ("measure", "analysis", "placement", "identity", "geometry", "report", "ops", "distributed", "profiler",
+               "triton_kernels", "cuda_ext")
 
+
+def __getattr__(name):
+    import importlib
+
+    if name in _LAZY:
         module, attribute = _LAZY[name]
         value = getattr(importlib.import_module(module), attribute)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'torch_l2topo' has no attribute {name!r}")
+    elif name in SUBPACKAGES:
+        value = importlib.import_module(f"torch_l2topo.{name}")
+    else:
+        raise AttributeError(f"module 'torch_l2topo' has no attribute {name!r}")
+    globals()[name] = value
+    return value
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | set(SUBPACKAGES))

@@ -199,14 +199,14 @@ def cmd_trace_summary(args) -> int:
     import json
 
     from .files import json_default
-    from .profiler.summary import format_summary, summarize
-    from .profiler.tracefile import load_trace
+    from .profiler.trace.summary import format_summary, summarize
+    from .profiler.trace.tracefile import load_trace
 
     trace = load_trace(args.trace)
     summary = summarize(trace, args.trace)
     print(json.dumps(summary, indent=1, default=json_default) if args.json else format_summary(summary))
     if args.timeline:
-        from .profiler.timeline import render_timeline
+        from .profiler.trace.timeline import render_timeline
 
         print(f"wrote {render_timeline(trace, args.timeline, kernel=args.kernel, source=args.trace)}",
               file=sys.stderr if args.json else sys.stdout)

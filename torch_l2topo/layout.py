@@ -69,7 +69,7 @@ PLAN_MAX_SLOTS = 256
 PLAN_MAX_QUEUES = 64  # queues mode: the scan of every queue's cursor is one vector this wide
 
 # ---- CTA recorder buffer (int64) ---------------------------------------------------------------------
-# One fixed buffer per GPU (placement/recording.py), written by kernels that record their CTAs: a header, then
+# One fixed buffer per GPU (measure/recording.py), written by kernels that record their CTAs: a header, then
 # REC_WORDS words per record. A CTA reserves its record with one atomic on the cursor; the cursor keeps
 # counting past the capacity, so the host reads dropped records as cursor - capacity without a second counter.
 REC_CURSOR = 0     # records reserved so far (may exceed REC_CAPACITY: the excess was dropped)

@@ -1,5 +1,5 @@
 """The GPU's %globaltimer read once, to relate the clock the CTA records carry to the host's clock
-(torch_l2topo/profiler/clock.py).
+(torch_l2topo/profiler/runtime/clock.py).
 
     timer_kernel(out_ptr)    out[0] = %globaltimer, ns (launch one program with num_warps=1)
 

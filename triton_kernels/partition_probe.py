@@ -1,6 +1,6 @@
 """Partition probes of a tensor's storage: which L2 partition each block of bytes is homed in.
 
-The host side is torch_l2topo/placement/partition_map.py (the map) and partition_check.py (the re-probe). Both
+The host side is torch_l2topo/placement/partition/maps.py (the map) and partition_check.py (the re-probe). Both
 kernels time dependent loads of the first line of each block. The data is arbitrary (not pointers), so the next
 address is the line's own, made to wait for the loaded value (protocol.address_after), so each load waits for
 the one before and the chain never leaves the line. Scalar work per program: launch with num_warps=1.

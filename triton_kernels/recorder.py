@@ -2,7 +2,7 @@
 
 Public API, each function documented where it is defined (cuda_ext/recorder.cuh mirrors every one under the
 same name; tests/test_kernel_sources.py checks the lists): record_start, record_cta, recorder_at. The buffer
-(layout.py's REC_*) and tag come from torch_l2topo.placement.recording.CtaRecorder (.buffer, .register(name)).
+(layout.py's REC_*) and tag come from torch_l2topo.measure.recording.CtaRecorder (.buffer, .register(name)).
 
     @triton.jit
     def my_kernel(x_ptr, n, rec_ptr, tag, RECORD: tl.constexpr):

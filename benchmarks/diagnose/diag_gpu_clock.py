@@ -1,5 +1,5 @@
 """How the GPU's %globaltimer relates to the host's clocks over time, and to the Kineto trace's clock (issue 17:
-the profiler tells one cycle's CTA records from the next by host time, torch_l2topo/profiler/clock.py).
+the profiler tells one cycle's CTA records from the next by host time, torch_l2topo/profiler/runtime/clock.py).
 
 1. Every --every seconds for --seconds: a clock link (clock.measure: READINGS launches of a kernel that reads
    %globaltimer, each bracketed by host times) against time.time_ns (CLOCK_REALTIME) and time.monotonic_ns;
@@ -26,10 +26,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common
 from common import gpu_parser, quantiles, write_result
 
-from torch_l2topo.placement import recording
-from torch_l2topo.profiler import align, clock, kineto, session
+from torch_l2topo.measure import recording
+from torch_l2topo.profiler import session
 from torch_l2topo.profiler.demo import row_sums
-from torch_l2topo.profiler.tracefile import load_trace
+from torch_l2topo.profiler.runtime import clock
+from torch_l2topo.profiler.trace import align, kineto
+from torch_l2topo.profiler.trace.tracefile import load_trace
 
 CLOCKS = {"time_ns": time.time_ns, "monotonic_ns": time.monotonic_ns}
 

@@ -45,17 +45,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: com
 from common import calibrated_device, gpu_parser, quantiles, time_each_call, write_result
 from profiler_cycles import ACTIVE, CAPACITY, KINDS, SKIP, compare, cycle_times, model_step, ours_against_plain
 
-from torch_l2topo.placement import recording
-from torch_l2topo.profiler import session, spool
-from torch_l2topo.profiler.worker import _run_idle
+from torch_l2topo.measure import recording
+from torch_l2topo.profiler import session
+from torch_l2topo.profiler.runtime import spool
+from torch_l2topo.profiler.runtime.worker import _run_idle
 
 SETTLE = 4  # cycles left out at each phase's start in part 2 with phases
 
 BURNER = r"""
 import sys
-from torch_l2topo.profiler.cycle import enrich_with
-from torch_l2topo.profiler.readback import calibrations, recorded_ctas
-from torch_l2topo.profiler.tracefile import dumps, load_trace, parse, splice, strip, write_trace
+from torch_l2topo.profiler.runtime.cycle import enrich_with
+from torch_l2topo.profiler.trace.readback import calibrations, recorded_ctas
+from torch_l2topo.profiler.trace.tracefile import dumps, load_trace, parse, splice, strip, write_trace
 
 rich = load_trace(sys.argv[1])
 records, maps = recorded_ctas(rich), calibrations(rich)

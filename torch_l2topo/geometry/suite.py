@@ -142,7 +142,7 @@ def capacity(ctx: Context, flush: Flusher, budget: Budget, quick: bool) -> dict:
     near (homed in the SM's partition) or far. Regimes and knees per partition and per home."""
     import torch
 
-    from ..placement.partition_map import partition_map
+    from ..placement.partition.maps import partition_map
 
     steps = 3 if quick else 4
     top = 512 * MB  # DRAM latency still creeps up at 256 MB (TLB reach): the last regime needs the points above
@@ -280,7 +280,7 @@ def address_bits(ctx: Context, flush: Flusher, budget: Budget, quick: bool) -> d
     of 512 consecutive lines: how often flipping a bit changes the class."""
     import torch
 
-    from ..placement.partition_map import partition_map
+    from ..placement.partition.maps import partition_map
 
     size = (16 if quick else 256) * MB
     buf = torch.ones(size // 4, dtype=torch.float32, device=ctx.device)

@@ -152,7 +152,7 @@ class Forest:
                              f"on {self.device})")
         from ..analysis.labels import sm_labels
         from ..measure.calibration import calibration_for
-        from ..placement.partition_map import partition_map
+        from ..placement.partition.maps import partition_map
 
         index = self.device.index if self.device.index is not None else torch.cuda.current_device()
         labels = sm_labels(calibration_for(index, topology))

@@ -125,7 +125,7 @@ class PlanSlot:
         self.recorder = None  # the new plan's header points at no recorder
 
     def attach_recorder(self, recorder, tag: int) -> None:
-        """Point the plan's header at a CTA recorder (placement/recording.py) and this kernel's tag in it, for
+        """Point the plan's header at a CTA recorder (measure/recording.py) and this kernel's tag in it, for
         launches with the PLACE_RECORD bit: three int32 words, queued on the current stream; not during capture
         (a captured copy would replay from a host buffer that is gone by then)."""
         import torch

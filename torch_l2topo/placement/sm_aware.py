@@ -243,13 +243,13 @@ class Placement:
         return grid
 
     def _record_bit(self, index: int, slot: PlanSlot, item_class) -> int:
-        """PLACE_RECORD when profiling records this GPU's CTAs (placement/recording.py) and the kernel has a
+        """PLACE_RECORD when profiling records this GPU's CTAs (measure/recording.py) and the kernel has a
         name to record under, with the plan's header pointing at the recorder; else 0 (nothing compiled in).
         A slot first used for recording inside a CUDA graph capture is not recorded there: its header cannot
         be written during capture (launch it once while recording before capturing)."""
         if self.record_name is None:
             return 0
-        from .recording import active_recorder
+        from ..measure.recording import active_recorder
 
         rec = active_recorder(index)
         if rec is None:

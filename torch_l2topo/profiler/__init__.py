@@ -9,19 +9,19 @@ writes one trace per active cycle (docs/profiler.md). Modules by role: the sessi
 trace_handler; cycle: one cycle's job; worker, lifecycle: the trace workers and what is left at exit; spool,
 clock, perprocess: the CTA records' hand-off), the trace format and its enrichment (tracefile, kineto, enrich,
 align, metrics, tracks, jsonrows, smmap, proton_trace, offline), reading it back (readback, summary, timeline),
-and demo (an instrumented kernel). The recorder is torch_l2topo.placement.recording.
+and demo (an instrumented kernel). The recorder is torch_l2topo.measure.recording.
 """
 from __future__ import annotations
 
 import importlib
 
-# name -> module, imported on first access (PEP 562): the background worker (worker.py) imports this package
+# name -> module, imported on first access (PEP 562): the trace workers (runtime/worker.py) import this package
 # and must not pay for torch, which session.py and the recorder need
 _LAZY = {"profile": ".session", "trace_handler": ".session", "TraceHandler": ".session", "merge_proton": ".session",
          "held_capacity": ".session",
-         "recording": "..placement.recording", "active_recorder": "..placement.recording",
-         "CtaRecords": "..placement.recording", "enrich": ".enrich", "enrich_file": ".enrich",
-         "summarize": ".summary", "format_summary": ".summary", "render_timeline": ".timeline"}
+         "recording": "..measure.recording", "active_recorder": "..measure.recording",
+         "CtaRecords": "..measure.recording", "enrich": ".trace.enrich", "enrich_file": ".trace.enrich",
+         "summarize": ".trace.summary", "format_summary": ".trace.summary", "render_timeline": ".trace.timeline"}
 __all__ = ["profile", "trace_handler", "TraceHandler", "merge_proton", "held_capacity", "recording", "active_recorder",
            "CtaRecords", "enrich", "enrich_file", "summarize", "format_summary", "render_timeline"]
 

@@ -3,7 +3,7 @@ recording: row sums that record their CTAs with this package's recorder (triton_
 placement involved), and a copy instrumented with Proton's scopes (triton_kernels/proton_demo.py).
 
 row_sums(x) equals x.sum(dim=1) (the reference the tests compare with). While recording is on
-(placement.recording: profile(), recording(), or a trace handler while torch.profiler collects) each
+(measure.recording: profile(), recording(), or a trace handler while torch.profiler collects) each
 program appends one record: rows summed, and how many of them are homed in its SM's L2 partition when
 item_class (each row's home partition) and sm_partition (each SM's partition, -1 undecided) are given.
 """
@@ -13,7 +13,7 @@ import re
 
 import torch
 
-from ..placement.recording import active_recorder
+from ..measure.recording import active_recorder
 
 KERNEL_NAME = "row_sum_kernel"
 _idle: dict = {}  # device -> 1-word int64 tensor standing in for the recorder buffer when recording is off

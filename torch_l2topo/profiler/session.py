@@ -29,15 +29,16 @@ from pathlib import Path
 import torch
 
 from ..errors import TopologyFormatError
-from ..placement import recording as rec
-from . import clock, lifecycle, readback
-from .cycle import CycleJob, enrich_with, run, warn
-from .enrich import Enrichment
-from .proton_trace import load_proton, proton_records
-from .smmap import map_of, map_of_file
-from .spool import SpooledRecords, close_shared_spool, flush_shared_spool, shared_spool
-from .tracefile import load_trace, write_trace
-from .worker import DEFAULT_MAX_PENDING, check_max_held, check_max_pending, close_shared_worker, shared_worker
+from ..measure import recording as rec
+from .runtime import clock, lifecycle
+from .runtime.cycle import CycleJob, enrich_with, run, warn
+from .runtime.spool import SpooledRecords, close_shared_spool, flush_shared_spool, shared_spool
+from .runtime.worker import DEFAULT_MAX_PENDING, check_max_held, check_max_pending, close_shared_worker, shared_worker
+from .trace import readback
+from .trace.enrich import Enrichment
+from .trace.proton_trace import load_proton, proton_records
+from .trace.smmap import map_of, map_of_file
+from .trace.tracefile import load_trace, write_trace
 
 TOPOLOGY_MODES = ("cached", "calibrate")
 DEFAULT_MAX_HELD = 8  # cycles a profile() block's worker leaves for its end (profile's max_held)
@@ -431,7 +432,7 @@ class profile(torch.profiler.profile):
                 warnings.warn(f"GPU {d}'s CTA recorder, made earlier, holds {recorder.capacity} records: its drains "
                               f"hold {held.per_drain[d]} cycles, not {wanted}, and cost the loop more "
                               f"(docs/profiler.md, Costs); make it first with "
-                              f"torch_l2topo.placement.recording.recorder({d}, "
+                              f"torch_l2topo.measure.recording.recorder({d}, "
                               f"torch_l2topo.profiler.held_capacity({self.capacity or ''}))")
         return held
 

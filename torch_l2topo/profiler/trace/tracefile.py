@@ -17,8 +17,8 @@ import re
 import zlib
 from pathlib import Path
 
-from ..errors import TraceFormatError
-from ..files import atomic_write
+from ...errors import TraceFormatError
+from ...files import atomic_write
 
 METADATA_KEY = "l2topo"
 # "L2" in ASCII, shifted: above Linux's largest pid (2**22) and below 2**31; one process per GPU (+ index).

@@ -27,9 +27,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..files import owner_tag
-from ..layout import REC_CAPACITY, REC_CURSOR, REC_END_NS, REC_HEADER, REC_START_NS, REC_WORDS, recorder_words
-from ..placement.recording import CtaRecords, recorders
+from ...files import owner_tag
+from ...layout import REC_CAPACITY, REC_CURSOR, REC_END_NS, REC_HEADER, REC_START_NS, REC_WORDS, recorder_words
+from ...measure.recording import CtaRecords, recorders
 from .perprocess import PerProcess, this_pid
 
 SLOT_PREFIX = "l2topo-records-"  # then files.owner_tag()-<device>-<random>.bin (lifecycle.remove_stale)

@@ -11,8 +11,8 @@ import math
 
 import numpy as np
 
-from ..errors import TraceFormatError
-from ..placement.recording import COLUMNS, CtaRecords
+from ...errors import TraceFormatError
+from ...measure.recording import COLUMNS, CtaRecords
 from .kineto import to_ns
 from .smmap import SmMap
 from .tracefile import L2MAP_PID, MAX_DEVICES, METADATA_KEY

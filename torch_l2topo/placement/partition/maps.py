@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import ProbeError, check_choice
-from ..layout import LINE_BYTES
-from ..measure.probes import to_device
-from .partition_cache import MapCache
-from .partition_decision import BlockPairs, block_pairs_expanded, block_pairs_of_plan, classify_blocks
-from .partition_pairs import Pairs, choose_pairs, probe_plan
+from ...errors import ProbeError, check_choice
+from ...layout import LINE_BYTES
+from ...measure.probes import to_device
+from .cache import MapCache
+from .decision import BlockPairs, block_pairs_expanded, block_pairs_of_plan, classify_blocks
+from .pairs import Pairs, choose_pairs, probe_plan
 
 N_TIMED = 4            # timed loads per block and SM, of which the map keeps the fastest (cost count in
                        # triton_kernels/partition_probe.py)
@@ -123,7 +123,7 @@ class GpuSetup:
     def of(cls, topology) -> "GpuSetup":
         """The setup a calibration implies (the SM labels take a fraction of a second). ProbeError if it shows no
         two partitions."""
-        from ..analysis.labels import sm_labels
+        from ...analysis.labels import sm_labels
 
         labels = sm_labels(topology)
         if not labels.partitions.found:
@@ -143,7 +143,7 @@ def setup_for(index: int, topology=None, backend: str = "triton") -> GpuSetup:
     hit = _SETUPS.get(key)
     if hit is not None and (topology is None or hit.topology is topology):
         return hit
-    from ..measure.calibration import calibration_for
+    from ...measure.calibration import calibration_for
 
     setup = _SETUPS[key] = GpuSetup.of(calibration_for(index, topology, backend=backend))
     return setup
@@ -190,7 +190,7 @@ def _launch_probe(tensor, plan_t, n_blocks: int, n_timing: int, n_sm: int, block
     back (probes.checked_launch)."""
     import torch
 
-    from ..measure.probes import checked_launch
+    from ...measure.probes import checked_launch
 
     storage = storage_of(tensor, block_bytes)
     cycles = torch.full((2, n_blocks), -1, dtype=torch.int32, device=tensor.device)
@@ -257,7 +257,7 @@ def partition_map(tensor, *, topology=None, backend: str = "triton", block_bytes
     """
     import torch
 
-    from ..measure.calibration import measuring
+    from ...measure.calibration import measuring
 
     t0 = time.perf_counter()
     storage = storage_of(tensor, block_bytes)

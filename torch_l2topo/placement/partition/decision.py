@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..measure.probes import to_device
+from ...measure.probes import to_device
 
 # Every threshold below was set on GPU 8ddca9f2a663's recording (made by
 # benchmarks/record_partition_probe.py) or on the negative fixtures of tests/test_partition_map.py; the

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import TraceFormatError
+from ...errors import TraceFormatError
 from . import readback
 from .tracks import pid_of
 

@@ -14,10 +14,10 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .enrich import enrichment
-from .kineto import kernels_by_device
+from ..trace.enrich import enrichment
+from ..trace.kineto import kernels_by_device
+from ..trace.tracefile import dumps, is_ours, parse, read_text, splice, write_trace
 from .spool import load_records
-from .tracefile import dumps, is_ours, parse, read_text, splice, write_trace
 
 
 @dataclass

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .partition_map import PartitionMap, n_blocks_of, setup_for, storage_of
+from .maps import PartitionMap, n_blocks_of, setup_for, storage_of
 
 REPROBE_WARM = 2
 REPROBE_TIMED = 16
@@ -36,8 +36,8 @@ def reprobe(tensor, sample_blocks, *, topology=None, block_bytes: int = 256, n_t
     recorded difference); a block's home is the partition of the SM that saw it faster. Takes the GPU lock."""
     import torch
 
-    from ..measure.calibration import measuring
-    from ..measure.probes import checked_launch, to_device, warm_clocks
+    from ...measure.calibration import measuring
+    from ...measure.probes import checked_launch, to_device, warm_clocks
 
     t0 = time.perf_counter()
     storage = storage_of(tensor, block_bytes)

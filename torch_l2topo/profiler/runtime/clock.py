@@ -44,7 +44,7 @@ def readings(device: int, n: int = READINGS, host_clock=time.time_ns) -> list:
     starts with one untimed launch that compiles and loads the kernel (a refresh in the loop skips it)."""
     import torch
 
-    from ..triton_kernels.clock import timer_kernel
+    from ...triton_kernels.clock import timer_kernel
 
     found = []
     with torch.cuda.device(device):

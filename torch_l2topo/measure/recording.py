@@ -408,7 +408,7 @@ def set_profiling(on: bool) -> None:
 def reset_dirty() -> None:
     """Reset the recorders that may hold records since their last reset or drain (CtaRecorder.dirty): the start of
     a profiling cycle. A recorder whose records a held drain still has to take (before_reset) is left as it is: the
-    profiler tells that drain's cycles apart by time (profiler/spool.py)."""
+    profiler tells that drain's cycles apart by time (profiler/runtime/spool.py)."""
     for rec in list(_switch.recorders.values()):
         if rec.dirty and rec.before_reset is None:
             rec.reset()

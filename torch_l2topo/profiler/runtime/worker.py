@@ -1,7 +1,7 @@
 """Trace enrichment off the training loop: worker processes that run the background trace handlers' cycle jobs
 (cycle.py), so that a profiled step waits for the profiler's own export and not for the enrichment.
 
-A worker process is `python -m torch_l2topo.profiler.worker` (not a multiprocessing child: those re-import the
+A worker process is `python -m torch_l2topo.profiler.runtime.worker` (not a multiprocessing child: those re-import the
 user's main script), in a session of its own (a terminal's Ctrl-C is the parent's to handle) and at the lowest
 priority from its start (nice 19, SCHED_IDLE). One Worker per process (shared_worker()) keeps up to `processes`
 of them for every profiler block, so their imports are paid once. Protocol: a process writes READY once
@@ -28,7 +28,7 @@ from contextlib import suppress
 from dataclasses import dataclass
 from typing import Callable
 
-from ..files import temp_files_of
+from ...files import temp_files_of
 from .cycle import CycleJob, run, warn
 from .perprocess import PerProcess
 from .spool import launch_drains_for
@@ -43,7 +43,7 @@ END_WAIT_S = 1.0      # how long a process that holds no job may take to exit be
 IN_PIPE = 2  # jobs a process holds unanswered: one to work on, the next waiting, so it never idles for a hand-off
 KEEP_UP_FACTOR = 2  # the processes keep up when a cycle lasts this many times their last job (Worker.keeps_up)
 _LENGTH = 8  # bytes of a job's length prefix
-COMMAND = [sys.executable, "-m", "torch_l2topo.profiler.worker"]  # a worker process (tests wrap it)
+COMMAND = [sys.executable, "-m", "torch_l2topo.profiler.runtime.worker"]  # a worker process (tests wrap it)
 # One thread of JSON work each: without these, numpy's BLAS would start a thread per core that it never uses.
 ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 

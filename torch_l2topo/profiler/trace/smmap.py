@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-from ..analysis.labels import sm_labels
+from ...analysis.labels import sm_labels
 
 # Device fields copied into the trace; "uuid" only with include_ids (the rest identify a model, not a board).
 DEVICE_FIELDS = ("name", "cc", "sm_count", "l2_bytes", "driver", "mig")
@@ -142,7 +142,7 @@ def map_of(topo, include_ids: bool = False) -> SmMap:
 def map_of_file(path, include_ids: bool = False) -> SmMap:
     """The SmMap of the calibration saved at `path`, read once per version of the file in this process
     (TopologyFormatError or OSError if it cannot be read)."""
-    from ..topology import Topology
+    from ...topology import Topology
 
     st = os.stat(path)
     key = ("file", os.fspath(path), st.st_mtime_ns, st.st_size, include_ids)

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import TraceFormatError
-from ..files import atomic_write, json_default
-from ..placement.recording import CtaRecords
+from ...errors import TraceFormatError
+from ...files import atomic_write, json_default
+from ...measure.recording import CtaRecords
 from .enrich import enrich
 from .proton_trace import load_proton, proton_records
 from .smmap import SmMap

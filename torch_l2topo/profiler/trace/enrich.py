@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..placement.recording import CtaRecords
-from ..version import __version__
+from ...measure.recording import CtaRecords
+from ...version import __version__
 from .align import TICK_NS, align
 from .kineto import Kernels, device_sm_counts, kernels_by_device, time_range_ns
 from .metrics import launch_metrics

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import TraceFormatError
-from ..placement.recording import CtaRecords
+from ...errors import TraceFormatError
+from ...measure.recording import CtaRecords
 
 CTA_PID = re.compile(r"^(?P<kernel>.+) Core(?P<sm>\d+) CTA(?P<cta>\d+)(?: \[.*\])?$")
 

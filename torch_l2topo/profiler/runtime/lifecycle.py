@@ -16,7 +16,7 @@ import tempfile
 import threading
 from contextlib import suppress
 
-from ..files import left_behind, stale_temp_files
+from ...files import left_behind, stale_temp_files
 from .spool import SLOT_PREFIX, existing_spool, shm_directory
 from .worker import existing_worker
 
