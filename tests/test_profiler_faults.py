@@ -64,6 +64,13 @@ def not_enriched_warnings(report: dict, path) -> list:
     return [w for w in report["warnings"] if str(path) in w]
 
 
+def assert_left_plain(report: dict, path, digest, cause: str) -> None:
+    """`path` is byte for byte what torch wrote (digest), and one warning names it with `cause`."""
+    assert sha(path) == digest
+    (warning,) = not_enriched_warnings(report, path)
+    assert cause in warning
+
+
 @pytest.mark.parametrize("foreground", [False, True], ids=["background", "foreground"])
 def test_an_unfaulted_job_enriches_every_trace_in_place(tmp_path, foreground):
     out = tmp_path / "traces"
@@ -84,9 +91,8 @@ def test_a_full_trace_disk_costs_the_enrichment_only(tmp_path, foreground):
                      *(["--foreground"] if foreground else []))
     assert len(report["traces"]) == 3
     for path, digest in report["traces"].items():
-        assert sha(path) == digest and load_trace(path)["traceEvents"]
-        (warning,) = not_enriched_warnings(report, path)
-        assert "No space left" in warning
+        assert_left_plain(report, path, digest, "No space left")
+        assert load_trace(path)["traceEvents"]
     assert report["block_end_s"] < 20
     assert_nothing_left(out, report)
 
@@ -145,9 +151,7 @@ def test_bad_bytes_leave_the_trace_as_torch_wrote_it(tmp_path, fault, gz):
     out = tmp_path / "traces"
     report = run_job(out, "--fault", fault, "--cycles", "2", *(["--gzip"] if gz else []))
     for path, digest in report["traces"].items():
-        assert sha(path) == digest
-        (warning,) = not_enriched_warnings(report, path)
-        assert "could not enrich" in warning
+        assert_left_plain(report, path, digest, "could not enrich")
     assert_nothing_left(out, report)
 
 
@@ -166,8 +170,7 @@ def test_a_worker_that_dies_leaves_its_traces_plain(tmp_path):
     report = run_job(out, "--fault", "crash", "--cycles", "3", "--timeout", "30")
     for path, digest in report["traces"].items():
         if sha(path) == digest:
-            (warning,) = not_enriched_warnings(report, path)
-            assert "exited" in warning
+            assert_left_plain(report, path, digest, "exited")
         else:  # done by the job's own process at the block's end
             assert_enriched(path, plain_copy(out, path))
     assert report["block_end_s"] < 30
@@ -179,9 +182,7 @@ def test_a_slow_worker_is_given_up_at_the_timeout(tmp_path):
     report = run_job(out, "--fault", "slow", "--cycles", "3", "--timeout", str(TIMEOUT_S))
     assert TIMEOUT_S <= report["block_end_s"] < TIMEOUT_S + 3
     for path, digest in report["traces"].items():
-        assert sha(path) == digest
-        (warning,) = not_enriched_warnings(report, path)
-        assert "gave up" in warning
+        assert_left_plain(report, path, digest, "gave up")
     assert_nothing_left(out, report)
 
 
