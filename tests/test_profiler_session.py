@@ -40,12 +40,26 @@ def test_profile_writes_one_enriched_trace_per_cycle(tmp_path):
     topo = torch_l2topo.load_example()
     with torch_l2topo.profile(tmp_path, schedule=sched, activities=ACTIVITIES, topology={0: topo}) as prof:
         _steps(prof, 8)
-    assert len(prof.written) == 2 and [p.name.split(".")[1] for p in prof.written] == ["0", "1"]
+    assert len(prof.written) == 2 and [p.name.split(".")[2] for p in prof.written] == ["0", "1"]
     for path in prof.written:
         trace = load_trace(path)
         assert any(ev.get("name", "").startswith("ProfilerStep#") for ev in trace["traceEvents"])
         assert calibrations(trace)[0].n_sm == topo.n_sm
         assert trace["l2topo"]["devices"]["0"]["calibration"]["ids"]["uuid_hash"] == topo.meta["uuid_hash"]
+
+
+def test_a_later_block_never_writes_over_an_earlier_ones_traces(tmp_path):
+    """Each handler names its traces with its own stamp (as torch's handler names them by time): two blocks in one
+    process into one directory leave every trace of both."""
+    sched = torch.profiler.schedule(wait=0, warmup=0, active=1, repeat=2)
+    written = []
+    for _ in range(2):
+        with torch_l2topo.profile(tmp_path, schedule=sched, activities=ACTIVITIES, topology=None,
+                                  background=False) as prof:
+            _steps(prof, 2)
+        written += prof.written
+    assert len(set(written)) == 4 and all(load_trace(p)["traceEvents"] for p in written)
+    assert sorted(tmp_path.glob("*.json")) == sorted(written)
 
 
 def test_a_file_name_gets_one_file_per_cycle(tmp_path):

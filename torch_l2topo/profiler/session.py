@@ -84,7 +84,8 @@ class TraceHandler:
     """on_trace_ready handler: export the cycle's trace where it belongs, then enrich it in place.
 
     path_or_dir: a file name ending in .json or .json.gz (cycle n > 0 goes to name.n.json[.gz]) or a
-    directory (one file per cycle: <host>_<pid>.<cycle>.l2topo.pt.trace.json, .gz with use_gzip).
+    directory (one file per cycle: <host>_<pid>.<stamp>.<cycle>.l2topo.pt.trace.json, .gz with use_gzip; the
+    stamp, the handler's creation in ms, keeps a later block or run from writing over these traces).
     topology, include_ids: module docstring and SmMap. record: switch CTA recording on while torch.profiler
     collects. background: enrich in the process's trace worker (worker.py), its records handed over through
     shared memory (spool.py), so the training loop waits only for the profiler's export; at most max_pending
@@ -120,7 +121,10 @@ class TraceHandler:
         self._calibrations: dict = {}  # (devices recorded, maps looked up) -> calibrations()
         self._maps: dict = {}      # device -> SmMap or None (looked up once)
         self._notes: dict = {}     # device (None: the whole trace) -> why it has no map
-        self._host = f"{socket.gethostname()}_{os.getpid()}"
+        # unique per handler, as torch's own handler names each trace by its time: a later block of the process (or a
+        # later run with the same pid, as in containers) writes new files instead of over these, which also spares
+        # the loop truncating a large enriched trace at every export
+        self._host = f"{socket.gethostname()}_{os.getpid()}.{time.time_ns() // 1_000_000}"
         self._cuda = None          # whether CUDA is available (asked once)
         # profile() sets it (background only): what lets one drain hold several cycles' records; as made here (no
         # clock link), each cycle's records are drained whole when it ends

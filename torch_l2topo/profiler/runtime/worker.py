@@ -36,7 +36,7 @@ from .spool import launch_drains_for
 RESULT = b"l2topo-cycle-done "
 READY = b"l2topo-worker-ready"
 DEFAULT_MAX_PENDING = 16
-MAX_PROCESSES = 3     # worker processes at most (default_processes): a block's end then waits a third as long
+MAX_PROCESSES = 4     # worker processes at most (default_processes): a block's end shares its jobs among them
 DEFAULT_WAIT_S = 5.0  # what a drain allows beyond the enrichment's measured time (default_timeout)
 ASSUMED_JOB_S = 1.0   # a job's time before one was measured
 END_WAIT_S = 1.0      # how long a process that holds no job may take to exit before it is killed
