@@ -488,3 +488,20 @@ def test_the_handler_sends_jobs_beside_the_steps_only_when_its_cycles_are_long_e
         handler(Prof())
     assert calls == [False, True, False, False]  # no period yet; 1 s > 2 x 0.2 s; 0.1 s; 0.4 s is not more
     assert len(handler.written) == 4
+
+
+def test_a_relative_trace_directory_means_where_the_handler_was_made(tmp_path, monkeypatch):
+    """The worker processes keep the current directory they started in: a handler made with a relative directory
+    hands them absolute paths, so its traces are enriched where they were written."""
+    monkeypatch.setattr(worker, "_shared", PerProcess(lambda: ready_worker(processes=1)))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    worker.shared_worker()  # started with the tests' current directory
+    monkeypatch.chdir(elsewhere)
+    sched = torch.profiler.schedule(wait=0, warmup=0, active=1, repeat=1)
+    with torch_l2topo.profile("traces", schedule=sched, activities=ACTIVITIES,
+                              topology={0: torch_l2topo.load_example()}) as prof:
+        steps(prof, 1)
+    (path,) = prof.written
+    assert path.is_absolute() and path.parent == elsewhere / "traces" and METADATA_KEY in load_trace(path)
+    worker.close_shared_worker()

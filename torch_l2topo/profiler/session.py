@@ -107,8 +107,9 @@ class TraceHandler:
             raise ValueError(f"timeout_s must be a finite number of seconds >= 0, or None; got {timeout_s!r}")
         self.target = Path(path_or_dir)
         self.is_file = self.target.name.endswith((".json", ".json.gz"))
-        self._target = str(self.target)
-        self.directory = str(self.target.parent if self.is_file else self.target)
+        # absolute: the worker processes, started once per process, need not share this process's current directory
+        self._target = os.path.abspath(self.target)
+        self.directory = os.path.dirname(self._target) if self.is_file else self._target
         self.use_gzip = use_gzip
         self.topology, self.include_ids = topology, include_ids
         self.timeout_s = timeout_s
