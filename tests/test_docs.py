@@ -2,6 +2,7 @@
 the README shows is what the commands print today. Every docs page shares one navigation line and opens with what
 it is for and an example; usage.md lists every verb and option of the CLI's own parser; results.md has one table
 per GPU model with the same rows, each figure linked to its file, and short cells."""
+import json
 import re
 from pathlib import Path
 
@@ -265,7 +266,11 @@ def test_results_example_reads_the_latest_run_of_a_model(capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
     exec(code[:code.index("```")], {})
     printed = capsys.readouterr().out.splitlines()
-    assert printed and all(" e6e91bcdafde " in line or " 80073bb5047d " in line for line in printed)
+    # the oracle: the table read here, line by line, for its newest H100 run's device and commit
+    rows = [json.loads(line) for line in (ROOT / "benchmarks" / "results" / "profiler.jsonl").read_text().splitlines()]
+    newest = max((r for r in rows if r["gpu"].startswith("NVIDIA H100")), key=lambda r: r["date"])
+    assert len(printed) == sum(r["date"] == newest["date"] and r["gpu"] == newest["gpu"] for r in rows) > 0
+    assert all(line.endswith(f" {newest['device_hash']} {newest['commit']}") for line in printed)
 
 
 def test_fingerprints_shows_what_enroll_and_identify_print(tmp_path, capsys, monkeypatch):
