@@ -55,11 +55,13 @@ def test_examples_lists_every_bundled_calibration_with_a_description(capsys):
     assert main(["examples"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines] == torch_l2topo.list_examples()
-    for line in lines:  # what the name says (h200-<uuid hash>-<backend>-<mode>), the description must say too
-        _, uuid, backend, mode = line.split()[0].split("-")
-        assert f"NVIDIA H200 (uuid-hash {uuid}" in line and f"{backend} backend, {mode} mode" in line
+    models = {"h200": "NVIDIA H200 (", "h100": "NVIDIA H100 80GB HBM3 ("}
+    for line in lines:  # what the name says (<model>-<uuid hash>-<backend>-<mode>), the description must say too
+        model, uuid, backend, mode = line.split()[0].split("-")
+        assert f"{models[model]}uuid-hash {uuid}" in line and f"{backend} backend, {mode} mode" in line
         assert re.search(r"measured 20\d\d-\d\d-\d\d", line)
     assert sum(line.endswith("[default]") for line in lines) == 1
+    assert {line.split("-")[0] for line in lines} == set(models)  # both Hopper models have a bundled map
 
 
 def test_version_is_the_package_version(capsys):

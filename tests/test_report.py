@@ -1,5 +1,6 @@
 """The report: Markdown and figures from bundled and planted data, the text-only fallback, the CLI command."""
 import json
+import re
 import subprocess
 import sys
 
@@ -205,3 +206,17 @@ def test_report_refuses_a_file_that_is_not_a_geometry_result(tmp_path):
     bad = tmp_path / "x.json"
     bad.write_text(json.dumps({"figures": {"nothing": 1}}))
     assert main(["report", "--geometry", str(bad), "-o", str(tmp_path / "out")]) == 2
+
+
+@pytest.mark.parametrize("example", ["h100-4ea7ab-cuda-waves", "h200-1e5731-cuda-waves"])
+def test_report_command_on_each_models_bundled_map_writes_every_figure(tmp_path, capsys, example):
+    """`report --example` on the bundled H100 and H200 maps: the report names its GPU and links every figure, each
+    file written (the analysis runs on the CPU on either model's real data)."""
+    pytest.importorskip("matplotlib")
+    from torch_l2topo.cli import main
+
+    assert main(["report", "--example", example, "-o", str(tmp_path)]) == 0
+    text = (tmp_path / "report.md").read_text()
+    model = "NVIDIA H100 80GB HBM3" if example.startswith("h100") else "NVIDIA H200"
+    figures = re.findall(r"\]\(([\w_]+\.png)\)", text)
+    assert model in text and len(figures) >= 5 and all((tmp_path / f).stat().st_size > 10_000 for f in figures)
