@@ -278,9 +278,15 @@ def test_the_processes_share_the_jobs(tmp_path):
         w.ready()
         time.sleep(0.05)
     jobs = [_job(tmp_path, f"j{i}") for i in range(4)]
-    for job in jobs:
-        w.submit(job, _collect(done))
-    assert all(len(p.handed) == IN_PIPE for p in w._procs)
+    for p in w._procs:  # stopped: they hold their jobs unanswered while the distribution is read
+        os.kill(p.proc.pid, signal.SIGSTOP)
+    try:
+        for job in jobs:
+            w.submit(job, _collect(done))
+        assert all(len(p.handed) == IN_PIPE for p in w._procs)
+    finally:
+        for p in w._procs:
+            os.kill(p.proc.pid, signal.SIGCONT)
     w.close(60)
     assert [name for name, _ in done] == [j.path.name for j in jobs] and all(pr is None for _, pr in done)
 
