@@ -22,6 +22,7 @@ import sys
 import zipfile
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -353,15 +354,19 @@ CTA_DAMAGE = ("cta_without_sm.json.gz",)
 RECORDED_GEOMETRY = ROOT / "tests" / "data" / "geometry" / "geometry_h200_a632ac7b8bef.json"
 
 
+def _damaged(doc, change) -> bytes:
+    """The JSON bytes of a deep copy of `doc` after `change` (a function that edits it in place)."""
+    copy = json.loads(json.dumps(doc))
+    change(copy)
+    return json.dumps(copy).encode()
+
+
 def geometry_files() -> dict:
     doc = json.loads(RECORDED_GEOMETRY.read_text())
     result = doc["figures"]
     result["experiments"] = {k: result["experiments"][k] for k in ("first_touch", "stride_sweep")}
 
-    def damaged(change):
-        r = json.loads(json.dumps(result))
-        change(r)
-        return json.dumps(r).encode()
+    damaged = partial(_damaged, result)
 
     return {
         "empty.json": b"",
@@ -389,10 +394,7 @@ def registry_files() -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         entry = json.loads(Registry(tmp).add("ref", load_example("h200")).read_text())
 
-    def damaged(change):
-        d = json.loads(json.dumps(entry))
-        change(d)
-        return json.dumps(d).encode()
+    damaged = partial(_damaged, entry)
 
     return {
         "empty.json": b"",
