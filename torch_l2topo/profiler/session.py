@@ -387,8 +387,7 @@ class profile(torch.profiler.profile):
         devices = self._device_list()
         # the GPUs to record on, found once a block: prepare_trace and start_trace run in the training loop
         self._devices = devices if torch.cuda.is_available() else []
-        lifecycle.install_signal_handlers()
-        lifecycle.remove_stale(self.handler.directory)
+        lifecycle.remove_stale(self.handler.directory)  # the handler installed the signal handlers
         self.handler.prepare(devices)
         if self.proton is True:
             self._start_proton()
