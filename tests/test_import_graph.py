@@ -21,6 +21,8 @@ than breaking it), in the package and among the benchmark scripts. A new folder 
 rule here.
 """
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -227,3 +229,11 @@ def test_the_cycle_check_sees_a_cycle_closed_by_a_lazy_import(tmp_path):
     assert _cycle(_graph(edges)) in (["a", "b", "a"], ["b", "a", "b"])
     assert _cycle(_graph([("x", "y"), ("y", "z"), ("z", "x"), ("w", "x")])) == ["x", "y", "z", "x"]
     assert _cycle(_graph([("x", "y"), ("y", "z"), ("w", "x")])) is None
+
+
+def test_the_package_and_its_trace_workers_import_without_torch_or_scipy():
+    # a trace worker process imports this much before its first job; torch and scipy would add seconds per worker
+    probe = ("import sys, torch_l2topo, torch_l2topo.profiler.runtime.worker, torch_l2topo.profiler.runtime.cycle; "
+             "print(sorted(m for m in ('torch', 'scipy', 'pandas', 'triton') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -9,14 +9,10 @@ which SM and which device; profile() is torch.profiler.profile writing traces wi
 timelines. The ops (torch_l2topo.ops) and fleets of a torch.distributed job (torch_l2topo.distributed) are
 subpackages.
 
-One folder per role; tests/test_import_graph.py states what each may import (docs/layout.md). The verbs that
-need torch at import time (sm_aware, partition_map, profile) load on first use, so `import torch_l2topo`
-needs neither torch's CUDA side nor Triton. Docs: docs/usage.md.
+One folder per role; tests/test_import_graph.py states what each may import (docs/layout.md). Every verb
+loads on first use, so `import torch_l2topo` costs numpy and needs neither torch, scipy nor Triton (the
+profiler's trace workers import it). Docs: docs/usage.md.
 """
-from .analysis.labels import partition_column, sm_labels
-from .analysis.nuca import fit_nuca
-from .analysis.summary import analyze
-from .bundled import list_examples, load_example
 from .errors import (
     BackendUnavailable,
     CalibrationDisturbed,
@@ -33,22 +29,34 @@ from .errors import (
     TopologyFormatError,
     TraceFormatError,
 )
-from .identity.fingerprint import signature
-from .identity.registry import Registry
-from .identity.selfloc import Localizer
-from .measure.calibration import calibrate
-from .measure.multi import calibrate_all
-from .measure.probes import ProbeConfig
-from .placement.green_contexts import on_sms
-from .report.markdown import write_report
 from .topology import Topology, register_sm_column
 from .version import __version__
 
+
+def _partition_column(topo):
+    from .analysis.labels import partition_column
+
+    return partition_column(topo)
+
+
 # Topology sits below analysis/ and may not import it: its per-SM frame gets the partition column from here.
-register_sm_column("partition", partition_column)
+register_sm_column("partition", _partition_column)
 
 # name -> (module, attribute), imported on first access (PEP 562)
 _LAZY = {
+    "sm_labels": ("torch_l2topo.analysis.labels", "sm_labels"),
+    "fit_nuca": ("torch_l2topo.analysis.nuca", "fit_nuca"),
+    "analyze": ("torch_l2topo.analysis.summary", "analyze"),
+    "list_examples": ("torch_l2topo.bundled", "list_examples"),
+    "load_example": ("torch_l2topo.bundled", "load_example"),
+    "signature": ("torch_l2topo.identity.fingerprint", "signature"),
+    "Registry": ("torch_l2topo.identity.registry", "Registry"),
+    "Localizer": ("torch_l2topo.identity.selfloc", "Localizer"),
+    "calibrate": ("torch_l2topo.measure.calibration", "calibrate"),
+    "calibrate_all": ("torch_l2topo.measure.multi", "calibrate_all"),
+    "ProbeConfig": ("torch_l2topo.measure.probes", "ProbeConfig"),
+    "on_sms": ("torch_l2topo.placement.green_contexts", "on_sms"),
+    "write_report": ("torch_l2topo.report.markdown", "write_report"),
     "sm_aware": ("torch_l2topo.placement.sm_aware", "sm_aware"),
     "partition_map": ("torch_l2topo.placement.partition.maps", "partition_map"),
     "profile": ("torch_l2topo.profiler.session", "profile"),
