@@ -16,6 +16,7 @@ Topology or {device: Topology}, or None. docs/profiler.md is the guide.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import math
 import os
 import shutil
@@ -41,6 +42,7 @@ from .trace.smmap import map_of, map_of_file
 from .trace.tracefile import load_trace, write_trace
 
 TOPOLOGY_MODES = ("cached", "calibrate")
+KERNEL_MODES = ("recorded", "triton")  # profile(kernels=): which kernels get CTA tracks
 DEFAULT_MAX_HELD = 8  # cycles a profile() block's worker leaves for its end (profile's max_held)
 LINK_REFRESH_NS = 1_000_000_000  # a clock link this old is measured again (HeldCycles.windows)
 REFRESH_READINGS = 3             # readings per measurement then (clock.READINGS when a block starts)
@@ -131,6 +133,8 @@ class TraceHandler:
         # clock link), each cycle's records are drained whole when it ends
         self.held = HeldCycles()
         self._last_call_ns = None  # when the handler last ran (the cycle's period: Worker.keeps_up)
+        # profile(kernels="triton") sets it when a cycle starts: {"instrumented": [names], "plain": {name: why}}
+        self.triton_kernels = None
         lifecycle.install_signal_handlers()
         if record:
             rec.follow_profiler()
@@ -347,6 +351,9 @@ class profile(torch.profiler.profile):
         record: record the CTAs of instrumented kernels. capacity: records per GPU per cycle
             (recording.DEFAULT_CAPACITY). devices: GPUs set up before profiling (default: the current one).
         proton: False, True (run Proton's instrumentation for the block) or the path of a Proton trace to merge.
+        kernels: "recorded" (CTA tracks for kernels that record themselves: @sm_aware, the recorder helpers) or
+            "triton" (also every Triton kernel the process has loaded, Inductor's included: each active cycle runs
+            their instrumented twins, profiler/kernels/twins.py; docs/profiler.md, Whole-model profiling).
         **profiler_options: torch.profiler.profile's (activities, schedule, record_shapes, ...).
     Raises: TypeError for on_trace_ready (this class's own), ValueError for a bad option. Nothing of ours raises
     from prof.step() or the block's end (docs/profiler.md, Safety).
@@ -355,7 +362,10 @@ class profile(torch.profiler.profile):
     def __init__(self, path_or_dir="l2topo_traces", *, topology="cached", include_ids: bool = False,
                  record: bool = True, capacity: int | None = None, devices=None, proton=False,
                  use_gzip: bool = False, background: bool = True, max_held: int = DEFAULT_MAX_HELD,
-                 max_pending: int = DEFAULT_MAX_PENDING, timeout_s: float | None = None, **profiler_options):
+                 max_pending: int = DEFAULT_MAX_PENDING, timeout_s: float | None = None,
+                 kernels: str = "recorded", **profiler_options):
+        if kernels not in KERNEL_MODES:
+            raise ValueError(f"kernels must be one of {KERNEL_MODES}, got {kernels!r}")
         if "on_trace_ready" in profiler_options:
             raise TypeError("torch_l2topo.profile writes its own traces; to combine with another on_trace_ready, "
                             "use torch.profiler.profile(on_trace_ready=...) and call a TraceHandler from it")
@@ -364,7 +374,7 @@ class profile(torch.profiler.profile):
         self.handler = TraceHandler(path_or_dir, topology=topology, include_ids=include_ids, record=False,
                                     use_gzip=use_gzip, background=background, max_pending=max_pending,
                                     timeout_s=timeout_s)
-        self.record, self.capacity, self.proton = record, capacity, proton
+        self.record, self.capacity, self.proton, self.kernels = record, capacity, proton, kernels
         self.max_held = check_max_held(max_held, self.handler.max_pending)
         self.devices = devices
         self._recording = False
@@ -502,19 +512,51 @@ class profile(torch.profiler.profile):
     def prepare_trace(self) -> None:
         if not self._recorded:  # the block's first cycle records from its warmup: the kernels compile there
             self._quietly("starting CTA recording", self._start_recording)
+        if self.kernels == "triton" and self._devices:  # the twins built in the warmup, not the active steps
+            self._twins_do("build", lambda twins: twins.build({d: rec.recorder(d) for d in self._devices}))
         super().prepare_trace()
+
+    def _twins_do(self, what: str, action):
+        """action(the process's Twins) for kernels="triton"; a failure leaves the Triton kernels plain for the rest
+        of the block, warned (never raised into the loop)."""
+        try:
+            from .kernels.twins import shared_twins
+
+            return action(shared_twins())
+        except Exception as exc:
+            self.kernels = "recorded"
+            warn(f"torch_l2topo: the Triton kernels' twins failed to {what} ({type(exc).__name__}: {exc}); this "
+                 f"block's traces have CTA tracks only for kernels that record themselves")
+            with contextlib.suppress(Exception):
+                from .kernels.twins import shared_twins
+
+                shared_twins().swap_out()
+            return None
+
+    def _swap_twins_in(self) -> None:
+        """Every loaded Triton kernel's twin in place for the cycle (kernels="triton")."""
+        self.handler.triton_kernels = None
+        if self.kernels == "triton" and self._recording:
+            self.handler.triton_kernels = self._twins_do(
+                "swap in", lambda twins: twins.swap_in({d: rec.recorder(d) for d in self._devices}))
+
+    def _swap_twins_out(self) -> None:
+        if self.kernels == "triton":
+            self._twins_do("swap out", lambda twins: twins.swap_out())
 
     def start_trace(self) -> None:
         def start():
             self._start_recording()
             if self._recording:  # the warmup's records, or a graph's replayed between cycles (a launch: only if
                 rec.reset_dirty()  # any), unless a held drain still has to take the earlier cycles' records
+            self._swap_twins_in()
             self.handler.held.start_ns = time.time_ns()
 
         self._quietly("starting a cycle's CTA recording", start)
         super().start_trace()
 
     def stop_trace(self) -> None:
+        self._swap_twins_out()
         super().stop_trace()
 
         def stop():

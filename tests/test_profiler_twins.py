@@ -1,0 +1,181 @@
+"""Instrumented twins of Triton kernels without a GPU: the PTX rewrite (profiler/kernels/ptx.py) on kernels compiled
+for sm_90 and on hand-written PTX, the twin assembled by ptxas with the original's parameter layout (cuobjdump's
+KPARAM_INFO, an independent reading of the cubin), and PTX it must refuse. The records a twin writes are checked
+on the GPU (tests/test_profiler_gpu.py).
+
+On CI (CI=true) a missing Triton is a failure, not a skip (as in test_kernel_sources.py).
+"""
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from kernel_compile import need, sm90_ptx, triton_module
+
+from torch_l2topo.layout import REC_CAPACITY, REC_CURSOR, REC_HEADER, REC_WORDS
+from torch_l2topo.profiler.kernels import twins
+from torch_l2topo.profiler.kernels.ptx import InstrumentationError, instrument, kernel_name, target
+
+try:  # @triton.jit functions defined in the tests read `tl` from this module's globals
+    import triton
+    import triton.language as tl
+except ImportError:
+    triton = tl = None
+
+ADDRESS = 0x7F00_1234_5000
+TAG = 7
+
+if triton is not None:
+    @triton.jit
+    def _add(x, y, out, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < n
+        tl.store(out + offs, tl.load(x + offs, mask=m) + tl.load(y + offs, mask=m), mask=m)
+
+    @triton.jit
+    def _early_exit(x, n, BLOCK: tl.constexpr):
+        pid = tl.program_id(0)
+        if pid * BLOCK >= n:
+            return
+        offs = pid * BLOCK + tl.arange(0, BLOCK)
+        tl.store(x + offs, tl.load(x + offs) * 2.0)
+
+    @triton.jit
+    def _grid_3d(x, BLOCK: tl.constexpr):
+        p = tl.program_id(0) + tl.num_programs(0) * (tl.program_id(1) + tl.num_programs(1) * tl.program_id(2))
+        tl.store(x + p * BLOCK + tl.arange(0, BLOCK), tl.full((BLOCK,), 1.0, tl.float32))
+
+KERNELS = {
+    "add": (lambda: _add, {"x": "*fp32", "y": "*fp32", "out": "*fp32", "n": "i32", "BLOCK": "constexpr"},
+            {"BLOCK": 1024}),
+    "early_exit": (lambda: _early_exit, {"x": "*fp32", "n": "i32", "BLOCK": "constexpr"}, {"BLOCK": 256}),
+    "grid_3d": (lambda: _grid_3d, {"x": "*fp32", "BLOCK": "constexpr"}, {"BLOCK": 128}),
+}
+
+
+def _ptx(name: str, num_warps: int = 4) -> str:
+    triton_module()
+    fn, sig, consts = KERNELS[name]
+    return sm90_ptx(fn(), sig, consts, num_warps)
+
+
+def _body(ptx: str) -> str:
+    return ptx[ptx.index("{", ptx.index(".entry")):]
+
+
+def _code(ptx: str) -> list:
+    """The entry's instruction lines, comments and .loc lines dropped."""
+    lines = [ln.split("//", 1)[0].strip() for ln in _body(ptx).splitlines()]
+    return [ln for ln in lines if ln and not ln.startswith(".loc")]
+
+
+@pytest.mark.parametrize("name", sorted(KERNELS))
+def test_the_twin_keeps_the_kernel_and_adds_one_exit(name):
+    ptx = _ptx(name)
+    twin = instrument(ptx, ADDRESS, TAG)
+    # the header, the parameter list and the thread bounds are the original's, character for character
+    head = ptx[:ptx.index("{", ptx.index(".entry"))]
+    assert twin.startswith(head)
+    # every original instruction is still there, in order, except each return, now a branch to the exit block
+    original = _code(ptx)
+    exit_block = twin[twin.index("$L2T_exit:"):twin.index("$L2T_done:\n\tret;\n") + len("$L2T_done:\n\tret;\n")]
+    kept = [ln for ln in _code(twin.replace(exit_block, "")) if "l2t_" not in ln and "$L2T_" not in ln]
+    returns = [ln for ln in original if re.fullmatch(r"(@!?%\w+\s+)?(ret|exit)(\.uni)?;", ln)]
+    assert returns and [ln for ln in original if ln not in returns] == kept
+    assert sum("bra $L2T_exit;" in ln for ln in _code(twin)) == len(returns)
+    assert [ln for ln in _code(twin) if re.fullmatch(r"(ret|exit)(\.uni)?;", ln)] == ["ret;"]
+    # the record goes to the buffer given, under the tag given, at the layout's offsets
+    assert f"mov.u64 %l2t_rd2, {ADDRESS};" in twin and f"mov.u64 %l2t_rd6, {TAG};" in twin
+    assert f"[%l2t_rd2+{8 * REC_CURSOR}], 1;" in twin and f"[%l2t_rd2+{8 * REC_CAPACITY}]" in twin
+    assert f", {8 * REC_WORDS}, %l2t_rd2;" in twin and f", {8 * REC_HEADER};" in twin
+    assert twin.count("atom.") == ptx.count("atom.") + 1 and kernel_name(twin) == kernel_name(ptx)
+
+
+def test_only_thread_zero_writes_the_record():
+    twin = instrument(_ptx("add"), ADDRESS, TAG)
+    exit_block = twin[twin.index("$L2T_exit:"):twin.index("$L2T_done:")]
+    guard = exit_block.index("@%l2t_p0 bra $L2T_done;")
+    assert all(exit_block.index(f"%tid.{axis}") < guard for axis in "xyz")
+    assert exit_block.index("atom.") > guard and exit_block.index("st.global") > guard
+
+
+PTX_TWO_RETURNS = """
+.version 8.0
+.target sm_90a
+.address_size 64
+.func helper(.param .b32 a)
+{
+	ret;
+}
+.visible .entry k(
+	.param .u64 k_param_0
+)
+.maxntid 128, 1, 1
+{
+	.reg .pred %p<2>;
+	mov.u32 %r1, %tid.x;
+	setp.eq.u32 %p1, %r1, 0;
+	@%p1 ret;
+	{ // a nested scope
+	st.global.b32 [ %rd1 + 0 ], { %r1 };
+	}
+	ret;
+}
+"""
+
+
+def test_predicated_and_plain_returns_of_the_entry_only():
+    twin = instrument(PTX_TWO_RETURNS, ADDRESS, TAG)
+    helper = twin[twin.index(".func"):twin.index(".visible")]
+    assert "ret;" in helper and "L2T" not in helper  # a function's return is not the kernel's exit
+    assert "@%p1 bra $L2T_exit;" in twin and twin.count("bra $L2T_exit;") == 2
+    assert twin.rstrip().endswith("$L2T_done:\n\tret;\n}") and target(twin) == "sm_90a"
+
+
+@pytest.mark.parametrize("ptx,match", [
+    ("", "one .entry"),
+    (PTX_TWO_RETURNS.replace(".visible .entry k(", ".visible .entry k(\n") + PTX_TWO_RETURNS[
+        PTX_TWO_RETURNS.index(".visible"):].replace("entry k(", "entry k2("), "one .entry"),
+    (PTX_TWO_RETURNS.replace("\tret;\n}\n", "\tret;\n", 1)[:-3], "balance"),
+    (PTX_TWO_RETURNS.replace("@%p1 ret;", "").replace("\tret;\n}\n\"", "").replace("\tret;\n}", "\n}")
+     .replace("{\n\tret;\n}", "{\n\tret;\n}"), "no ret"),
+    (instrument(PTX_TWO_RETURNS, ADDRESS, TAG), "already instrumented"),
+])
+def test_ptx_it_cannot_rewrite_is_refused(ptx, match):
+    with pytest.raises(InstrumentationError, match=match):
+        instrument(ptx, ADDRESS, TAG)
+
+
+@pytest.mark.parametrize("address,tag", [(0, 1), (-5, 1), (2 ** 63, 1), (ADDRESS, -1), (1.5, 1), (True, 1),
+                                         (ADDRESS, "7")])
+def test_bad_addresses_and_tags_are_refused(address, tag):
+    with pytest.raises(ValueError):
+        instrument(PTX_TWO_RETURNS, address, tag)
+
+
+def _param_info(cubin: bytes, tmp_path: Path) -> list:
+    """KPARAM_INFO lines of the cubin's kernel (cuobjdump -elf): ordinal, offset and size of each parameter."""
+    tools = [Path(p).with_name("cuobjdump") for p in twins._ptxas_candidates()]
+    tools = [t for t in tools if t.is_file()]
+    need(bool(tools), "cuobjdump")
+    path = tmp_path / "k.cubin"
+    path.write_bytes(cubin)
+    elf = subprocess.run([str(tools[0]), "-elf", str(path)], capture_output=True, text=True, check=True).stdout
+    info = re.findall(r"Ordinal\s*:\s*0x\w+\s+Offset\s*:\s*0x\w+\s+Size\s*:\s*0x\w+", elf)
+    assert info, "cuobjdump printed no parameter info"
+    return info
+
+
+@pytest.mark.parametrize("name", sorted(KERNELS))
+def test_the_twin_assembles_with_the_same_parameter_layout(name, tmp_path):
+    ptx = _ptx(name)
+    need(bool(twins._ptxas_candidates()), "ptxas")
+    original, twin = twins.assemble(ptx), twins.assemble(instrument(ptx, ADDRESS, TAG))
+    assert _param_info(twin, tmp_path) == _param_info(original, tmp_path)
+
+
+def test_ptxas_errors_are_reported_as_instrumentation_errors():
+    need(bool(twins._ptxas_candidates()), "ptxas")
+    broken = instrument(PTX_TWO_RETURNS, ADDRESS, TAG)  # %r1 and %rd1 are never declared
+    with pytest.raises(InstrumentationError, match="did not assemble"):
+        twins.assemble(broken)

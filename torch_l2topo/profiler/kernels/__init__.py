@@ -1,0 +1,1 @@
+"""Whole-model profiling: instrumented twins of the process's Triton kernels (ptx.py, twins.py)."""
