@@ -179,3 +179,86 @@ def test_ptxas_errors_are_reported_as_instrumentation_errors():
     broken = instrument(PTX_TWO_RETURNS, ADDRESS, TAG)  # %r1 and %rd1 are never declared
     with pytest.raises(InstrumentationError, match="did not assemble"):
         twins.assemble(broken)
+
+
+class _Recorder:
+    """What swap_in needs of a CtaRecorder: the buffer's address, tags by kernel name, the dirty flag."""
+
+    def __init__(self, address=ADDRESS):
+        self.address, self.dirty, self.tags = address, False, {}
+
+    def register(self, name):
+        return self.tags.setdefault(name, len(self.tags))
+
+
+@pytest.fixture
+def launch_paths(tmp_path, monkeypatch):
+    """One kernel per launch path, as a process that loaded them holds them, without a GPU: a @triton.jit kernel in
+    its JIT cache, an Inductor autotuner whose Triton launcher copied the handle, and an Inductor static launcher
+    whose PTX is only in Triton's cache (another, without a cached PTX, must stay plain). Handles are fake numbers;
+    loading a twin returns the next fake number."""
+    triton_module()
+    pytest.importorskip("torch._inductor.runtime.triton_heuristics")
+    from torch._inductor.runtime.static_triton_launcher import StaticallyLaunchedCudaKernel
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    def compiled(name):
+        fn, sig, consts = KERNELS[name]
+        return triton.compile(ASTSource(fn(), sig, consts), target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": 4})
+
+    need(bool(twins._ptxas_candidates()), "ptxas")
+    jit_kernel, launcher_kernel, static_source = compiled("add"), compiled("early_exit"), compiled("grid_3d")
+    jit_kernel.function, launcher_kernel.function = 101, 102
+    jit_fn = KERNELS["add"][0]()
+    monkeypatch.setitem(jit_fn.device_caches, 0, ({"key": jit_kernel}, {}, None, None, None))
+    scope = {"bin": launcher_kernel, "function": 102}
+    exec("def launcher():\n    return function", scope)
+    autotuner = CachingAutotuner.__new__(CachingAutotuner)
+    autotuner.launchers, autotuner.device_props = [scope["launcher"]], type("P", (), {"index": 0})()
+    statics = []
+    for name, handle in (("with_ptx", 103), ("without_ptx", 104)):
+        static = StaticallyLaunchedCudaKernel.__new__(StaticallyLaunchedCudaKernel)
+        static.name, static.hash, static.shared, static.num_warps, static.function = \
+            name, f"hash-{name}", 0, 4, handle
+        statics.append(static)
+    cache = tmp_path / "triton-cache"
+    (cache / "hash-with_ptx").mkdir(parents=True)
+    (cache / "hash-with_ptx" / "with_ptx.ptx").write_text(static_source.asm["ptx"].replace("_grid_3d", "with_ptx"))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
+    static_scopes = [{"runner": s.run} for s in statics]
+    for s_scope in static_scopes:
+        exec("def launcher():\n    return runner", s_scope)
+    autotuner.launchers += [s_scope["launcher"] for s_scope in static_scopes]
+    loads = iter(range(900, 1000))
+    monkeypatch.setattr(twins, "_load", lambda name, cubin, shared, device: (None, next(loads), 1024))
+    yield {"jit": jit_kernel, "scope": scope, "launcher": launcher_kernel, "statics": statics, "keep": autotuner}
+
+
+def test_every_launch_path_runs_its_twin_in_the_cycle_and_its_original_after(launch_paths):
+    found = {k.name: k for k in twins.loaded_kernels()}
+    assert {"_add", "_early_exit", "with_ptx", "without_ptx"} <= set(found)
+    rec = _Recorder()
+    pair = twins.Twins()
+    covered = pair.swap_in({0: rec})
+    jit, scope, launcher = launch_paths["jit"], launch_paths["scope"], launch_paths["launcher"]
+    with_ptx, without_ptx = launch_paths["statics"]
+    assert {"_add", "_early_exit", "with_ptx"} <= set(covered["instrumented"])
+    assert "PTX was not found" in covered["plain"]["without_ptx"]
+    twins_in = (jit.function, scope["function"], launcher.function, with_ptx.function)
+    assert all(h >= 900 for h in twins_in) and scope["function"] == launcher.function
+    assert without_ptx.function == 104 and rec.dirty and set(rec.tags) >= {"_add", "_early_exit", "with_ptx"}
+    pair.swap_out()
+    assert (jit.function, scope["function"], launcher.function, with_ptx.function, without_ptx.function) == \
+        (101, 102, 102, 103, 104)
+    again = pair.swap_in({0: rec})  # a later cycle: the same twins, nothing rebuilt
+    assert (jit.function, scope["function"], launcher.function, with_ptx.function) == twins_in and again == covered
+    pair.swap_out()
+
+
+def test_kernels_of_other_gpus_are_left_alone(launch_paths):
+    pair = twins.Twins()
+    assert pair.swap_in({1: _Recorder()}) == {"instrumented": [], "plain": {}}
+    assert launch_paths["jit"].function == 101

@@ -110,13 +110,14 @@ def loaded_kernels() -> list:
             entry.sites += [s for s in loaded.sites if all(s[0] is not t[0] for t in entry.sites)]
 
     for obj in gc.get_objects():
-        if isinstance(obj, JITFunction):
+        kind = type(obj)  # not isinstance: it reads __class__, which some proxies answer with a warning
+        if issubclass(kind, JITFunction):
             for device, caches in list(getattr(obj, "device_caches", {}).items()):
                 cache = caches[0] if isinstance(caches, tuple) and caches and isinstance(caches[0], dict) else {}
                 for kernel in list(cache.values()):
                     if isinstance(kernel, CompiledKernel) and getattr(kernel, "function", None):
                         add(_compiled(kernel, int(device), [(kernel, "function")]), kernel)
-        elif autotuner_class is not None and isinstance(obj, autotuner_class):
+        elif autotuner_class is not None and issubclass(kind, autotuner_class):
             device = int(getattr(getattr(obj, "device_props", None), "index", 0) or 0)
             for launcher in list(getattr(obj, "launchers", ())):
                 scope = getattr(launcher, "__globals__", {})
