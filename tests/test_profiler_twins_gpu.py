@@ -103,3 +103,40 @@ def test_profile_triton_gives_a_compiled_functions_kernels_cta_tracks(tmp_path):
     assert before and all(k.handle() == before[id(k.sites[0][0])] for k in loaded_kernels()
                           if id(k.sites[0][0]) in before)
     torch.testing.assert_close(f(a, b), expected, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("fault", ["no-ptxas", "scan-raises"])
+def test_twins_that_cannot_be_made_leave_the_kernels_plain_and_the_traces_written(tmp_path, monkeypatch, fault):
+    from torch_l2topo.profiler.kernels import twins as twins_module
+
+    x = torch.randn(N, device="cuda")
+    grid = (triton.cdiv(N, BLOCK),)
+    out = torch.empty_like(x)
+    _twice[grid](x, out, N, BLOCK=BLOCK)
+    fresh = Twins()  # no twin built earlier in the process
+    monkeypatch.setattr(twins_module, "_twins", fresh)
+    if fault == "no-ptxas":
+        monkeypatch.setattr(twins_module, "_ptxas_candidates", lambda: [])
+    else:
+        def broken():
+            raise RuntimeError("injected")
+
+        monkeypatch.setattr(twins_module, "loaded_kernels", broken)
+    sched = torch.profiler.schedule(wait=0, warmup=1, active=1, repeat=1)
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with pytest.warns(UserWarning) if fault == "scan-raises" else _nothing():
+        with torch_l2topo.profile(tmp_path, schedule=sched, activities=acts, kernels="triton") as prof:
+            for _ in range(2):
+                _twice[grid](x, out, N, BLOCK=BLOCK)
+                prof.step()
+    torch.testing.assert_close(out, x * 2.0, rtol=0, atol=0)
+    assert len(prof.written) == 1 and load_trace(prof.written[0])["traceEvents"]
+    if fault == "no-ptxas":
+        assert "did not assemble" in prof.handler.triton_kernels["plain"]["_twice"]
+    assert not any(launch["kernel"] == "_twice" for launch in launches(load_trace(prof.written[0])))
+
+
+def _nothing():
+    import contextlib
+
+    return contextlib.nullcontext()
