@@ -22,7 +22,8 @@ from .tracks import CTA_CATEGORY, LANE_STRIDE, LAUNCH_CATEGORY, LAUNCH_TID
 LAUNCH_COUNTS = ("launch", "ctas", "sms_used", "n_sm", "kernel_ns", "tail_ns")
 LAUNCH_FIGURES = ("busy_ns_median", "busy_ns_max", "imbalance", "items", "near_share", "blind_near_share",
                   "slow_decile_busy_share", "slow_decile_sm_share", "placement_saving_ns_estimate",
-                  "max_misalignment_ns")
+                  "max_misalignment_ns", "ctas_per_sm", "resident_per_sm", "waves", "last_wave_fill",
+                  "last_wave_cost_ns", "regrid_saving_ns_estimate", "slow_sm_cost_ns")
 CTA_COUNTS = ("sm", "program", "items", "launch")   # a CTA slice's args ("near" too, where present)
 ALIGNMENT_COUNTS = ("records", "matched", "launches", "max_misalignment_ns", "outside", "tick_ns")
 
