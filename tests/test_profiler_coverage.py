@@ -131,3 +131,70 @@ def test_damaged_coverage_is_refused(damage):
     trace["l2topo"]["devices"]["0"].update(damage)
     with pytest.raises(TraceFormatError, match="coverage"):
         summarize(json.loads(gzip.decompress(gzip.compress(json.dumps(trace).encode()))), "damaged.json")
+
+
+# ---- trace-summary: the coverage line, the per-kernel wave table, the ranking ------------------------------------
+def _launch(kernel, **figures):
+    return {"device": 0, "kernel": kernel, "ctas": 264, "sms_used": 132, "n_sm": 132, "kernel_ns": 1000,
+            "tail_ns": 100, **figures}
+
+
+def test_kernels_rank_by_the_larger_saving_per_step():
+    from torch_l2topo.profiler.trace.summary import kernel_rows, ranking
+
+    launches = [_launch("a", placement_saving_ns_estimate=100, regrid_saving_ns_estimate=50),
+                _launch("a", placement_saving_ns_estimate=300, regrid_saving_ns_estimate=50),
+                _launch("b", regrid_saving_ns_estimate=500), _launch("c")]
+    ranked = ranking(kernel_rows(launches), steps=2)
+    assert [(r["kernel"], r["placement_ns_per_step_estimate"], r["regrid_ns_per_step_estimate"]) for r in ranked] == \
+        [("b", None, 250), ("a", 200, 50)]  # c has no estimate: not ranked
+    assert ranking(kernel_rows(launches), steps=0)[0]["regrid_ns_per_step_estimate"] == 500  # no steps: the trace
+
+
+def test_the_summary_of_the_recorded_cycle_fits_100_columns_and_says_what_is_covered(tmp_path):
+    from torch_l2topo.profiler.trace.summary import format_summary
+
+    r = load_raw(RAW)
+    ns = _kernel_ns_by_name(r["trace"])
+    trace = enrich(r["trace"], maps=r["smmaps"], records=r["records"],
+                   triton_kernels={"instrumented": ["row_sum_kernel"], "plain": ["scoped_copy_kernel"]})
+    summary = summarize(trace)
+    text = format_summary(summary)
+    assert max(len(line) for line in text.splitlines()) <= 100
+    share = round(100 * ns["row_sum_kernel"] / sum(ns.values()))
+    assert f"per-SM view covers {share}% of GPU time" in text and "Triton launches covered 50%" in text
+    uncovered = [line.split() for line in text.splitlines() if line.startswith("    ")]
+    assert [(u[1], u[-1]) for u in uncovered] == [("other", "sm80_xmma_gemm_f32f32_f32f32_f3…"),
+                                                 ("triton", "scoped_copy_kernel")]
+    (row,) = summary["kernels"]
+    assert row["gpu_ns"] == ns["row_sum_kernel"] and row["ctas_per_launch"] == 264
+    assert "estimates, not measurements" in text and summary["ranking"][0]["kernel"] == "row_sum_kernel"
+
+
+def test_long_kernel_names_still_fit_100_columns():
+    from torch_l2topo.profiler.trace.summary import NAME_WIDTH, format_summary, kernel_rows, ranking
+
+    name = "triton_per_fused__native_layer_norm_add_mul_view_transpose_clone_" * 2
+    rows = kernel_rows([_launch(name, busy_ns_median=123_456, busy_ns_max=1_234_567, tail_ns=99_999,
+                                imbalance=1.2345, waves=12, last_wave_fill=0.0303, last_wave_cost_ns=45_678,
+                                placement_saving_ns_estimate=12_345, regrid_saving_ns_estimate=23_456)])
+    cov = {"kernel_gpu_ns": 10**9, "kernel_launches": 12345, "instrumented_gpu_time_ratio": 0.5,
+           "triton_launch_coverage": 0.97,
+           "uncovered_kernels": [{"name": name, "launches": 99999, "gpu_ns": 1, "share": 0.5, "kind": "triton"}] * 7}
+    summary = {"devices": {"0": {"device": "NVIDIA H200", "sms": 0, "alignment": {}, "dropped": {},
+                                 "coverage": cov}},
+               "steps": 3, "kernels": rows, "ranking": ranking(rows, 3), "notes": []}
+    text = format_summary(summary)
+    assert max(len(line) for line in text.splitlines()) <= 100
+    assert "(top 5 of 7)" in text and text.count(name[:NAME_WIDTH - 1] + "…") == 3 + 5
+
+
+def test_the_profiler_page_shows_what_trace_summary_prints_on_the_recorded_cycle():
+    from torch_l2topo.profiler.trace.summary import format_summary
+
+    page = (Path(__file__).parents[1] / "docs" / "profiler.md").read_text()
+    start = page.index("```text\nGPU 0:") + len("```text\n")
+    r = load_raw(RAW)
+    trace = enrich(r["trace"], maps=r["smmaps"], records=r["records"],
+                   triton_kernels={"instrumented": ["row_sum_kernel"], "plain": ["scoped_copy_kernel"]})
+    assert page[start:page.index("```", start)].rstrip("\n") == format_summary(summarize(trace))

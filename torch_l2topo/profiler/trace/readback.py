@@ -157,6 +157,12 @@ def launches(trace: dict, source: str = "trace") -> list:
     return out
 
 
+def profiler_steps(trace: dict) -> int:
+    """How many profiler steps the trace holds: its distinct "ProfilerStep#N" CPU annotations (0: none)."""
+    return len({ev.get("name") for ev in trace["traceEvents"] if ev.get("cat") == "user_annotation"
+                and str(ev.get("name", "")).startswith("ProfilerStep#")})
+
+
 def sm_tracks(trace: dict, device: int, source: str = "trace") -> tuple:
     """(SM ids in the L2 map's track order, {sm: track name}) of one GPU's L2 map process."""
     pid = L2MAP_PID + device
