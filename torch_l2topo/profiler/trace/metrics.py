@@ -1,25 +1,16 @@
-"""What a user acts on, per launch of an instrumented kernel, from its aligned CTAs and the calibration.
+"""What a user acts on, per launch of an instrumented kernel, from its aligned CTAs and the calibration
+(docs/profiler.md, the per-launch table, defines each figure):
 
-- busy time per SM: the union of its CTAs' intervals (CTAs resident together count once);
-- tail: the last CTA's end minus the median SM's last end (how long the slowest SM kept the kernel alive);
-- imbalance: the busiest SM's busy time over the mean, minus 1 (SMs that ran a CTA);
-- near share: of the items done, those whose data is homed in the partition of the SM that did them (where
-  the kernel counts them; far share: the rest, items of unknown home included), next to what a placement
-  blind to the map would give (blind_near_share: each item on an SM drawn in proportion to the partitions'
-  SM counts) where its items' classes are known;
-- the slowest decile: the busy time spent on the tenth of SMs with the highest calibrated L2 latency, next to
-  their share of the SMs that ran;
-- what placement could save, an estimate: the CTAs' span minus placement.plans.limit() over the SMs'
-  measured rates (items per busy ns; CTAs stand for items where the kernel counts none), the makespan if
-  every item went where it finishes soonest. A lower bound on what any placement reaches, not a promise;
-- the wave picture (CTAs on the device's SMs only): resident = the most CTAs ever running at once on one SM
-  (estimated from the records: the occupancy limit is not in the trace); waves = ceil(CTAs / (n_sm x
-  resident)); last_wave_fill = the last wave's CTAs over its n_sm x resident slots; last_wave_cost_ns = the
-  last CTA end minus the first moment an SM is idle for good (its last CTA end; an SM that ran none is idle
-  from the first CTA's start): the time the launch runs with idle SMs; regrid_saving_ns_estimate = the last
-  CTA end minus the mean over all SMs of that moment (the tail's idle SM time over n_sm: what a grid that
-  kept every SM busy to one end would save, an estimate); slow_sm_cost_ns = the last CTA end minus the last
-  end on SMs outside the slowest decile (how much later the slowest tenth made the launch end).
+- busy time per SM (union of its CTAs' intervals); tail: the last CTA's end minus the median SM's last end;
+  imbalance: the busiest SM's busy time over the mean, minus 1;
+- near share of the items done (where the kernel counts them), next to a placement blind to the map;
+- the slowest decile (the tenth of SMs with the highest calibrated L2 latency): its share of busy time and
+  slow_sm_cost_ns, the last CTA end minus the last end on the other SMs;
+- placement estimate: the CTAs' span minus placement.plans.limit() over the SMs' measured rates, a lower bound;
+- the wave picture (CTAs on the device's SMs): resident = the most CTAs at once on one SM, estimated from
+  the records; waves = ceil(CTAs / (n_sm x resident)); last_wave_fill; last_wave_cost_ns = the last CTA end
+  minus the first SM idle for good (an SM without CTAs: from the first start); regrid_saving_ns_estimate =
+  the last CTA end minus the mean over all SMs of that moment (the tail's idle SM time over n_sm).
 """
 from __future__ import annotations
 

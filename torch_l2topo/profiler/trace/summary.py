@@ -149,10 +149,10 @@ def _kernel_tables(rows: list, per_step: int, time_head: str) -> list:
     return _table(waves) + [""] + _table(sms)
 
 
-def _ranking_lines(ranked: list) -> list:
+def _ranking_lines(ranked: list, unit: str) -> list:
     if not ranked:
         return []
-    table = [("#", "kernel", "placement us/step (est.)", "re-grid us/step (est.)")]  # per trace without steps
+    table = [("#", "kernel", f"placement {unit} (est.)", f"re-grid {unit} (est.)")]
     table += [(str(i), _name(r["kernel"]), _us(r["placement_ns_per_step_estimate"]),
                _us(r["regrid_ns_per_step_estimate"])) for i, r in enumerate(ranked[:TOP_RANKED], 1)]
     return ["  what placement or a better grid could save, largest first (estimates, not measurements):",
@@ -179,10 +179,10 @@ def format_summary(summary: dict) -> str:
         if not rows:
             lines.append("  no instrumented kernel launches on this GPU")
             continue
-        steps, time_head = (f"us/step over {summary['steps']} profiler steps", "us/step") if summary.get("steps") \
-            else ("GPU us: the whole trace, it has no profiler steps", "GPU us")
+        steps, time_head, unit = (f"us/step over {summary['steps']} profiler steps", "us/step", "us/step") \
+            if summary.get("steps") else ("GPU us: the whole trace, it has no profiler steps", "GPU us", "us")
         lines += [f"  instrumented kernels (medians per launch; {steps}):", *_kernel_tables(rows, per_step, time_head),
-                  *_ranking_lines([r for r in summary["ranking"] if r["device"] == int(d)])]
+                  *_ranking_lines([r for r in summary["ranking"] if r["device"] == int(d)], unit)]
     if summary["kernels"]:
         lines += ["CTAs, waves, fill (of the last wave's SM slots), tail, idle (SMs idle for good to the last end):",
                   "medians per launch. slow: the slowest tenth of SMs by L2 latency, their share of busy time / of",
