@@ -152,6 +152,7 @@ def test_readme_shows_what_trace_summary_prints_on_the_sample_trace(capsys):
     assert f"]({sample})" in README.read_text(), "the README links the sample trace it summarizes"
     assert main(["trace-summary", str(ROOT / sample)]) == 0
     assert shown[1:] == capsys.readouterr().out.rstrip("\n").splitlines()
+    assert max(len(line) for line in shown[1:]) <= 100, "trace-summary fits 100 columns"
 
 
 def test_readme_report_line_is_what_report_prints(tmp_path, capsys, monkeypatch):

@@ -90,3 +90,80 @@ def test_the_placement_estimate_is_plans_limit():
     expected = limit(SpeedModel.from_measured(per_sm, np.where(per_sm > 0, busy, 0)), Workload(int(items.sum())))
     got = placement_estimate(sm, np.where(per_sm > 0, busy, 0), items, n_sm, span_ns=10**6)
     assert got["balanced_span_ns_estimate"] == pytest.approx(expected, rel=1e-6, abs=1)
+
+
+def _waves(sm, start, end, n_sm, smmap=None):
+    sm, start, end = (np.asarray(x, np.int64) for x in (sm, start, end))
+    n = len(sm)
+    return launch_metrics(sm, start, end, np.ones(n, int), np.full(n, -1), n_sm, kernel_ns=10**6, smmap=smmap)
+
+
+def test_two_full_waves_of_one_cta_per_sm():
+    # 264 CTAs on 132 SMs, each SM runs two 1000 ns CTAs back to back (touching: never resident together)
+    sm = np.r_[np.arange(132), np.arange(132)]
+    start = np.r_[np.zeros(132, int), np.full(132, 1000)]
+    m = _waves(sm, start, start + 1000, 132)
+    assert (m["resident_per_sm"], m["waves"], m["last_wave_fill"], m["ctas_per_sm"]) == (1, 2, 1.0, 2.0)
+    assert m["last_wave_cost_ns"] == 0 and m["regrid_saving_ns_estimate"] == 0
+
+
+def test_a_partial_last_wave_costs_the_time_with_idle_sms():
+    # 140 CTAs: SMs 0-7 run a second 1000 ns CTA after the first wave, SMs 8-131 go idle at 1000 ns
+    sm = np.r_[np.arange(132), np.arange(8)]
+    start = np.r_[np.zeros(132, int), np.full(8, 1000)]
+    m = _waves(sm, start, start + 1000, 132)
+    assert m["waves"] == 2 and m["last_wave_fill"] == pytest.approx(8 / 132, abs=1e-4)
+    assert m["ctas_per_sm"] == pytest.approx(140 / 132, abs=1e-4)
+    assert m["last_wave_cost_ns"] == 1000  # from 1000 ns (SM 8 idle for good) to the last end at 2000 ns
+    # 140 CTAs of 1000 ns spread over 132 SMs end at 140000 / 132 ns: the re-grid saves 2000 minus that
+    assert m["regrid_saving_ns_estimate"] == round(2000 - 140_000 / 132)
+
+
+def test_ctas_resident_together_widen_a_wave():
+    # two CTAs at once on every SM (the second starts while the first runs): 264 CTAs make one wave
+    sm = np.r_[np.arange(132), np.arange(132)]
+    start = np.r_[np.zeros(132, int), np.full(132, 300)]
+    m = _waves(sm, start, start + 1000, 132)
+    assert (m["resident_per_sm"], m["waves"], m["last_wave_fill"]) == (2, 1, 1.0)
+    assert m["last_wave_cost_ns"] == 0
+
+
+def test_resident_ctas_against_counting_every_nanosecond():
+    from torch_l2topo.profiler.trace.metrics import max_resident
+
+    rng = np.random.default_rng(5)
+    sm = rng.integers(0, 4, 60)
+    start = rng.integers(0, 2000, 60)
+    end = start + rng.integers(1, 300, 60)
+    running = np.zeros((4, 2400), int)
+    for s, a, b in zip(sm, start, end):
+        running[s, a:b] += 1
+    assert max_resident(sm, start, end) == running.max()
+    assert max_resident(np.array([0, 0]), np.array([0, 5]), np.array([5, 9])) == 1  # touching, not together
+    assert max_resident(np.array([3]), np.array([7]), np.array([7])) == 1  # no duration: still one resident
+    assert max_resident(np.zeros(0, int), np.zeros(0, int), np.zeros(0, int)) == 0
+
+
+def test_the_wave_picture_of_one_cta_none_and_foreign_sms():
+    m = _waves([5], [100], [600], 132)  # one CTA: one wave with 1 of 132 slots; 131 SMs idle throughout
+    assert (m["waves"], m["ctas_per_sm"], m["last_wave_fill"]) == (1, 1.0, pytest.approx(1 / 132, abs=1e-4))
+    assert m["last_wave_cost_ns"] == 500 and m["regrid_saving_ns_estimate"] == round(500 * 131 / 132)
+    m = _waves([], [], [], 132)
+    assert (m["ctas"], m["waves"], m["last_wave_fill"], m["last_wave_cost_ns"]) == (0, 0, None, 0)
+    # a CTA on SM 200 of a 2-SM device counts as a CTA but in no wave (as in no SM's busy time)
+    m = _waves([0, 1, 200], [0, 0, 0], [100, 100, 900], 2)
+    assert (m["ctas"], m["waves"], m["last_wave_fill"], m["last_wave_cost_ns"]) == (3, 1, 1.0, 0)
+
+
+def test_slow_sm_cost_is_how_much_later_the_slowest_decile_ended():
+    n_sm = 20  # _smmap: SMs 18 and 19 are the slowest decile
+    sm = np.arange(n_sm)
+    end = np.full(n_sm, 1000)
+    end[[18, 19]], end[5] = [2500, 3000], 1400
+    m = _waves(sm, np.zeros(n_sm, int), end, n_sm, smmap=_smmap(n_sm))
+    assert m["slow_sm_cost_ns"] == 3000 - 1400
+    end[5] = 3500  # a fast SM ends last: the slow decile cost nothing
+    assert _waves(sm, np.zeros(n_sm, int), end, n_sm, smmap=_smmap(n_sm))["slow_sm_cost_ns"] == 0
+    only_slow = _waves([18, 19], [0, 0], [10, 20], n_sm, smmap=_smmap(n_sm))
+    assert only_slow["slow_sm_cost_ns"] is None  # no SM outside the decile ran: nothing to compare with
+    assert "slow_sm_cost_ns" not in _waves(sm, np.zeros(n_sm, int), end, n_sm)  # no calibration

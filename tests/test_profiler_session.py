@@ -146,7 +146,7 @@ def test_trace_summary_reads_the_launches_back(tmp_path, capsys):
     assert summary["devices"]["0"]["alignment"]["recorder"]["outside"] == 0
     assert cli(["trace-summary", str(path)]) == 0
     text = capsys.readouterr().out
-    assert "row_sum_kernel [GPU 0]" in text and "NVIDIA H200" in text
+    assert "row_sum_kernel" in text and "NVIDIA H200" in text
     assert cli(["trace-summary", str(path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["kernels"][0]["launches"] == 3
     plain = write_trace(cpu_trace(tmp_path), tmp_path / "plain.json")

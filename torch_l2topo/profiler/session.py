@@ -238,7 +238,7 @@ class TraceHandler:
         try:
             if records and self._worker is not None:
                 self._spooled[path] = records
-            job = CycleJob(path, records, *self.calibrations(records))
+            job = CycleJob(path, records, *self.calibrations(records), triton_kernels=self.triton_kernels)
             if self._worker is None:
                 self._done(path, run(job))
                 return

@@ -25,23 +25,26 @@ class CycleJob:
     """path: the cycle's trace as the profiler exported it, replaced by the enriched trace; records: {device:
     CtaRecords or spool.SpooledRecords}; maps: {device: SmMap or None}; notes: {device, or None for the whole
     trace: why there is no map}; given: devices whose calibration the caller gave (their map is shown even
-    without kernels)."""
+    without kernels); triton_kernels: {"instrumented": [names], "plain": [names]}, the Triton kernels the process
+    knew in the cycle (None: not known; trace/coverage.py)."""
 
     path: str | Path
     records: dict = field(default_factory=dict)
     maps: dict = field(default_factory=dict)
     notes: dict = field(default_factory=dict)
     given: tuple = ()
+    triton_kernels: dict | None = None
 
 
 def enrich_with(trace: dict, maps: dict, notes: dict, given, records: dict, proton=None,
-                proton_quantum_ns: float = 0.0):
+                proton_quantum_ns: float = 0.0, triton_kernels: dict | None = None):
     """The enrichment of `trace` by the calibrations in `maps`, for the devices it has kernels or records of and
-    those `given` (shown even without either), `records` ({device: CtaRecords}) and Proton's CTAs."""
+    those `given` (shown even without either), `records` ({device: CtaRecords}), Proton's CTAs and the Triton
+    kernels the process knew (CycleJob)."""
     devices = sorted(set(kernels_by_device(trace)) | set(records) | set(given))
     return enrichment(trace, maps={d: maps[d] for d in devices if maps.get(d) is not None},
                       records={d: r for d, r in records.items() if len(r) or r.dropped}, proton=proton,
-                      proton_quantum_ns=proton_quantum_ns,
+                      proton_quantum_ns=proton_quantum_ns, triton_kernels=triton_kernels,
                       notes=[notes[d] for d in (None, *devices) if d in notes])
 
 
@@ -53,7 +56,8 @@ def run(job: CycleJob, timeout_s: float | None = None) -> str | None:
     try:
         text = read_text(path)
         trace, end = parse(text, path.name)
-        added = enrich_with(trace, job.maps, job.notes, job.given, load_records(job.records, timeout_s))
+        added = enrich_with(trace, job.maps, job.notes, job.given, load_records(job.records, timeout_s),
+                            triton_kernels=job.triton_kernels)
         if end < 0 or any(is_ours(ev) for ev in trace["traceEvents"]):  # enriched before, or not spliceable
             data = dumps(added.trace())
         else:

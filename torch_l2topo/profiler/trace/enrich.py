@@ -3,7 +3,8 @@
 enrich() takes a trace as loaded (tracefile.load_trace), the calibration of each GPU (SmMap), the per-CTA
 records drained from the recorders and, optionally, Proton's CTAs, and returns a new trace with, per GPU:
 - under the top-level key "l2topo": the calibration (devices -> index -> calibration), what was aligned and
-  how well (alignment per source: records matched, offset, max misalignment in ns), dropped records, notes;
+  how well (alignment per source: records matched, offset, max misalignment in ns), dropped records, notes,
+  and what part of the GPU's kernel time has CTA tracks (coverage.py);
 - an "L2 map" process (tracks.py): one track per SM, latency counters, every aligned CTA on its SM's track,
   one slice per instrumented launch whose args are the metrics of metrics.py.
 The Kineto events are copied untouched, so tools reading the plain trace (HolisticTraceAnalysis, Perfetto)
@@ -19,6 +20,7 @@ import numpy as np
 from ...measure.recording import CtaRecords
 from ...version import __version__
 from .align import TICK_NS, align
+from .coverage import coverage, triton_names
 from .kineto import Kernels, device_sm_counts, kernels_by_device, time_range_ns
 from .metrics import launch_metrics
 from .tracefile import METADATA_KEY, dumps, load_trace, strip, write_trace
@@ -73,12 +75,14 @@ def _tracks(smmap, n_sm: int, sms_seen) -> tuple:
 
 
 def _device_events(device: int, kernels: Kernels, smmap, sources: list, trace_range, base_events, tick_ns: int,
-                   n_sm: int) -> tuple:
-    """(events, CTA slices, metadata) of one GPU: its L2 map process, launch slices and CTAs."""
+                   n_sm: int, triton_kernels=None) -> tuple:
+    """(events, CTA slices, metadata) of one GPU: its L2 map process, launch slices and CTAs, and in the metadata
+    what part of its kernel time they cover (coverage.py)."""
     c, groups, summaries = _aligned_columns(kernels, sources, tick_ns)
     class_counts = {recs.names[t]: v for _, recs, _ in sources for t, v in recs.class_counts.items()}
     meta = {"calibration": None if smmap is None else smmap.to_json(), "alignment": summaries,
-            "dropped": {source: int(recs.dropped) for source, recs, _ in sources}, "class_counts": class_counts}
+            "dropped": {source: int(recs.dropped) for source, recs, _ in sources}, "class_counts": class_counts,
+            **coverage(kernels, np.unique(c["launch"]), triton_kernels)}
     lane = lanes(c["sm"], c["start"], c["end"])
     names, rank = _tracks(smmap, n_sm, c["sm"].tolist())
     lanes_used = {s: int(lane[c["sm"] == s].max()) + 1 for s in np.unique(c["sm"]).tolist()}
@@ -135,8 +139,9 @@ class Enrichment:
 
 def enrichment(trace: dict, *, maps: dict | None = None, records: dict | None = None,
                proton: CtaRecords | None = None, proton_quantum_ns: float = 0.0, tick_ns: int = TICK_NS,
-               notes=()) -> Enrichment:
+               notes=(), triton_kernels: dict | None = None) -> Enrichment:
     """What enrich() adds to `trace`, not yet joined to it (the writer splices it into the profiler's text)."""
+    triton_names(triton_kernels)  # a bad argument fails here, before any work
     base = strip(trace)
     kernels = kernels_by_device(base)
     sm_counts = device_sm_counts(base)
@@ -157,13 +162,17 @@ def enrichment(trace: dict, *, maps: dict | None = None, records: dict | None = 
                          f"or another GPU): its map is left out")
             del maps[d]
     meta = {"version": __version__, "tick_ns": tick_ns, "devices": {}, "notes": notes}
+    if triton_kernels is not None:  # the cycle's Triton kernels as the process knew them (plain ones with why)
+        meta["triton_kernels"] = triton_kernels
     events, slices, trace_range = [], [], time_range_ns(base)
-    for d in sorted(set(maps) | set(sources)):
+    # with the Triton kernels named, every GPU with kernels gets its coverage, CTAs or not
+    for d in sorted(set(maps) | set(sources) | (set(kernels) if triton_kernels is not None else set())):
         src = sources.get(d, [])
         seen = [int(r.sm.max()) + 1 for _, r, _ in src if len(r)]
         n_sm = maps[d].n_sm if d in maps else sm_counts.get(d, max(seen, default=1))
         ev, sl, meta["devices"][str(d)] = _device_events(d, kernels.get(d, _no_kernels(d)), maps.get(d), src,
-                                                         trace_range, base["traceEvents"], tick_ns, n_sm)
+                                                         trace_range, base["traceEvents"], tick_ns, n_sm,
+                                                         triton_kernels)
         events += ev
         slices += sl
     return Enrichment(base, events, slices, meta)
@@ -173,7 +182,8 @@ def enrich(trace: dict, **options) -> dict:
     """The enriched copy of `trace` (module docstring); `trace` itself is not modified. Options (enrichment's):
     maps: {device: SmMap}; records: {device: CtaRecords}; proton: Proton's CTAs and proton_quantum_ns, the
     quantum of their timestamps (proton_trace.proton_records); tick_ns; notes: lines for the metadata (what
-    was skipped and why)."""
+    was skipped and why); triton_kernels: {"instrumented": [names], "plain": [names]}, the Triton kernels the
+    process knew in the cycle (coverage.py; None: not known, and only GPUs with a map or records are shown)."""
     return enrichment(trace, **options).trace()
 
 

@@ -1,17 +1,16 @@
-"""What a user acts on, per launch of an instrumented kernel, from its aligned CTAs and the calibration.
+"""What a user acts on, per launch of an instrumented kernel, from its aligned CTAs and the calibration
+(docs/profiler.md, the per-launch table, defines each figure):
 
-- busy time per SM: the union of its CTAs' intervals (CTAs resident together count once);
-- tail: the last CTA's end minus the median SM's last end (how long the slowest SM kept the kernel alive);
-- imbalance: the busiest SM's busy time over the mean, minus 1 (SMs that ran a CTA);
-- near share: of the items done, those whose data is homed in the partition of the SM that did them (where
-  the kernel counts them; far share: the rest, items of unknown home included), next to what a placement
-  blind to the map would give (blind_near_share: each item on an SM drawn in proportion to the partitions'
-  SM counts) where its items' classes are known;
-- the slowest decile: the busy time spent on the tenth of SMs with the highest calibrated L2 latency, next to
-  their share of the SMs that ran;
-- what placement could save, an estimate: the CTAs' span minus placement.plans.limit() over the SMs'
-  measured rates (items per busy ns; CTAs stand for items where the kernel counts none), the makespan if
-  every item went where it finishes soonest. A lower bound on what any placement reaches, not a promise.
+- busy time per SM (union of its CTAs' intervals); tail: the last CTA's end minus the median SM's last end;
+  imbalance: the busiest SM's busy time over the mean, minus 1;
+- near share of the items done (where the kernel counts them), next to a placement blind to the map;
+- the slowest decile (the tenth of SMs with the highest calibrated L2 latency): its share of busy time and
+  slow_sm_cost_ns, the last CTA end minus the last end on the other SMs;
+- placement estimate: the CTAs' span minus placement.plans.limit() over the SMs' measured rates, a lower bound;
+- the wave picture (CTAs on the device's SMs): resident = the most CTAs at once on one SM, estimated from
+  the records; waves = ceil(CTAs / (n_sm x resident)); last_wave_fill; last_wave_cost_ns = the last CTA end
+  minus the first SM idle for good (an SM without CTAs: from the first start); regrid_saving_ns_estimate =
+  the last CTA end minus the mean over all SMs of that moment (the tail's idle SM time over n_sm).
 """
 from __future__ import annotations
 
@@ -58,7 +57,8 @@ def launch_metrics(sm, start, end, items, near, n_sm: int, kernel_ns: int, smmap
     busy = busy_by_sm(sm, start, end, n_sm)
     on_device = (sm >= 0) & (sm < n_sm)
     used = np.unique(sm[on_device])
-    last = np.full(n_sm, np.iinfo(np.int64).min)
+    # each SM's last CTA end; an SM without CTAs is idle from the launch's first CTA start
+    last = np.full(n_sm, start[on_device].min() if on_device.any() else 0, np.int64)
     np.maximum.at(last, sm[on_device], end[on_device])
     last_end = last[used]
     out = {"ctas": int(len(sm)), "sms_used": int(len(used)), "n_sm": int(n_sm), "kernel_ns": int(kernel_ns),
@@ -79,8 +79,40 @@ def launch_metrics(sm, start, end, items, near, n_sm: int, kernel_ns: int, smmap
         out["slow_decile_sms"] = slow.tolist()
         out["slow_decile_busy_share"] = round(float(busy[slow].sum() / max(busy.sum(), 1)), 4)
         out["slow_decile_sm_share"] = round(float(np.isin(used, slow).sum() / len(used)), 4)
+        others = used[~np.isin(used, slow)]
+        out["slow_sm_cost_ns"] = int(last_end.max() - last[others].max()) if len(others) else None
+    out.update(wave_picture(sm[on_device], start[on_device], end[on_device], n_sm, last))
     out.update(placement_estimate(sm, busy, items, n_sm, out["cta_span_ns"]))
     return out
+
+
+def max_resident(sm: np.ndarray, start: np.ndarray, end: np.ndarray) -> int:
+    """The most CTAs running at once on one SM (a CTA ending when another starts does not overlap it); 1 for
+    CTAs of no duration, 0 for none."""
+    if not len(sm):
+        return 0
+    # per SM, +1 at each start and -1 at each end, ends first at a tie; every SM's steps sum to 0, so one
+    # running sum over all SMs in (SM, time) order restarts from 0 at each SM
+    t = np.r_[start, np.maximum(end, start)]
+    step = np.r_[np.ones(len(sm), np.int64), -np.ones(len(sm), np.int64)]
+    order = np.lexsort((step, t, np.r_[sm, sm]))
+    return max(int(np.cumsum(step[order]).max()), 1)
+
+
+def wave_picture(sm, start, end, n_sm: int, last: np.ndarray) -> dict:
+    """{"ctas_per_sm", "resident_per_sm", "waves", "last_wave_fill", "last_wave_cost_ns",
+    "regrid_saving_ns_estimate"} (module docstring) of CTAs on the device's SMs; last: (n_sm,) each SM's last
+    CTA end, an SM without CTAs at the first CTA's start."""
+    n, resident = len(sm), max_resident(sm, start, end)
+    if not n:
+        return {"ctas_per_sm": 0.0, "resident_per_sm": 0, "waves": 0, "last_wave_fill": None,
+                "last_wave_cost_ns": 0, "regrid_saving_ns_estimate": 0}
+    slots = n_sm * resident
+    waves = -(-n // slots)
+    return {"ctas_per_sm": round(n / len(np.unique(sm)), 4), "resident_per_sm": resident, "waves": waves,
+            "last_wave_fill": round((n - (waves - 1) * slots) / slots, 4),
+            "last_wave_cost_ns": int(last.max() - last.min()),
+            "regrid_saving_ns_estimate": int(round(last.max() - last.mean()))}
 
 
 def placement_estimate(sm, busy: np.ndarray, items, n_sm: int, span_ns: int) -> dict:

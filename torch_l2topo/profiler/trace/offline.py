@@ -6,7 +6,8 @@ benchmarks/record_profiler_trace.py).
     records-<device>.npz   the CTA records drained from that GPU's recorder (CtaRecords.to_arrays)
     smmap-<device>.json    that GPU's calibration as a trace carries it (SmMap.to_json)
     proton.json.gz         Proton's instrumentation trace of the same steps (optional)
-    manifest.json          what the recording says about itself (optional, free-form)
+    manifest.json          what the recording says about itself (optional, free-form); its "triton_kernels"
+                           ({"instrumented": [...], "plain": [...]}), where present, goes to the enrichment
 """
 from __future__ import annotations
 
@@ -78,4 +79,4 @@ def enrich_raw(raw_dir) -> dict:
     """The enriched trace of a directory written by save_raw()."""
     r = load_raw(raw_dir)
     return enrich(r["trace"], maps=r["smmaps"], records=r["records"], proton=r["proton"],
-                  proton_quantum_ns=r["quantum_ns"])
+                  proton_quantum_ns=r["quantum_ns"], triton_kernels=r["manifest"].get("triton_kernels"))

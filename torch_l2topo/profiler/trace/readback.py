@@ -22,9 +22,11 @@ from .tracks import CTA_CATEGORY, LANE_STRIDE, LAUNCH_CATEGORY, LAUNCH_TID
 LAUNCH_COUNTS = ("launch", "ctas", "sms_used", "n_sm", "kernel_ns", "tail_ns")
 LAUNCH_FIGURES = ("busy_ns_median", "busy_ns_max", "imbalance", "items", "near_share", "blind_near_share",
                   "slow_decile_busy_share", "slow_decile_sm_share", "placement_saving_ns_estimate",
-                  "max_misalignment_ns")
+                  "max_misalignment_ns", "ctas_per_sm", "resident_per_sm", "waves", "last_wave_fill",
+                  "last_wave_cost_ns", "regrid_saving_ns_estimate", "slow_sm_cost_ns")
 CTA_COUNTS = ("sm", "program", "items", "launch")   # a CTA slice's args ("near" too, where present)
 ALIGNMENT_COUNTS = ("records", "matched", "launches", "max_misalignment_ns", "outside", "tick_ns")
+COVERAGE_FIGURES = ("kernel_gpu_ns", "kernel_launches", "instrumented_gpu_time_ratio", "triton_launch_coverage")
 
 
 def _count(v) -> bool:
@@ -41,6 +43,14 @@ def _device_of(ev: dict, where: str) -> int:
     if not _count(pid) or not L2MAP_PID <= pid < L2MAP_PID + MAX_DEVICES:
         raise TraceFormatError(f"{where} has pid {pid!r}, not one of torch_l2topo's GPU processes")
     return pid - L2MAP_PID
+
+
+def _coverage_ok(m: dict) -> bool:
+    """Whether a device's coverage facts (coverage.py; absent in traces enriched before them) are well formed."""
+    rows = m.get("uncovered_kernels", [])
+    return all(m.get(k) is None or _number(m[k]) for k in COVERAGE_FIGURES) and isinstance(rows, list) and all(
+        isinstance(r, dict) and isinstance(r.get("name"), str) and isinstance(r.get("kind"), str)
+        and _count(r.get("launches")) and _count(r.get("gpu_ns")) and _number(r.get("share")) for r in rows)
 
 
 def require_enriched(trace: dict, source: str) -> dict:
@@ -65,6 +75,9 @@ def require_enriched(trace: dict, source: str) -> dict:
             raise TraceFormatError(f"{where}.dropped is not a count per source")
         if not isinstance(m.get("class_counts", {}), dict):
             raise TraceFormatError(f"{where}.class_counts is not an object")
+        if not _coverage_ok(m):
+            raise TraceFormatError(f"{where} has malformed coverage ({', '.join(COVERAGE_FIGURES)}, "
+                                   f"uncovered_kernels)")
     return meta
 
 
@@ -142,6 +155,12 @@ def launches(trace: dict, source: str = "trace") -> list:
         out.append({"device": device, "kernel": ev["name"], "ts_ns": to_ns(ev["ts"]), "dur_ns": to_ns(ev["dur"]),
                     **args})
     return out
+
+
+def profiler_steps(trace: dict) -> int:
+    """How many profiler steps the trace holds: its distinct "ProfilerStep#N" CPU annotations (0: none)."""
+    return len({ev.get("name") for ev in trace["traceEvents"] if ev.get("cat") == "user_annotation"
+                and str(ev.get("name", "")).startswith("ProfilerStep#")})
 
 
 def sm_tracks(trace: dict, device: int, source: str = "trace") -> tuple:
