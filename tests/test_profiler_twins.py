@@ -262,3 +262,11 @@ def test_kernels_of_other_gpus_are_left_alone(launch_paths):
     pair = twins.Twins()
     assert pair.swap_in({1: _Recorder()}) == {"instrumented": [], "plain": {}}
     assert launch_paths["jit"].function == 101
+
+
+@pytest.mark.parametrize("fusion,extra,expected", [(True, None, ()), (False, None, ("--fmad=false",)),
+                                                   (True, "-O2 --extensible-whole-program", ("-O2",
+                                                                                         "--extensible-whole-program"))])
+def test_the_twin_is_assembled_as_triton_assembled_its_original(fusion, extra, expected):
+    meta = type("Meta", (), {"enable_fp_fusion": fusion, "ptx_options": extra})()
+    assert twins._ptxas_options(meta) == expected

@@ -38,6 +38,7 @@ class LoadedKernel:
     threads: int
     ptx_source: object  # a callable returning the PTX text, or None when it cannot be found
     sites: list = field(default_factory=list)
+    ptxas_options: tuple = ()  # what Triton gave ptxas for the original (FP contraction off, the kernel's options)
 
     def handle(self) -> int:
         holder, key = self.sites[0]
@@ -74,10 +75,17 @@ def _cached_ptx(key: str, name: str, device: int):
     return None
 
 
+def _ptxas_options(meta) -> tuple:
+    """The ptxas options of Triton's build of a kernel that change its code: FP contraction off where the kernel was
+    compiled without FP fusion, and the kernel's own ptx_options."""
+    fmad = () if getattr(meta, "enable_fp_fusion", True) else ("--fmad=false",)
+    return fmad + tuple((getattr(meta, "ptx_options", None) or "").split())
+
+
 def _compiled(kernel, device: int, sites: list) -> LoadedKernel:
     meta = kernel.metadata
     return LoadedKernel(kernel.name, kernel.hash, device, int(meta.shared), 32 * int(meta.num_warps),
-                        lambda: kernel.asm["ptx"] if "ptx" in kernel.asm else None, sites)
+                        lambda: kernel.asm["ptx"] if "ptx" in kernel.asm else None, sites, _ptxas_options(meta))
 
 
 def _static(kernel, device: int) -> LoadedKernel:
@@ -143,8 +151,9 @@ def _ptxas_candidates() -> list:
     return paths + [p for p in [shutil.which("ptxas")] if p]
 
 
-def assemble(ptx: str) -> bytes:
-    """The cubin of `ptx` for its .target, by the first ptxas (Triton's, then PATH's) that accepts it.
+def assemble(ptx: str, options=()) -> bytes:
+    """The cubin of `ptx` for its .target, by the first ptxas (Triton's, then PATH's) that accepts it, given
+    `options` as well.
 
     Raises:
         InstrumentationError: no ptxas assembled it (the last one's first error line says why).
@@ -154,7 +163,7 @@ def assemble(ptx: str) -> bytes:
         src, out = Path(tmp) / "twin.ptx", Path(tmp) / "twin.cubin"
         src.write_text(ptx)
         for ptxas in _ptxas_candidates():
-            run = subprocess.run([ptxas, f"--gpu-name={target(ptx)}", str(src), "-o", str(out)],
+            run = subprocess.run([ptxas, *options, f"--gpu-name={target(ptx)}", str(src), "-o", str(out)],
                                  capture_output=True, text=True, timeout=PTXAS_TIMEOUT_S)
             if run.returncode == 0 and out.is_file():
                 return out.read_bytes()
@@ -187,7 +196,7 @@ class Twins:
             text = kernel.ptx_source() if kernel.ptx_source else None
             if text is None:
                 return "its PTX was not found (neither in memory nor in Triton's cache)"
-            cubin = assemble(instrument(text, address, tag))
+            cubin = assemble(instrument(text, address, tag), kernel.ptxas_options)
             _module, function, max_threads = _load(kernel_name(text), cubin, kernel.shared, kernel.device)
             if max_threads is not None and max_threads < kernel.threads:
                 return f"its twin launches at most {max_threads} threads, the kernel {kernel.threads}"
