@@ -25,7 +25,7 @@ def h200():
 
 
 @pytest.fixture(autouse=True)
-def empty_cache():
+def empty_cache(cache_dir):  # cache_dir: GpuSetup.of keeps its calibrated pairs there, never in the user's cache
     pm.clear_cache()
     yield
     pm.clear_cache()

@@ -49,6 +49,20 @@ def test_save_load_round_trip(h200, tmp_path):
     del h200.extras["demo"]
 
 
+def test_digest_names_the_content_alone(h200, tmp_path):
+    """One calibration, one digest, wherever it was read from; any changed value or metadata field, another."""
+    back = Topology.load(h200.save(tmp_path / "t.npz"))
+    assert back.digest() == h200.digest() and len(h200.digest()) == 64
+    other = torch_l2topo.load_example("h100")
+    assert other.digest() != h200.digest()
+    back.line_cycles = back.line_cycles.copy()
+    back.line_cycles[3, 7] += 0.125
+    assert back.digest() != h200.digest()
+    again = Topology.load(tmp_path / "t.npz")
+    again.meta["config"] = dict(again.meta["config"], repeats=again.meta["config"]["repeats"] + 1)
+    assert again.digest() != h200.digest()
+
+
 def test_saved_file_holds_no_pickle(h200, tmp_path):
     path = h200.save(tmp_path / "t.npz")
     with np.load(path, allow_pickle=False) as z:

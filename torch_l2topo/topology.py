@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 
 from .errors import TopologyFormatError
-from .files import atomic_write
+from .files import atomic_write, json_default
 
 FORMAT_VERSION = 1
 _META_KEY = "meta_json"
@@ -127,6 +127,13 @@ class Topology:
         _check_meta(self.meta, n)
 
     # ---- persistence -------------------------------------------------------------------------------
+    def digest(self) -> str:
+        """sha256 (hex) of what is saved: the arrays and the metadata. One digest, one calibration: what results
+        derived from a calibration are cached under (a change to either array or metadata makes another digest)."""
+        h = hashlib.sha256(_checksum(self._arrays()).encode())
+        h.update(json.dumps(self.meta, sort_keys=True, default=json_default).encode())
+        return h.hexdigest()
+
     def _arrays(self) -> dict[str, np.ndarray]:
         arrays = {name: getattr(self, name) for name in _PER_SM}
         arrays["line_cycles"] = self.line_cycles.astype(np.float32)

@@ -5,10 +5,10 @@ allocation's lifetime, and an SM reads lines of its own partition faster; so a m
 allocation and cached.
 
 This module owns partition_map() (measure, classify, cache) and what it keeps per GPU: the setup (calibration,
-SM labels, pairs) and, per tensor size, the probe plan with the classifier's data. The jobs it puts together
-have their own modules: the decision (partition_decision.py), the SM pairs that time each block
-(partition_pairs.py), the independent serialized check (partition_check.py), the per-allocation cache
-(partition_cache.py); the kernels are in triton_kernels/partition_probe.py.
+SM near/far latencies, pairs) and, per tensor size, the probe plan with the classifier's data. The jobs it puts
+together have their own modules: the decision (decision.py), the SM pairs that time each block (pairs.py), what
+is derived once per calibration and kept on disk (calibrated.py), the independent serialized check (check.py),
+the per-allocation cache (cache.py); the kernels are in triton_kernels/partition_probe.py.
 
 Cost contract: a cold map does no host work per block, and its launches and copies do not grow with the tensor:
 the probe's timings stay on the GPU, the decision reads a few numbers per pair group back, and the result is
@@ -26,8 +26,9 @@ from ...errors import ProbeError, check_choice
 from ...layout import LINE_BYTES
 from ...measure.probes import to_device
 from .cache import MapCache
+from .calibrated import calibrated
 from .decision import BlockPairs, block_pairs_expanded, block_pairs_of_plan, classify_blocks
-from .pairs import Pairs, choose_pairs, probe_plan
+from .pairs import Pairs, probe_plan
 
 N_TIMED = 4            # timed loads per block and SM, of which the map keeps the fastest (cost count in
                        # triton_kernels/partition_probe.py)
@@ -120,17 +121,13 @@ class GpuSetup:
         return block_pairs_expanded(template, n_blocks)
 
     @classmethod
-    def of(cls, topology) -> "GpuSetup":
-        """The setup a calibration implies (the SM labels take a fraction of a second). ProbeError if it shows no
-        two partitions."""
-        from ...analysis.labels import sm_labels
-
-        labels = sm_labels(topology)
-        if not labels.partitions.found:
-            raise ProbeError(f"the calibration shows no two L2 partitions ({labels.partitions.reason}): there is "
-                             "nothing to map")
-        pairs = choose_pairs(topology.line_cycles, labels.partition, labels.line_partition)
-        return cls(topology, topology.n_sm, labels.near_cycles, labels.far_cycles, pairs)
+    def of(cls, topology, use_cache: bool = True) -> "GpuSetup":
+        """The setup a calibration implies: its near/far latencies and pairs from calibrated.calibrated (kept on
+        disk per calibration: a fresh process reads a small file, imports no scipy and fits nothing; use_cache=False
+        derives them). No plan yet: plan() makes each size's. ProbeError if the calibration shows no two
+        partitions."""
+        c = calibrated(topology, use_cache)
+        return cls(topology, topology.n_sm, c.near, c.far, c.pairs)
 
 
 _SETUPS: dict[tuple, GpuSetup] = {}

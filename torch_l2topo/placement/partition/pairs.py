@@ -8,7 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import linear_sum_assignment
 
 PAIR_QUANTILE = 2.0    # a pair's calibrated margin: this percentile of its signed differences over the lines
 
@@ -29,6 +28,8 @@ def choose_pairs(line_cycles, sm_partition, line_partition, quantile: float = PA
     the home of the calibrated lines by the widest margin (assignment maximizing the summed margins).
     A pair's margin: the `quantile` percentile over decided lines of (far SM's latency - near SM's latency);
     pairs with margin <= 0 are left out."""
+    from scipy.optimize import linear_sum_assignment  # here, not at the top: probe_plan is on every map's path
+
     lc = np.asarray(line_cycles, dtype=np.float64)
     part, home = np.asarray(sm_partition), np.asarray(line_partition)
     a, b = np.flatnonzero(part == 0), np.flatnonzero(part == 1)
