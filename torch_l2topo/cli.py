@@ -224,7 +224,7 @@ def cmd_main_job(args) -> int:
         cmd_calibrate(argparse.Namespace(device=None, backend="auto", mode=DEFAULT_MODE, force=False, gpc=False,
                                          out=None, json=False, no_check=False))
     else:
-        topo = load_example()
+        topo = load_example(FALLBACK_MODEL)  # no GPU to match: the fallback, named in the line below
         dev = topo.meta["device"]
         print(f"No CUDA GPU on this machine: showing bundled data, a real calibration of an {dev['name']} "
               f"(uuid-hash {topo.meta['uuid_hash']}) measured {topo.meta['date']} "
