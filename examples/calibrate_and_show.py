@@ -1,4 +1,4 @@
-"""Calibrate the local GPU (or, without one, load the bundled H200 calibration) and show its map.
+"""Calibrate the local GPU (or, without one, load a bundled calibration) and show its map.
 
     python examples/calibrate_and_show.py
 """
@@ -11,8 +11,8 @@ def main() -> torch_l2topo.Topology:
     if torch.cuda.is_available():
         topo = torch_l2topo.calibrate()  # measured once, then served from the cache
     else:
-        topo = torch_l2topo.load_example("h200")
-        print("(no GPU here: bundled H200 calibration)")
+        topo = torch_l2topo.load_example()  # its source line says which one, and why
+        print(f"(no GPU here: a bundled calibration of an {topo.meta['device']['name']})")
     print(topo.summary())
     sms = topo.to_frame("sm").sort_values("chain_cycles")
     print("\nfastest SMs (chain cycles per load):", ", ".join(

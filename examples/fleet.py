@@ -2,7 +2,7 @@
 table of every GPU with their fingerprint distances and DCGM-style health lines.
 
     torchrun --nproc_per_node=2 examples/fleet.py   # one rank per GPU
-    python examples/fleet.py                        # one process: a fleet of one (the bundled H200 without a GPU)
+    python examples/fleet.py                        # one process: a fleet of one (a bundled map without a GPU)
 """
 import torch
 
@@ -15,11 +15,12 @@ def main() -> l2dist.Fleet:
         rank = torch.distributed.get_rank() if joined else 0
         topology = None
         if not torch.cuda.is_available():
-            topology = torch_l2topo.load_example("h200")  # no GPU here: report a real H200 calibration instead
+            topology = torch_l2topo.load_example()  # no GPU here: report a real bundled calibration instead
         fleet = l2dist.gather_fleet(topology)
     if rank == 0:
         ranks = f"{len(fleet.table)} rank(s) of a torchrun job" if joined else "this process alone (not under torchrun)"
-        source = "the bundled H200 calibration (no GPU here)" if topology is not None else "its own GPU's calibration"
+        source = f"a bundled calibration of an {topology.meta['device']['name']} (no GPU here)" \
+            if topology is not None else "its own GPU's calibration"
         print(f"gathered the L2 maps of {ranks}, each reporting {source}:\n")
         print(fleet.summary())
     return fleet

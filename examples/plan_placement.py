@@ -1,6 +1,6 @@
 """Plan SM-aware placement for a latency-bound workload, and (on a GPU) run a kernel with @sm_aware.
 
-Without a GPU: the bundled H200 calibration, a workload whose items read data homed half in each L2
+Without a GPU: the default bundled calibration, a workload whose items read data homed half in each L2
 partition, and what each policy's plan predicts against the best achievable makespan. With one: the same,
 then the placement demo kernel launched through @sm_aware(policy="auto"), which times the candidate
 placements on this GPU beside a plain launch and keeps the fastest (never one slower than plain).
@@ -16,7 +16,7 @@ from torch_l2topo.placement.plans import SpeedModel, Workload, limit, make_plan,
 
 def main() -> dict:
     gpu = torch.cuda.is_available()
-    topo = torch_l2topo.calibrate() if gpu else torch_l2topo.load_example("h200")
+    topo = torch_l2topo.calibrate() if gpu else torch_l2topo.load_example()
     speeds = SpeedModel.from_topology(topo)
     n_items = 64 * topo.n_sm
     work = Workload(n_items, item_class=(np.arange(n_items) % 2).astype(np.int8), loads_per_item=320)

@@ -7,7 +7,7 @@ chrome://tracing: the GPU's "L2 map" process has one track per SM, ordered by L2
 gather's CTAs on them, and one slice per launch with its busy time per SM, tail and placement estimate.
 
 Without a GPU it still profiles the model's CPU ops (the lookup as torch.index_select) and adds the L2 map
-of the bundled H200 calibration, and says what it skipped.
+of the default bundled calibration, and says what it skipped.
 
     python examples/profile_model.py [--out DIR] [--graph] [--cycles N]
     python -m torch_l2topo trace-summary DIR/<trace>.json
@@ -110,7 +110,7 @@ def main(argv=None) -> list:
     out = Path(args.out)
     if not torch.cuda.is_available():
         print("No CUDA GPU: profiling the CPU ops only (the @sm_aware gather runs as torch.index_select, so there "
-              "are no per-CTA tracks); the L2 map is the bundled H200 calibration's.")
+              "are no per-CTA tracks); the L2 map is the default bundled calibration's.")
         if args.graph:
             print("--graph skipped: CUDA graphs need a GPU")
     written = run(out, cycles=args.cycles, graph=args.graph and torch.cuda.is_available())

@@ -51,9 +51,12 @@ def test_show_a_saved_file(tmp_path, capsys):
     assert "NVIDIA H200" in capsys.readouterr().out
 
 
-def test_examples_lists_every_bundled_calibration_with_a_description(capsys):
+def test_examples_lists_every_bundled_calibration_with_a_description(capsys, monkeypatch):
+    monkeypatch.setattr("torch_l2topo.bundled.visible_gpu_name", lambda: None)  # a GPU box: the no-GPU default here
     assert main(["examples"]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    listing, note = capsys.readouterr().out.split("\n\n")
+    lines = listing.splitlines()
+    assert note.startswith("[default]:") and "no CUDA GPU here: the h200 fallback" in note
     assert [line.split()[0] for line in lines] == torch_l2topo.list_examples()
     models = {"h200": "NVIDIA H200 (", "h100": "NVIDIA H100 80GB HBM3 ("}
     for line in lines:  # what the name says (<model>-<uuid hash>-<backend>-<mode>), the description must say too

@@ -191,3 +191,16 @@ def test_driver_failures_are_probe_errors_but_cleanup_stays_quiet(monkeypatch):
 
     monkeypatch.setattr(driver, "libcuda", no_library)
     assert driver.context_limit(driver.CU_LIMIT_MAX_L2_FETCH_GRANULARITY) is None
+
+
+@pytest.mark.parametrize("max_mb, full", [(37.5, [4, 16, 32, 48]), (30, [4, 16, 32]), (72, [4, 16, 32, 80]),
+                                          (3, [16])])
+def test_persisting_sizes_follow_the_devices_maximum(max_mb, full):
+    """One hot size over the persisting maximum, the others under it, whatever the L2 (not the H200's 48 MB)."""
+    from torch_l2topo.geometry.suite import MB, persisting_sizes
+
+    limit = int(max_mb * MB)
+    assert persisting_sizes(limit, quick=False) == [s * MB for s in full]
+    sizes = persisting_sizes(limit, quick=False)
+    assert sizes[-1] > limit and all(s < limit for s in sizes[:-1])
+    assert persisting_sizes(limit, quick=True) == [min(8 * MB, max(MB, limit // 2 // MB * MB))]

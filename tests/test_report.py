@@ -161,7 +161,8 @@ def test_ground_truth_of_the_wrong_shape_is_rejected():
 
 def test_report_command_defaults_and_a_saved_file(tmp_path, capsys):
     args = build_parser().parse_args(["report"])
-    assert (args.file, args.example, args.out_dir, args.compare) == (None, "h200", "l2topo-report", None)
+    # no --example: the default bundled calibration, chosen when the command runs (bundled.default_example)
+    assert (args.file, args.example, args.out_dir, args.compare) == (None, None, "l2topo-report", None)
     saved = torch_l2topo.load_example("h200-f78934-cuda-waves").save(tmp_path / "cal.npz")
     out = tmp_path / "out"
     args = build_parser().parse_args(["report", str(saved), "-o", str(out), "--compare", "h200-f78934-triton-waves"])

@@ -30,8 +30,8 @@ def test_no_cuda_device_is_a_clear_error(monkeypatch):
     with pytest.raises(DeviceError, match="no CUDA device") as info:
         torch_l2topo.calibrate()
     # it points at what works without a GPU, in Python and on the command line, and both do work
-    assert "torch_l2topo.load_example('h200')" in str(info.value) and "show --example h200" in str(info.value)
-    assert torch_l2topo.load_example("h200").n_sm == 132
+    assert "torch_l2topo.load_example()" in str(info.value) and "torch_l2topo examples" in str(info.value)
+    assert torch_l2topo.load_example().n_sm == 132
 
 
 @pytest.mark.parametrize("device", [2, -1, "cuda:5"])

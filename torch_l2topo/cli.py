@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from .bundled import DEFAULT_EXAMPLE, describe_example, example_path, list_examples, load_example, load_topology
+from .bundled import FALLBACK_MODEL, default_example, describe_example, list_examples, load_example, load_topology
 from .distributed.gather import DEFAULT_TIMEOUT_S, GATHER_SLACK_S
 from .errors import L2TopoError, RegistryError
 from .measure.cache import cache_dir
@@ -28,6 +28,8 @@ EXIT_HEALTH_FAIL = 4  # fleet: a job script gates on it, as on `dcgmi diag`
 EXIT_PIPE_CLOSED = 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader went away
 EXIT_STATUS = ("exit status: 0 done (identify: match), 1 identify: no match, 3 identify: ambiguous, 4 fleet: "
                "health Fail, 2 error (one line on stderr), 141 output pipe closed early")
+_EXAMPLE_DEFAULT = ("default: this machine's GPU model where one is bundled, else " + FALLBACK_MODEL
+                    + "; the summary's source line says which")
 NEXT_STEP = ("next: `python -m torch_l2topo report` writes l2topo-report/report.md, the analysis of this map "
              "with figures")
 
@@ -111,10 +113,11 @@ def cmd_report(args) -> int:
 
 def cmd_examples(args) -> int:
     names = list_examples()
-    default = example_path(DEFAULT_EXAMPLE).stem
+    default, why = default_example()
     width = max(map(len, names))
     for name in names:
         print(f"{name:{width}}  {describe_example(name)}" + ("  [default]" if name == default else ""))
+    print(f"\n[default]: what `show` and `report` use without a file or --example ({why})")
     return 0
 
 
@@ -214,14 +217,14 @@ def cmd_trace_summary(args) -> int:
 
 
 def cmd_main_job(args) -> int:
-    """No subcommand: calibrate the local GPU; without one, show the bundled H200 calibration and say so."""
+    """No subcommand: calibrate the local GPU; without one, show the default bundled calibration and say so."""
     import torch
 
     if torch.cuda.is_available():
         cmd_calibrate(argparse.Namespace(device=None, backend="auto", mode=DEFAULT_MODE, force=False, gpc=False,
                                          out=None, json=False, no_check=False))
     else:
-        topo = load_example(DEFAULT_EXAMPLE)
+        topo = load_example(FALLBACK_MODEL)  # no GPU to match: the fallback, named in the line below
         dev = topo.meta["device"]
         print(f"No CUDA GPU on this machine: showing bundled data, a real calibration of an {dev['name']} "
               f"(uuid-hash {topo.meta['uuid_hash']}) measured {topo.meta['date']} "
@@ -234,7 +237,7 @@ def cmd_main_job(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m torch_l2topo",
                                 description="Per-SM L2 latency maps of NVIDIA GPUs. Without a command: "
-                                            "calibrate the local GPU, or show bundled H200 data without one.",
+                                            "calibrate the local GPU, or show bundled data without one.",
                                 epilog=EXIT_STATUS)
     p.add_argument("--version", action="version", version=f"torch_l2topo {__version__}")
     sub = p.add_subparsers(dest="command")
@@ -255,15 +258,15 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_calibrate)
     s = sub.add_parser("show", help="summarize a saved or bundled calibration")
     s.add_argument("file", nargs="?", help="a saved calibration (.npz); default: a bundled example")
-    s.add_argument("--example", default=DEFAULT_EXAMPLE,
-                   help=f"bundled calibration to show (default {DEFAULT_EXAMPLE}); see `examples`")
+    s.add_argument("--example", help=f"bundled calibration to show (a name or a model: {_EXAMPLE_DEFAULT}); see "
+                                     "`examples`")
     s.add_argument("--json", action="store_true",
                    help="print JSON (metadata, per-SM chain latency and clock, per-line mean) instead of the summary")
     s.set_defaults(func=cmd_show)
     r = sub.add_parser("report", help="analyse a calibration: Markdown report with PNG figures")
     r.add_argument("file", nargs="?", help="a saved calibration (.npz); default: a bundled example")
-    r.add_argument("--example", default=DEFAULT_EXAMPLE,
-                   help=f"bundled calibration to analyse (default {DEFAULT_EXAMPLE}); see `examples`")
+    r.add_argument("--example", help=f"bundled calibration to analyse (a name or a model: {_EXAMPLE_DEFAULT}); see "
+                                     "`examples`")
     r.add_argument("--compare", help="a second calibration (.npz path or bundled name), usually of the same GPU: "
                                      "adds how partitions, clusters and slice classes hold between the two "
                                      "(another GPU's is compared too, and said to be another GPU)")
@@ -288,11 +291,11 @@ def build_parser() -> argparse.ArgumentParser:
         if verb == "identify":
             f.add_argument("--json", action="store_true", help="print the evidence as JSON")
         f.set_defaults(func=func)
-    e = sub.add_parser("examples", help="list the bundled calibrations (real H200 maps), one line each")
+    e = sub.add_parser("examples", help="list the bundled calibrations (real maps of each model), one line each")
     e.set_defaults(func=cmd_examples)
     g = sub.add_parser("geometry", help="measure the L2 geometry: line, capacity knees, hashing, contention, "
                                         "prefetching, persisting L2 (a GPU; quick: <= 20 s)")
-    g.add_argument("--quick", action="store_true", help="short sweeps (<= 20 s on an H200; full: <= 3 min)")
+    g.add_argument("--quick", action="store_true", help="short sweeps (<= 20 s on an H200; full: <= 3 min there)")
     g.add_argument("--device", type=int, default=None, help="CUDA device index (default: current)")
     g.add_argument("--out", help="also write every curve and derived number to this JSON file")
     g.add_argument("--figures", metavar="DIR", help="draw the main curves as PNGs into DIR (needs matplotlib)")

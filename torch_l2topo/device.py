@@ -105,14 +105,45 @@ def _serial_from_smi(uuid: str) -> str | None:
     return None
 
 
+def visible_gpu_name() -> str | None:
+    """The name of the GPU CUDA numbers 0 (torch's current one once CUDA is initialized), found without
+    initializing CUDA (a process may still fork): torch's name when it already did, else NVML's for the first
+    CUDA_VISIBLE_DEVICES entry (NVML numbers by PCI bus, CUDA fastest first: the model agrees on a machine of one
+    model, which is what callers want it for); None when unknown or there is no GPU. Never raises."""
+    try:
+        import torch
+
+        if torch.cuda.is_initialized():
+            return torch.cuda.get_device_name()
+    except Exception:  # no torch, a broken driver: unknown
+        return None
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    first = visible.split(",")[0].strip() if visible is not None else "0"
+    if not first:
+        return None
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(int(first)) if first.isdigit() \
+                else pynvml.nvmlDeviceGetHandleByUUID(first)
+            name = pynvml.nvmlDeviceGetName(handle)
+            return name.decode() if isinstance(name, bytes) else str(name)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # NVML is optional (nvidia-ml-py); no driver, no such device
+        return None
+
+
 def resolve_device(device=None) -> int:
     """Map None / int / "cuda:N" / torch.device to a CUDA device index, with clear errors."""
     import torch
 
     if not torch.cuda.is_available():
         raise DeviceError("no CUDA device is available (torch.cuda.is_available() is False); "
-                          "torch_l2topo.load_example('h200') returns a bundled real H200 calibration to work with "
-                          "instead (`python -m torch_l2topo show --example h200` shows it)")
+                          "torch_l2topo.load_example() returns a bundled real calibration to work with instead "
+                          "(`python -m torch_l2topo examples` lists them, one per board and backend)")
     if device is None:
         index = torch.cuda.current_device()
     elif isinstance(device, bool):

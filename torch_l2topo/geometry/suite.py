@@ -525,6 +525,15 @@ def layout_fixes(ctx: Context, flush: Flusher, budget: Budget, quick: bool) -> d
 # ---- persisting L2 through the driver API (driver.py) ------------------------------------------------------
 
 
+def persisting_sizes(max_persist: int, quick: bool) -> list[int]:
+    """Hot-buffer sizes (bytes) for this device's persisting maximum: quick, 8 MB (at most half the maximum);
+    full, 4, 16 and 32 MB where under the maximum, then the next multiple of 16 MB over it (the H200's 37.5 MB
+    maximum gives 4, 16, 32, 48 MB; a maximum of 30 MB gives 4, 16, 32)."""
+    if quick:
+        return [min(8 * MB, max_persist // 2 // MB * MB or MB)]
+    return [s * MB for s in (4, 16, 32) if s * MB < max_persist] + [(max_persist // (16 * MB) + 1) * 16 * MB]
+
+
 def persisting(ctx: Context, flush: Flusher, budget: Budget, quick: bool) -> dict:
     """A hot buffer read under an access policy window (hitProp persisting), then a streaming copy of 4x the
     L2 on the same stream, then one SM's chase of random lines of the hot buffer: its latency, the fraction of
@@ -533,7 +542,7 @@ def persisting(ctx: Context, flush: Flusher, budget: Budget, quick: bool) -> dic
 
     max_persist = driver.device_attribute(driver.CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE, ctx.index)
     max_window = driver.device_attribute(driver.CU_DEVICE_ATTRIBUTE_MAX_ACCESS_POLICY_WINDOW_SIZE, ctx.index)
-    sizes = [8 * MB] if quick else [4 * MB, 16 * MB, 32 * MB, 48 * MB]  # 48 MB: over the persisting maximum
+    sizes = persisting_sizes(max_persist, quick)
     ratios = [1.0] if quick else [0.5, 1.0]
     stream = torch.cuda.Stream(ctx.device)  # a stream of our own: torch's default is the NULL stream
     src = torch.ones(ctx.l2_bytes, dtype=torch.float32, device=ctx.device)  # 4x the L2 in bytes
