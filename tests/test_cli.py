@@ -42,7 +42,7 @@ def test_show_bundled_example(capsys):
 def test_show_json_is_machine_readable(capsys):
     assert main(["show", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert len(doc["chain_cycles"]) == 132 and doc["meta"]["device"]["name"] == "NVIDIA H200"
+    assert len(doc["chain_cycles"]) == doc["meta"]["device"]["sm_count"] > 0  # whichever GPU or bundled map
 
 
 def test_show_a_saved_file(tmp_path, capsys):
