@@ -26,7 +26,6 @@ from common import gpu_parser, quantiles, row, write_result
 from torch_l2topo.measure import recording
 from torch_l2topo.profiler import session
 from torch_l2topo.profiler.kernels.twins import Twins
-from torch_l2topo.profiler.trace.readback import launches
 from torch_l2topo.profiler.trace.tracefile import load_trace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,23 +73,11 @@ def instrumentation_cost(step, device: int, reps: int, block: int = 10) -> dict:
             "ratio": float(ours / plain)}
 
 
-def triton_coverage(trace_path: Path, triton_kernels: dict) -> dict:
-    """Triton launches with CTA tracks over all, and the GPU time share of kernel events with CTA tracks."""
-    trace = load_trace(trace_path)
-    triton_names = set(triton_kernels["instrumented"]) | set(triton_kernels["plain"])
-    kernels = [ev for ev in trace["traceEvents"] if ev.get("cat") == "kernel" and ev.get("ph") == "X"]
-    tracked = {launch["launch"] for launch in launches(trace)}
-    events = trace["traceEvents"]
-    index = {id(ev): i for i, ev in enumerate(events)}
-    covered = [index[id(ev)] in tracked for ev in kernels]
-    triton = [ev["name"] in triton_names for ev in kernels]
-    total = sum(ev["dur"] for ev in kernels)
-    return {"kernel_events": len(kernels), "triton_launches": int(sum(triton)),
-            "triton_launch_coverage": (sum(c and t for c, t in zip(covered, triton)) / sum(triton)) if any(triton)
-            else None,
-            "instrumented_gpu_time_ratio": sum(ev["dur"] for ev, c in zip(kernels, covered) if c) / total
-            if total else None,
-            "uncovered": sorted({ev["name"] for ev, c in zip(kernels, covered) if not c})}
+def triton_coverage(trace_path: Path, device: int) -> dict:
+    """The coverage figures the enrichment wrote for the device (profiler/trace/coverage.py)."""
+    meta = load_trace(trace_path)["l2topo"]["devices"][str(device)]
+    return {k: meta.get(k) for k in ("triton_launch_coverage", "instrumented_gpu_time_ratio", "kernel_launches",
+                                     "uncovered_kernels")}
 
 
 def profiled(model_step, device: int, work: Path, cycles: int) -> tuple:
@@ -133,7 +120,7 @@ def main(argv=None) -> dict:
         last = Path(written[-1])
         n_sm = torch.cuda.get_device_properties(args.device).multi_processor_count
         figures = {"instrumentation": cost, "triton_kernels": triton_kernels,
-                   "coverage": triton_coverage(last, triton_kernels), "ctas": coverage(last, n_sm),
+                   "coverage": triton_coverage(last, args.device), "ctas": coverage(last, n_sm),
                    "hta": hta_check(last, Path(tmp))}
     ctas = figures["ctas"]["kernels"]
     figures["every_cta_once_inside"] = all(k["each_program_once"] and k["inside_kernel"] and k["sms_in_range"]
