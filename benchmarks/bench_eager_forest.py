@@ -104,10 +104,10 @@ def main(argv=None) -> dict:
     import torch
 
     from torch_l2topo.ops import Forest
-    from torch_l2topo.ops.eager_kernels import wait_for_build
+    from torch_l2topo.ops.eager_kernels import build_now
 
     torch.cuda.set_device(args.device)
-    if not wait_for_build(args.device, timeout=900):
+    if not build_now(args.device):
         raise SystemExit("the C++ eager kernels did not build (see the log above)")
     models, batches = RUNS[args.forests]
     rng = np.random.default_rng(1)

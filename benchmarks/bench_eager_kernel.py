@@ -61,10 +61,10 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
     import torch
 
-    from torch_l2topo.ops.eager_kernels import eager_device, wait_for_build
+    from torch_l2topo.ops.eager_kernels import build_now, eager_device
 
     torch.cuda.set_device(args.device)
-    if not wait_for_build(args.device, timeout=900):
+    if not build_now(args.device):
         raise SystemExit("the C++ eager kernel did not build (see the log above)")
     bags = eager_device(args.device).bags
     shapes = part_of(SHAPES, args.part)

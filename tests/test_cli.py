@@ -232,3 +232,21 @@ def test_bad_arguments_exit_with_usage(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["calibrate", "--backend", "opencl"])
     assert exc.value.code == 2
+
+
+@pytest.mark.parametrize("argv,message", [(["build", "--cc", "9"], "MAJOR.MINOR"),
+                                          (["build", "--cc", "7.5"], "8.0 or newer"),
+                                          (["build", "--cc", "x.y"], "MAJOR.MINOR")])
+def test_build_refuses_bad_architectures(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_build_builds_each_architecture_once(monkeypatch, capsys):
+    from torch_l2topo.measure import extension
+
+    built = []
+    monkeypatch.setattr(extension, "build_ahead", lambda cc, progress: built.append(cc) or progress(f"sm{cc}"))
+    assert main(["build", "--cc", "9.0", "--cc", "8.0", "--cc", "9.0"]) == 0
+    assert built == [(9, 0), (8, 0)] and "built for sm_90, sm_80" in capsys.readouterr().out

@@ -86,3 +86,30 @@ def test_the_eager_module_is_a_python_module_of_its_own(fake_build):
     assert [p.rsplit("/", 1)[-1] for p in fake_build[0]["sources"]] == list(cuda_ext.EAGER_SOURCES)
     extension.load((9, 0))  # the probes' extension: another build, another name
     assert len(fake_build) == 2 and not fake_build[1]["is_python_module"]
+
+
+def test_a_load_that_may_not_compile_needs_a_build_of_these_very_sources(fake_build, tmp_path, monkeypatch):
+    from torch_l2topo import cuda_ext
+
+    with pytest.raises(BackendUnavailable, match="not built.*python -m torch_l2topo build"):
+        extension.load_eager_kernels((9, 0), compile=False)
+    assert fake_build == []  # no compiler started
+    extension.load_eager_kernels((9, 0))  # a build (the `build` verb's) leaves its mark
+    name = extension.extension_name((9, 0), "l2topo_eager")
+    assert extension.is_built(name, cuda_ext.EAGER_SOURCES)
+    monkeypatch.setattr(extension, "_loaded", {})  # a later process
+    extension.load_eager_kernels((9, 0), compile=False)
+    assert len(fake_build) == 2
+    # sources that changed since (an upgrade): not the build's, so not loaded without compiling
+    (tmp_path / name / extension.BUILT_MARK).write_text("0" * 64)
+    monkeypatch.setattr(extension, "_loaded", {})
+    with pytest.raises(BackendUnavailable, match="not built"):
+        extension.load_eager_kernels((9, 0), compile=False)
+    assert len(fake_build) == 2
+
+
+def test_build_ahead_builds_both_extensions_and_says_so(fake_build):
+    lines = []
+    assert extension.build_ahead((9, 0), progress=lines.append) == ["probe kernels", "eager kernels"]
+    assert [kw["is_python_module"] for kw in fake_build] == [False, True]
+    assert lines[0].startswith("building the probe kernels for sm_90") and lines[-1].strip().startswith("done in")

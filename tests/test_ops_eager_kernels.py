@@ -30,8 +30,15 @@ def fresh(monkeypatch):
     return caps
 
 
-def _fake_module_build(monkeypatch, release: threading.Event, built: list, fail=False):
-    def load_eager_kernels(cc):
+def _fake_module_build(monkeypatch, release: threading.Event, built: list, fail=False, compiled=None):
+    """load_eager_kernels replaced: records each cc it loads, waits for `release`; with `compiled` (a list), a load
+    that may not compile (compile=False) finds nothing built unless a compile happened first."""
+    def load_eager_kernels(cc, compile=True):
+        if compiled is not None:
+            if compile:
+                compiled.append(cc)
+            elif cc not in compiled:
+                raise BackendUnavailable(f"the CUDA extension for sm{cc[0]}{cc[1]} is not built for these sources")
         built.append(cc)
         release.wait(10)
         if fail:
@@ -73,6 +80,19 @@ def test_a_failed_build_keeps_torchs_op_and_the_triton_kernel_and_says_so_once(f
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "keep torch's op and the Triton kernel" in warnings[0]
     assert "nvcc: not found" in warnings[0]
+
+
+def test_a_first_call_never_compiles_and_build_now_does(fresh, monkeypatch, caplog):
+    release, built, compiled = threading.Event(), [], []
+    release.set()
+    _fake_module_build(monkeypatch, release, built, compiled=compiled)
+    with caplog.at_level(logging.WARNING, logger="torch_l2topo"):
+        assert not eager_kernels.wait_for_build(0, timeout=10)  # the background load found nothing built
+    assert compiled == [] and eager_kernels.eager_device(0).bags is eager_kernels.torch_bags
+    assert any("not built" in r.getMessage() for r in caplog.records)
+    assert eager_kernels.build_now(0) and compiled == [(9, 0)]  # built here, and used from now on
+    assert eager_kernels.eager_device(0).bags == eager_kernels.eager_device(1).bags == "bags for sm90"
+    assert eager_kernels.build_now(1) and compiled == [(9, 0)]  # the same capability: nothing more to build
 
 
 def test_the_environment_switch_never_builds(fresh, monkeypatch):

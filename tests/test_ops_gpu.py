@@ -30,11 +30,12 @@ N_ROWS = 1000
 
 @pytest.fixture(scope="module", autouse=True)
 def _eager_kernel_built():
-    """Small eager calls under "auto" run the C++ eager kernel once its background build is done: wait for it,
-    so that every test here sees what a warm program runs (test_small_eager_calls_... checks it did build)."""
-    from torch_l2topo.ops.eager_kernels import wait_for_build
+    """Small eager calls under "auto" run the C++ eager kernel once it is built and loaded: build it (as
+    `python -m torch_l2topo build` does), so that every test here sees what a prepared machine runs
+    (test_small_eager_calls_... checks it did build)."""
+    from torch_l2topo.ops.eager_kernels import build_now
 
-    wait_for_build(torch.cuda.current_device(), timeout=900)
+    build_now(torch.cuda.current_device())
 
 
 def _bag_case(seed: int, n_bags: int, max_rows: int, int32=False):
@@ -105,8 +106,8 @@ torch.cuda.synchronize()
 print("a good call passed", flush=True)
 input, offsets = {"index": ([1, 100, 2], [0, 2]), "offsets": ([1, 99, 2], [0, 3, 2])}[sys.argv[1]]
 if sys.argv[2] == "auto":  # a small eager call: the C++ eager kernel, once built
-    from torch_l2topo.ops.eager_kernels import wait_for_build
-    assert wait_for_build(0, timeout=900)
+    from torch_l2topo.ops.eager_kernels import build_now
+    assert build_now(0)
 embedding_bag(torch.tensor(input, device="cuda"), weight, torch.tensor(offsets, device="cuda"), policy=sys.argv[2])
 print("launched without a host sync", flush=True)
 torch.cuda.synchronize()

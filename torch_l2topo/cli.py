@@ -1,4 +1,4 @@
-"""Command line: `python -m torch_l2topo [calibrate|show|report|examples|geometry|enroll|identify|fleet|
+"""Command line: `python -m torch_l2topo [calibrate|show|report|build|examples|geometry|enroll|identify|fleet|
 trace-summary] ...` (also installed as `torch-l2topo`). Thin: parse, call the library, print.
 
 Exit statuses (EXIT_STATUS, shown by --help): 0 done (identify: a match); 1 identify: no match; 3 identify:
@@ -234,6 +234,35 @@ def cmd_main_job(args) -> int:
     return 0
 
 
+def _architecture(text: str) -> tuple:
+    try:
+        major, minor = (int(x) for x in text.split("."))
+    except ValueError:
+        raise ValueError(f"--cc takes MAJOR.MINOR (e.g. 9.0), got {text!r}") from None
+    if major < 8 or minor < 0:
+        raise ValueError(f"--cc {text}: torch_l2topo needs compute capability 8.0 or newer")
+    return major, minor
+
+
+def cmd_build(args) -> int:
+    from .errors import DeviceError
+    from .measure.extension import build_ahead
+
+    if args.cc:
+        archs = [_architecture(text) for text in args.cc]
+    else:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise DeviceError("no CUDA GPU here to build for: name the architectures with --cc, e.g. --cc 9.0")
+        archs = [torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())]
+    for cc in dict.fromkeys(archs):  # each architecture once, in order
+        build_ahead(cc, progress=lambda line: print(line, flush=True))
+    print(f"built for {', '.join(f'sm_{a}{b}' for a, b in dict.fromkeys(archs))}: jobs load these extensions "
+          f"without compiling")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m torch_l2topo",
                                 description="Per-SM L2 latency maps of NVIDIA GPUs. Without a command: "
@@ -291,6 +320,11 @@ def build_parser() -> argparse.ArgumentParser:
         if verb == "identify":
             f.add_argument("--json", action="store_true", help="print the evidence as JSON")
         f.set_defaults(func=func)
+    b = sub.add_parser("build", help="build the CUDA extensions (probe kernels, eager kernels) ahead of time, so that "
+                                     "no job compiles them (they load in a fraction of a second once built)")
+    b.add_argument("--cc", action="append", default=None, metavar="MAJOR.MINOR",
+                   help="a GPU architecture to build for, e.g. 9.0 (repeatable; default: every local GPU's)")
+    b.set_defaults(func=cmd_build)
     e = sub.add_parser("examples", help="list the bundled calibrations (real maps of each model), one line each")
     e.set_defaults(func=cmd_examples)
     g = sub.add_parser("geometry", help="measure the L2 geometry: line, capacity knees, hashing, contention, "

@@ -7,19 +7,24 @@ upgrade or another GPU never loads a stale binary). torch's own build lock is a 
 build leaves behind, after which every later load waits on it forever (fixed only in newer torch). We take
 an flock first, which the OS releases when its holder dies: whoever holds it is the only builder, so a torch
 lock file found while holding it is stale and is removed. A failed build raises BackendUnavailable in one
-line and keeps the compiler's output in the build directory.
+line and keeps the compiler's output in the build directory. A successful build leaves a mark (BUILT_MARK: a
+digest of its sources) that `compile=False` loads require, so a job can load a module built ahead of time
+(`python -m torch_l2topo build`, build_ahead) without ever starting a compiler.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 from pathlib import Path
 
 from ..errors import BackendUnavailable
-from ..files import exclusive
+from ..files import atomic_write, exclusive
 
 BUILD_LOCK_TIMEOUT_S = 600.0  # a cold build of the bindings takes about a minute on a busy machine
 ERROR_LOG = "l2topo-build-error.log"
+BUILT_MARK = "l2topo-built.sha256"  # in the build directory: the digest of the sources a build succeeded on
+BUILD_COMMAND = "python -m torch_l2topo build"
 
 _loaded: dict[str, object] = {}
 _failed: dict[str, str] = {}  # a failed build is not retried in the same process: torch would load a stale .so
@@ -50,14 +55,49 @@ def load(cc: tuple[int, int]):
     return torch.ops.l2topo
 
 
-def load_eager_kernels(cc: tuple[int, int]):
-    """Build (once) and load the eager kernels' module (cuda_ext/eager_bindings.cpp) for `cc`."""
+def load_eager_kernels(cc: tuple[int, int], compile: bool = True):
+    """Build (once) and load the eager kernels' module (cuda_ext/eager_bindings.cpp) for `cc`. compile=False:
+    load it only if it was built ahead of time, else raise BackendUnavailable (never start a compiler)."""
     from torch_l2topo import cuda_ext
 
-    return _build(extension_name(cc, "l2topo_eager"), cuda_ext.EAGER_SOURCES, cc, python_module=True)
+    return _build(extension_name(cc, "l2topo_eager"), cuda_ext.EAGER_SOURCES, cc, python_module=True,
+                  compile=compile)
 
 
-def _build(name: str, sources: tuple, cc: tuple[int, int], python_module: bool):
+def build_ahead(cc: tuple[int, int], progress=print) -> list:
+    """Build both extensions for `cc` now (the probes' and the eager kernels'), saying what it does through
+    progress(line); returns their names. Raises BackendUnavailable as a build does."""
+    import time
+
+    names = []
+    for what, build in (("probe kernels", load), ("eager kernels", load_eager_kernels)):
+        t0 = time.perf_counter()
+        progress(f"building the {what} for sm_{cc[0]}{cc[1]} (a minute or two the first time) ...")
+        build(cc)
+        progress(f"  done in {time.perf_counter() - t0:.1f} s")
+        names.append(what)
+    return names
+
+
+def _digest(sources: tuple) -> str:
+    from torch_l2topo import cuda_ext
+
+    h = hashlib.sha256()
+    for s in sources:
+        h.update(s.encode() + b"\0" + (cuda_ext.SOURCE_DIR / s).read_bytes())
+    return h.hexdigest()
+
+
+def is_built(name: str, sources: tuple) -> bool:
+    """Whether extension `name` was built from these very sources (its mark in the build directory)."""
+    mark = build_root() / name / BUILT_MARK
+    try:
+        return mark.read_text().strip() == _digest(sources)
+    except OSError:
+        return False
+
+
+def _build(name: str, sources: tuple, cc: tuple[int, int], python_module: bool, compile: bool = True):
     """cpp_extension.load of `sources` as extension `name`, once per process, under the locks (module doc)."""
     import torch
 
@@ -65,6 +105,9 @@ def _build(name: str, sources: tuple, cc: tuple[int, int], python_module: bool):
         return _loaded[name]
     if name in _failed:
         raise BackendUnavailable(_failed[name])
+    if not compile and not is_built(name, sources):
+        raise BackendUnavailable(f"the CUDA extension {name} is not built for these sources; `{BUILD_COMMAND}` "
+                                 f"builds it ahead of time")
     if torch.version.cuda is None:
         raise BackendUnavailable("this torch build has no CUDA support; the CUDA backend needs one "
                                  "(backend='triton' needs none)")
@@ -99,4 +142,5 @@ def _build(name: str, sources: tuple, cc: tuple[int, int], python_module: bool):
             else:
                 os.environ["TORCH_CUDA_ARCH_LIST"] = previous
         _loaded[name] = module
+        atomic_write(build_dir / BUILT_MARK, _digest(sources).encode(), durable=False)
     return module

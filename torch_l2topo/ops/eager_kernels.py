@@ -8,10 +8,11 @@ CUDA kernel costs a fraction of either. So embedding_bag's small eager calls (em
 forest_predict's (forest_predict.eager_forest) run these kernels. Each embedding-bag launch comes with an
 estimate of its GPU time (`gpu_us`) that embedding_bag's rule compares with the Triton call's host time.
 
-Availability: the module is built with torch.utils.cpp_extension (measure/extension.py, cached per torch version
-and GPU architecture) in a background thread that the first such call on a device starts, so no call waits for
-a compiler. Until it is loaded, where it cannot be built, or with TORCH_L2TOPO_EAGER_KERNELS=0, small embedding
-bags run torch's own op (`torch_bags`) and forests the Triton kernel. Docs: docs/ops.md ("embedding_bag").
+Availability: the module is built ahead of time (`python -m torch_l2topo build`, or build_now()) with
+torch.utils.cpp_extension (measure/extension.py, cached per torch version and GPU architecture); the first such
+call on a device starts a background thread that loads it if it was built, and never compiles, so no job waits
+for or runs a compiler. Until it is loaded, where it was not built, or with TORCH_L2TOPO_EAGER_KERNELS=0, small
+embedding bags run torch's own op (`torch_bags`) and forests the Triton kernel. Docs: docs/ops.md.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from .policy import device_properties
 
 log = logging.getLogger("torch_l2topo")
 ENV_SWITCH = "TORCH_L2TOPO_EAGER_KERNELS"  # "0": never build (module doc)
+KEPT_ON_TORCH = "small eager embedding_bag and forest_predict calls keep torch's op and the Triton kernel: %s"
 # GPU microseconds of each launch, as terms: per row of the mean bag, per MB read, per bag, per row read, per row
 # read from a table larger than the L2. Fitted by benchmarks/fit_eager_rule.py to H200 CUDA-graph times (docs/ops.md).
 TORCH_OP_US = (0.147, 0.291, 6.57e-4, 8.68e-6, 4.43e-5)     # torch's op (benchmarks/fit_eager_rule.py)
@@ -92,15 +94,36 @@ def wait_for_build(index: int, timeout: float | None = None) -> bool:
 
 
 def _build(cc: tuple[int, int]) -> None:
+    """The background load of a first call (never a compile): the module built ahead of time, or a note."""
     from ..errors import BackendUnavailable
     from ..measure.extension import load_eager_kernels
 
     try:
-        module = load_eager_kernels(cc)
+        module = load_eager_kernels(cc, compile=False)
     except BackendUnavailable as exc:  # torch's op and the Triton kernel keep the calls: slower, never wrong
-        log.warning("small eager embedding_bag and forest_predict calls keep torch's op and the Triton kernel: %s",
-                    exc)
+        log.warning(KEPT_ON_TORCH, exc)
         return
+    _install(cc, module)
+
+
+def build_now(index: int) -> bool:
+    """Build the module for device `index` here and now if need be (minutes the first time), and use it: what
+    `python -m torch_l2topo build` does for every GPU, for tests and benchmarks. True once small calls there run
+    the C++ kernels; a failed build warns and leaves them on torch's op."""
+    from ..errors import BackendUnavailable
+    from ..measure.extension import load_eager_kernels
+
+    wait_for_build(index)  # the first call's background load, if it is running
+    device = eager_device(index)
+    if device.forest is None:
+        try:
+            _install(device.cc, load_eager_kernels(device.cc))
+        except BackendUnavailable as exc:
+            log.warning(KEPT_ON_TORCH, exc)
+    return device.forest is not None
+
+
+def _install(cc: tuple[int, int], module) -> None:
     with _lock:
         _loaded[cc] = module
         for device in _devices.values():
