@@ -270,3 +270,18 @@ def test_kernels_of_other_gpus_are_left_alone(launch_paths):
 def test_the_twin_is_assembled_as_triton_assembled_its_original(fusion, extra, expected):
     meta = type("Meta", (), {"enable_fp_fusion": fusion, "ptx_options": extra})()
     assert twins._ptxas_options(meta) == expected
+
+
+def test_a_cycle_scans_the_process_once(launch_paths, monkeypatch):
+    scans = []
+    real = twins.loaded_kernels
+    monkeypatch.setattr(twins, "loaded_kernels", lambda: scans.append(1) or real())
+    pair, rec = twins.Twins(), _Recorder()
+    pair.build({0: rec})  # the warmup step
+    assert launch_paths["jit"].function == 101  # built, not swapped in
+    covered = pair.swap_in({0: rec})  # the active step: build's scan, not another
+    assert len(scans) == 1 and "_add" in covered["instrumented"] and launch_paths["jit"].function >= 900
+    pair.swap_out()
+    pair.swap_in({0: rec})  # a cycle without a build first scans for itself
+    assert len(scans) == 2
+    pair.swap_out()

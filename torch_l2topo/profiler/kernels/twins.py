@@ -189,6 +189,7 @@ class Twins:
         self._lock = threading.Lock()
         self._twins: dict = {}      # (key, device, address) -> function handle, or an error string
         self._swapped: list = []    # [(LoadedKernel, original handle)] while a cycle runs twins
+        self._found = None          # build()'s scan, which the next swap_in uses (one scan of the heap per cycle)
 
     def _build(self, kernel: LoadedKernel, address: int, tag: int):
         """The twin's function handle, or a one-line reason why the kernel stays plain."""
@@ -221,14 +222,18 @@ class Twins:
         """Build the twins of every loaded Triton kernel of a GPU in `recorders` ({device: CtaRecorder}) without
         swapping them in (what a profiler's warmup step does, so that the active steps only swap)."""
         with self._lock:
-            self._built([k for k in loaded_kernels() if k.device in recorders], recorders)
+            self._found = [k for k in loaded_kernels() if k.device in recorders]
+            self._built(self._found, recorders)
 
     def swap_in(self, recorders: dict) -> dict:
         """Point every loaded Triton kernel of a GPU in `recorders` ({device: CtaRecorder}) at its twin, built
-        first where need be. Returns {"instrumented": [names], "plain": {name: why}} for the cycle's trace."""
+        first where need be; the kernels are those build() found, if it ran since the last swap_in (a kernel first
+        loaded in between is twinned from the next cycle on). Returns {"instrumented": [names], "plain": {name:
+        why}} for the cycle's trace."""
         with self._lock:
             self._restore()
-            kernels = [k for k in loaded_kernels() if k.device in recorders]
+            found, self._found = self._found, None
+            kernels = [k for k in (found if found is not None else loaded_kernels()) if k.device in recorders]
             self._built(kernels, recorders)
             instrumented, plain = set(), {}
             for k in kernels:
