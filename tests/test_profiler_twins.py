@@ -285,3 +285,16 @@ def test_a_cycle_scans_the_process_once(launch_paths, monkeypatch):
     pair.swap_in({0: rec})  # a cycle without a build first scans for itself
     assert len(scans) == 2
     pair.swap_out()
+
+
+def test_a_kernel_built_without_fp_fusion_gets_a_twin_assembled_without_it(monkeypatch):
+    meta = type("Meta", (), {"shared": 0, "num_warps": 4, "enable_fp_fusion": False, "ptx_options": None})()
+    kernel = type("Kernel", (), {"name": "k", "hash": "h", "metadata": meta, "asm": {"ptx": PTX_TWO_RETURNS},
+                                 "function": 5})()
+    assembled = []
+    monkeypatch.setattr(twins, "assemble", lambda ptx, options=(): assembled.append((ptx, options)) or b"cubin")
+    monkeypatch.setattr(twins, "_load", lambda name, cubin, shared, device: (None, 77, 1024))
+    loaded = twins._compiled(kernel, 0, [(kernel, "function")])
+    assert twins.Twins()._build(loaded, ADDRESS, TAG) == 77
+    (ptx, options), = assembled
+    assert options == ("--fmad=false",) and "$L2T_exit" in ptx

@@ -2,6 +2,8 @@
 on an SM of the device, start before end) and computes what the original computes; swapped out, the original
 runs and writes nothing; profile(kernels="triton") gives a torch.compile'd function's Inductor kernels CTA tracks,
 every CTA inside its own kernel event, with the function's output unchanged."""
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -124,7 +126,7 @@ def test_twins_that_cannot_be_made_leave_the_kernels_plain_and_the_traces_writte
         monkeypatch.setattr(twins_module, "loaded_kernels", broken)
     sched = torch.profiler.schedule(wait=0, warmup=1, active=1, repeat=1)
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    with pytest.warns(UserWarning) if fault == "scan-raises" else _nothing():
+    with pytest.warns(UserWarning) if fault == "scan-raises" else contextlib.nullcontext():
         with torch_l2topo.profile(tmp_path, schedule=sched, activities=acts, kernels="triton") as prof:
             for _ in range(2):
                 _twice[grid](x, out, N, BLOCK=BLOCK)
@@ -134,9 +136,3 @@ def test_twins_that_cannot_be_made_leave_the_kernels_plain_and_the_traces_writte
     if fault == "no-ptxas":
         assert "did not assemble" in prof.handler.triton_kernels["plain"]["_twice"]
     assert not any(launch["kernel"] == "_twice" for launch in launches(load_trace(prof.written[0])))
-
-
-def _nothing():
-    import contextlib
-
-    return contextlib.nullcontext()
