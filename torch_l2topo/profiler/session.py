@@ -519,18 +519,19 @@ class profile(torch.profiler.profile):
     def _twins_do(self, what: str, action):
         """action(the process's Twins) for kernels="triton"; a failure leaves the Triton kernels plain for the rest
         of the block, warned (never raised into the loop)."""
+        twins = None
         try:
             from .kernels.twins import shared_twins
 
-            return action(shared_twins())
+            twins = shared_twins()
+            return action(twins)
         except Exception as exc:
             self.kernels = "recorded"
             warn(f"torch_l2topo: the Triton kernels' twins failed to {what} ({type(exc).__name__}: {exc}); this "
                  f"block's traces have CTA tracks only for kernels that record themselves")
-            with contextlib.suppress(Exception):
-                from .kernels.twins import shared_twins
-
-                shared_twins().swap_out()
+            if twins is not None:
+                with contextlib.suppress(Exception):
+                    twins.swap_out()
             return None
 
     def _swap_twins_in(self) -> None:
