@@ -5,6 +5,8 @@ on the GPU (tests/test_profiler_gpu.py).
 
 On CI (CI=true) a missing Triton is a failure, not a skip (as in test_kernel_sources.py).
 """
+import hashlib
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -203,6 +205,7 @@ def launch_paths(tmp_path, monkeypatch):
     from torch._inductor.runtime.triton_heuristics import CachingAutotuner
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+    from triton.runtime.cache import get_cache_manager
 
     def compiled(name):
         fn, sig, consts = KERNELS[name]
@@ -222,12 +225,13 @@ def launch_paths(tmp_path, monkeypatch):
     for name, handle in (("with_ptx", 103), ("without_ptx", 104)):
         static = StaticallyLaunchedCudaKernel.__new__(StaticallyLaunchedCudaKernel)
         static.name, static.hash, static.shared, static.num_warps, static.function = \
-            name, f"hash-{name}", 0, 4, handle
+            name, hashlib.sha256(name.encode()).hexdigest(), 0, 4, handle
         statics.append(static)
     cache = tmp_path / "triton-cache"
-    (cache / "hash-with_ptx").mkdir(parents=True)
-    (cache / "hash-with_ptx" / "with_ptx.ptx").write_text(static_source.asm["ptx"].replace("_grid_3d", "with_ptx"))
     monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
+    where = Path(get_cache_manager(statics[0].hash).cache_dir)  # Triton's own name for the kernel's directory
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "with_ptx.ptx").write_text(static_source.asm["ptx"].replace("_grid_3d", "with_ptx"))
     static_scopes = [{"runner": s.run} for s in statics]
     for s_scope in static_scopes:
         exec("def launcher():\n    return runner", s_scope)
@@ -298,3 +302,17 @@ def test_a_kernel_built_without_fp_fusion_gets_a_twin_assembled_without_it(monke
     assert twins.Twins()._build(loaded, ADDRESS, TAG) == 77
     (ptx, options), = assembled
     assert options == ("--fmad=false",) and "$L2T_exit" in ptx
+
+
+def test_a_static_kernels_ptx_and_options_are_read_beside_its_cubin(tmp_path):
+    cubin = tmp_path / "elsewhere" / "k.cubin"
+    cubin.parent.mkdir()
+    cubin.write_bytes(b"cubin")
+    cubin.with_suffix(".ptx").write_text(PTX_TWO_RETURNS)
+    cubin.with_suffix(".json").write_text(json.dumps({"enable_fp_fusion": False, "ptx_options": None}))
+    kernel = type("Static", (), {"name": "k", "hash": "00ff", "shared": 0, "num_warps": 4, "function": 5,
+                                 "cubin_path": str(cubin)})()
+    loaded = twins._static(kernel, 0)
+    assert loaded.ptx_source() == PTX_TWO_RETURNS and loaded.ptxas_options == ("--fmad=false",)
+    cubin.with_suffix(".ptx").unlink()
+    assert twins._static(kernel, 0).ptx_source is None

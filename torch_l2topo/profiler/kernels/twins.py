@@ -12,6 +12,7 @@ Needs triton (torch for Inductor's kernels); imported only for profile(kernels="
 from __future__ import annotations
 
 import gc
+import json
 import os
 import shutil
 import subprocess
@@ -20,6 +21,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 from .ptx import InstrumentationError, instrument, kernel_name, target
 
@@ -52,9 +54,21 @@ class LoadedKernel:
                 setattr(holder, key, function)
 
 
-def _cached_ptx(key: str, name: str, device: int):
-    """A reader of the PTX Triton left in its cache for the kernel of hash `key` (Inductor's kernels keep only
-    the cubin in memory), or None where no cache holds it."""
+def _cache_dir_names(key: str) -> list:
+    """The directory names Triton's file cache may keep kernel `key` under: base32 of the hash (Triton >= 3.2),
+    else the hash itself."""
+    import base64
+
+    try:
+        return [base64.b32encode(bytes.fromhex(key)).decode().rstrip("="), key]
+    except ValueError:  # not a hex hash
+        return [key]
+
+
+def _cached_ptx(key: str, name: str, device: int, cubin_path=None):
+    """The PTX file Triton left in its cache for the kernel of hash `key` (Inductor's kernels keep only the cubin
+    in memory): beside the cubin the launcher loaded, else under the cache roots; None where none holds it."""
+    candidates = [Path(cubin_path).with_suffix(".ptx")] if cubin_path else []
     roots = [os.environ.get("TRITON_CACHE_DIR")]
     try:
         import triton
@@ -68,10 +82,10 @@ def _cached_ptx(key: str, name: str, device: int):
         roots.append(triton_cache_dir(device))
     except Exception:  # no Inductor
         pass
-    for root in roots:
-        if root and (Path(root) / key / f"{name}.ptx").is_file():
-            path = Path(root) / key / f"{name}.ptx"
-            return path.read_text
+    candidates += [Path(root) / d / f"{name}.ptx" for root in roots if root for d in _cache_dir_names(key)]
+    for path in candidates:
+        if path.is_file():
+            return path
     return None
 
 
@@ -89,8 +103,13 @@ def _compiled(kernel, device: int, sites: list) -> LoadedKernel:
 
 
 def _static(kernel, device: int) -> LoadedKernel:
+    ptx = _cached_ptx(kernel.hash, kernel.name, device, getattr(kernel, "cubin_path", None))
+    try:  # Triton's metadata beside the PTX holds the build's options
+        meta = SimpleNamespace(**json.loads(ptx.with_suffix(".json").read_text()))
+    except (AttributeError, OSError, ValueError, TypeError):
+        meta = None
     return LoadedKernel(kernel.name, kernel.hash, device, int(kernel.shared), 32 * int(kernel.num_warps),
-                        _cached_ptx(kernel.hash, kernel.name, device), [(kernel, "function")])
+                        ptx.read_text if ptx else None, [(kernel, "function")], _ptxas_options(meta))
 
 
 def _inductor_classes() -> tuple:
