@@ -34,6 +34,7 @@ way out step by step, every item traced, the gather's floors).
 from __future__ import annotations
 
 import itertools
+import statistics
 import time
 
 import numpy as np
@@ -545,19 +546,24 @@ def _uniform_gather(dev, topo, reps) -> list:
     return rows
 
 
+OVERHEAD_POLICIES = ("plain", "partition_queues", "weighted", "auto")
+
+
 def bench_overhead(dev, topo) -> dict:
     """Host time per launch (eager) and device time per launch (graph) of an empty workload (chases of 0 loads,
-    one item per SM) through @sm_aware against the same kernel launched directly."""
+    one item per SM) through @sm_aware against the same kernel, plan and grid launched bare (kernel[grid](...),
+    what a user writes) and lean (measure/lean_launch.py). host_overhead_us = @sm_aware's host time minus the
+    bare launch's (median of 5 blocks of 2,000 calls, the three interleaved)."""
     import torch
 
-    from torch_l2topo.measure.launch import launch_triton
+    from torch_l2topo.measure.lean_launch import lean
     from torch_l2topo.placement.sm_aware import sm_aware
 
     n = topo.n_sm
     starts = torch.zeros(n, dtype=torch.int64, device=dev)
     ends = torch.zeros(n, dtype=torch.int64, device=dev)
     out = {}
-    for policy in ("plain", "auto"):
+    for policy in OVERHEAD_POLICIES:
         kernel = sm_aware(chase_kernel, policy=policy, num_warps=1, topology=topo)
 
         def wrapped():
@@ -565,29 +571,44 @@ def bench_overhead(dev, topo) -> dict:
 
         if policy == "auto":
             settle(kernel, wrapped)
+        else:
+            wrapped()  # builds the plan
         chosen = policy if policy != "auto" else next(iter(kernel.decisions.values())).policy
         plan, state = kernel.plan_tensors(n, policy=chosen)
         place, grid = kernel.place(chosen), kernel.grid(dev, policy=chosen, n_items=n)
+        slot = kernel.slot(n, policy=chosen)
 
-        def direct():
-            launch_triton(chase_kernel, grid, (starts, ends, 0, plan, state), 1, {"PLACE": place})
+        def bare():
+            slot.prepare()
+            chase_kernel[(grid,)](starts, ends, 0, plan, state, num_warps=1, PLACE=place)
 
-        row = {"chosen": chosen}
-        for name, fn in (("plain_triton", direct), ("sm_aware", wrapped)):
+        def lean_launch():
+            slot.prepare()
+            lean(chase_kernel)[(grid,)](starts, ends, 0, plan, state, num_warps=1, PLACE=place)
+
+        calls = {"bare_triton": bare, "lean_triton": lean_launch, "sm_aware": wrapped}
+        host = {name: [] for name in calls}
+        for fn in calls.values():
             for _ in range(50):
                 fn()
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(2000):
-                fn()
-            row[f"{name}_host_us"] = (time.perf_counter() - t0) / 2000 * 1e6
-            torch.cuda.synchronize()
+        for _ in range(5):
+            for name, fn in calls.items():
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(2000):
+                    fn()
+                host[name].append((time.perf_counter() - t0) / 2000 * 1e6)
+        torch.cuda.synchronize()
+        row = {"chosen": chosen}
+        for name, fn in calls.items():
+            row[f"{name}_host_us"] = statistics.median(host[name])
             replay = graph_of(fn, 100).replay
             row[f"{name}_graph_us_per_launch"] = interleaved({"g": replay}, 20, 100)["g"]["p50"] * 1e3
-        row["eager_overhead_us"] = row["sm_aware_host_us"] - row["plain_triton_host_us"]
-        row["graph_overhead_us"] = row["sm_aware_graph_us_per_launch"] - row["plain_triton_graph_us_per_launch"]
+        row["host_overhead_us"] = row["sm_aware_host_us"] - row["bare_triton_host_us"]
+        row["graph_overhead_us"] = row["sm_aware_graph_us_per_launch"] - row["bare_triton_graph_us_per_launch"]
         out[policy] = row
-        print(f"overhead {policy}: {row}", flush=True)
+        print(f"overhead {policy}: " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
+                                                 for k, v in row.items()), flush=True)
     return out
 
 
@@ -653,7 +674,7 @@ def table_rows(figures: dict) -> list:
                           measured="entries", ratios=RATIOS)
     for policy, o in figures.get("overhead", {}).items():
         rows += [row(f"@sm_aware launch, policy {policy}", k, "us", o[k])
-                 for k in ("eager_overhead_us", "graph_overhead_us")]
+                 for k in ("host_overhead_us", "graph_overhead_us")]
     if "new_size_plan_ms" in figures.get("partition_map", {}):
         rows.append(row("partition map, new size", "plan_median", "ms",
                         figures["partition_map"]["new_size_plan_ms"]["median"]))

@@ -183,7 +183,7 @@ def test_eager_kernel_leaves_other_calls_to_torchs_op():
 
 
 def test_small_eager_calls_run_the_eager_kernel_and_everything_else_the_triton_kernel():
-    from torch_l2topo.ops import lean_launch
+    from torch_l2topo.measure import lean_launch
     from torch_l2topo.ops.eager_kernels import EAGER_KERNEL_US, eager_device, gpu_us, torch_bags
     from torch_l2topo.ops.embedding_bag import EAGER_BELOW_US
 
@@ -314,7 +314,7 @@ def test_eager_forest_kernel_matches_the_triton_kernel():
     # the C++ eager kernel adds the same leaves in another order (per thread, then across lanes): equal to the
     # Triton kernel's prediction within float32 rounding, for every link, leaf kind, one chunk and several, and
     # with per-partition copies; an eager "auto" call runs it (no Triton launch), "plain" the Triton kernel
-    from torch_l2topo.ops import lean_launch
+    from torch_l2topo.measure import lean_launch
 
     links = set()
     for name, forest, x in _eager_forest_cases():
@@ -336,7 +336,7 @@ def test_eager_forest_kernel_matches_the_triton_kernel():
 def test_eager_forest_leaves_graphs_and_large_calls_to_the_triton_kernel():
     # under CUDA graph capture (no host time to save) and at EAGER_MAX_STEPS walk steps and more (where its GPU time
     # is the longer) the C++ kernel declines and "auto" launches the Triton kernel: a captured call replays it
-    from torch_l2topo.ops import lean_launch
+    from torch_l2topo.measure import lean_launch
 
     x, models = _sklearn_models()
     forest = Forest.from_sklearn(models["gbr"]).to("cuda")
@@ -508,7 +508,7 @@ def test_lean_launches_match_triton_launches_for_every_specialisation():
     # multiple of 16 elements, tables whose address is and is not 16-byte aligned, int32 and int64 indices, one
     # bag (an int argument equal to 1 is specialised), each checked against torch's op (the oracle), and lean
     # launches must really happen once compiled.
-    from torch_l2topo.ops import lean_launch
+    from torch_l2topo.measure import lean_launch
 
     lean_launch._launches.update(lean=0, triton=0)
     cases = [(64, 0, False, 50), (17, 0, False, 50), (17, 1, False, 50), (17, 1, True, 50), (64, 0, True, 50),
@@ -529,7 +529,7 @@ def test_lean_launches_match_triton_launches_for_every_specialisation():
 def test_lean_launch_defers_to_triton_while_a_launch_hook_is_set():
     from triton import knobs
 
-    from torch_l2topo.ops import lean_launch
+    from torch_l2topo.measure import lean_launch
 
     input, offsets = _bag_case(3, 20, 8)
     weight = torch.randn(N_ROWS, 32, device="cuda")

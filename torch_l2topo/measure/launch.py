@@ -81,8 +81,11 @@ def launch(kernel: str, backend: str, grid: int, *args) -> None:
 
 def launch_triton(fn, grid, args: tuple, num_warps: int, constexprs: dict | None = None) -> None:
     """Launch a @triton.jit function with a 1-D grid of `grid` programs (the current device must be the
-    tensors' device). The one place the package launches Triton kernels."""
-    fn[(int(grid),)](*args, num_warps=num_warps, **(constexprs or {}))
+    tensors' device). The one place the package launches Triton kernels: a lean launch (lean_launch.py), the
+    compiled kernel without Triton's per-launch check of the kernel's globals."""
+    from .lean_launch import lean  # here: importing this module must not import Triton
+
+    lean(fn)[(int(grid),)](*args, num_warps=num_warps, **(constexprs or {}))
 
 
 def cuda_ops(device):

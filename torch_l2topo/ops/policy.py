@@ -22,8 +22,8 @@ import torch
 
 from ..errors import check_choice
 from ..layout import PLACE_DIRECT
+from ..measure.lean_launch import lean
 from ..placement.plans import POLICIES
-from .lean_launch import lean
 
 AUTO = "auto"
 PLAIN = "plain"

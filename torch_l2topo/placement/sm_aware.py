@@ -15,6 +15,7 @@ Docs: docs/usage.md ("Placing work").
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 import statistics
@@ -27,6 +28,8 @@ import torch
 
 from ..errors import DeviceError, PlacementError, check_choice
 from ..layout import PLACE_RECORD
+from ..measure.lean_launch import lean
+from ..measure.recording import active_recorder
 from . import choice
 from .choice import Candidate, Decision
 from .plans import POLICIES, POLICY_TABLE, SHARE_ORDERS, SpeedModel, Workload, make_plan
@@ -43,6 +46,12 @@ PLACE_ARG = "PLACE"
 # A GPU spin (~0.25 ms at 2 GHz) before each timed trial launch (see __call__): several times what the host takes
 # to queue a partition_queues trial (its cursor reset, then the launch); half of it sometimes fell short.
 HOST_GAP_CYCLES = 500_000
+
+
+def _on_device(index: int):
+    """torch.cuda.device(index), or nothing to enter where it is already the current device (entering and leaving
+    costs host time on every launch)."""
+    return contextlib.nullcontext() if torch.cuda.current_device() == index else torch.cuda.device(index)
 
 
 def _digest(a) -> str:
@@ -189,7 +198,7 @@ class Placement:
         settled = self._settled.get(fast[0]) if fast else None
         if settled is not None and all(r is None or r() is obj for r, obj in zip(settled[0], fast[1])):
             _, index, (grid, slot, classes) = settled
-            with torch.cuda.device(index):
+            with _on_device(index):
                 slot.prepare()
                 launch(grid, slot.plan, slot.state, slot.loaded.mode | self._record_bit(index, slot, classes))
             return
@@ -249,8 +258,6 @@ class Placement:
         be written during capture (launch it once while recording before capturing)."""
         if self.record_name is None:
             return 0
-        from ..measure.recording import active_recorder
-
         rec = active_recorder(index)
         if rec is None:
             return 0
@@ -432,6 +439,7 @@ class SmAwareKernel(Placement):
     def __init__(self, fn, *, num_warps: int | None = None, **options):
         check_kernel(fn)
         self.fn = fn
+        self._lean = lean(fn)  # the compiled kernel launched without Triton's per-launch check of its globals
         self.num_warps = TRITON_DEFAULT_WARPS if num_warps is None else num_warps
         super().__init__(**options)
         self.__name__ = getattr(fn, "__name__", "sm_aware_kernel")
@@ -440,14 +448,18 @@ class SmAwareKernel(Placement):
         self._occupancy: dict = {}  # device index -> CTAs per SM of the shares-mode kernel
         self._call = None           # (args, kwargs) of the call being launched, for the occupancy compile
 
-    @torch.compiler.disable  # a graph break inside torch.compile: sm_aware's docstring says why and what else works
     def __call__(self, *args, n_items: int, item_class=None, loads_per_item=1.0, **kwargs) -> None:
-        from ..measure.launch import launch_triton
+        if torch.compiler.is_compiling():  # a graph break: sm_aware's docstring says why and what else works
+            return self._outside_graph(*args, n_items=n_items, item_class=item_class,
+                                       loads_per_item=loads_per_item, **kwargs)
+        return self._eager(*args, n_items=n_items, item_class=item_class, loads_per_item=loads_per_item, **kwargs)
 
+    def _eager(self, *args, n_items: int, item_class=None, loads_per_item=1.0, **kwargs) -> None:
         device = cuda_device_of(args, self.__name__)
+        kernel, options = self._lean, {**kwargs, "num_warps": self.num_warps}
 
         def launch(grid, plan, state, place):
-            launch_triton(self.fn, grid, (*args, plan, state), self.num_warps, {**kwargs, PLACE_ARG: place})
+            kernel[(int(grid),)](*args, plan, state, **{**options, PLACE_ARG: place})
 
         self._call = (args, kwargs)
         try:
@@ -455,6 +467,10 @@ class SmAwareKernel(Placement):
                              device=device)
         finally:
             self._call = None
+
+    # Entered only while torch.compile traces a call (disabled, the call runs eagerly): not on every eager call,
+    # where the decorator's own wrapper costs host time.
+    _outside_graph = torch.compiler.disable(_eager)
 
     def occupancy(self, *args, **kwargs) -> int:
         """CTAs of this kernel, compiled in shares mode for these arguments (those of a call, without n_items),
