@@ -10,6 +10,7 @@ from torch_l2topo.placement.choice import (
     candidates,
     choose,
     claim_chunk,
+    host_extra,
     persistent_ctas,
     trial_rounds,
     trial_schedule,
@@ -128,6 +129,24 @@ def test_a_noisy_fastest_median_does_not_hide_a_steady_winner():
     assert choose(timings, 0.01) == steady
 
 
+def test_a_gpu_saving_smaller_than_its_extra_host_time_keeps_plain():
+    # queues saves 4 us of GPU time per launch, but its launch costs the host 6 us more (the cursors' reset): an
+    # eager call would wait longer for it
+    timings = {PLAIN: [0.020, 0.020, 0.021], QUEUES: [0.016, 0.016, 0.016]}
+    assert choose(timings, 0.01) == QUEUES
+    host = {PLAIN: [0.030, 0.031, 0.029], QUEUES: [0.036, 0.037, 0.035]}
+    assert choose(timings, 0.01, host) == PLAIN
+    assert host_extra(host) == pytest.approx({PLAIN: 0.0, QUEUES: 0.006})
+    host[QUEUES] = [0.031, 0.032, 0.032]  # 1 us more: the 4 us saved still win
+    assert choose(timings, 0.01, host) == QUEUES
+
+
+def test_host_time_below_plains_is_no_credit_and_no_plain_means_no_extra():
+    timings = {PLAIN: [0.020, 0.020, 0.020], QUEUES: [0.0199, 0.0199, 0.0199]}
+    assert choose(timings, 0.01, {PLAIN: [0.05] * 3, QUEUES: [0.01] * 3}) == PLAIN
+    assert host_extra({QUEUES: [0.01]}) == {} and host_extra(None) == {}
+
+
 def test_a_slower_placement_never_wins_against_plain():
     # recorded shape of the H200 chase at 16 items per SM (a persistent grid of 1 CTA per SM: 1.22x plain)
     timings = {PLAIN: [3.10, 3.12, 3.11], Candidate("affine_weighted", 1): [3.79, 3.80, 3.78]}
@@ -157,7 +176,10 @@ def test_the_decision_says_in_words_what_was_kept_and_why():
     assert won.explain().startswith("chose partition_queues (") and "0.900x plain" in won.explain()
     assert won.as_dict() == {"policy": "partition_queues", "ctas_per_sm": None, "chunk": 1,
                              "chosen": "partition_queues", "medians": {"plain": 2.0, "partition_queues": 1.8},
-                             "launches": 12, "discarded": 0, "max_ctas_per_sm": None}
+                             "launches": 12, "discarded": 0, "max_ctas_per_sm": None, "host_extra_ms": {}}
+    paid = Decision(PLAIN, {PLAIN: 0.020, QUEUES: 0.016}, {}, 12, host_extra={PLAIN: 0.0, QUEUES: 0.006})
+    assert "+6.0 us host" in paid.explain() and paid.as_dict()["host_extra_ms"] == {"plain": 0.0,
+                                                                                   "partition_queues": 0.006}
 
 
 # ---- occupancy (the CUDA occupancy calculator's arithmetic, cc 9.0) ---------------------------------------------

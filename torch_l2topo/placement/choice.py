@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -123,12 +123,24 @@ def trial_schedule(cands, trials: int) -> list:
     return [(c, False) for c in cands] + [(c, True) for _ in range(rounds) for c in cands]
 
 
-def choose(timings: dict, tolerance: float = DEFAULT_TOLERANCE):
+def host_extra(host_ms: dict | None) -> dict:
+    """Per candidate, the host time its launch costs beyond plain's (median ms, never negative; 0 without host
+    times): what an eager call pays on the host for it, e.g. the queue cursors' reset before a queues launch."""
+    medians = {c: statistics.median(t) for c, t in (host_ms or {}).items() if len(t)}
+    plain = medians.get(Candidate(PLAIN))
+    return {c: max(0.0, m - plain) for c, m in medians.items()} if plain is not None else {}
+
+
+def choose(timings: dict, tolerance: float = DEFAULT_TOLERANCE, host_ms: dict | None = None):
     """The candidate with the lowest median time among those that beat plain clearly: by more than `tolerance`
     (a fraction) in median, and with their upper quartile below plain's median (short kernels time noisily: one
     lucky trial must not decide). Plain when none does: no choice is slower than a plain launch. A candidate
     whose median is lowest but whose spread reaches past plain's median does not hide a steadier one that also
-    wins. Without plain timed, the lowest median. Keys are Candidates; candidates without timings are ignored."""
+    wins. Without plain timed, the lowest median. Keys are Candidates; candidates without timings are ignored.
+    host_ms (ms per trial launch of each candidate on the host): a candidate's host time beyond plain's
+    (host_extra) is added to its GPU times, so that an eager call never trades GPU time for more host time."""
+    extra = host_extra(host_ms)
+    timings = {c: [x + extra.get(c, 0.0) for x in t] for c, t in timings.items()}
     medians = {c: statistics.median(t) for c, t in timings.items() if len(t)}
     if not medians:
         raise ValueError("choose needs at least one candidate with timings")
@@ -157,6 +169,7 @@ class Decision:
     launches: int
     max_ctas_per_sm: int | None = None
     discarded: int = 0  # timed trials left out: the host queued them for longer than the GPU spin covered
+    host_extra: dict = field(default_factory=dict)  # ms of host time per launch beyond plain's (host_extra())
 
     @property
     def policy(self) -> str:
@@ -171,6 +184,7 @@ class Decision:
         """The decision in words a user can read."""
         plain = Candidate(PLAIN)
         rows = [f"  {c.label:28s} {m:9.4f} ms" + (f"  {self.ratio(c):.3f}x plain" if plain in self.medians else "")
+                + (f"  +{self.host_extra[c] * 1e3:.1f} us host" if self.host_extra.get(c, 0) >= 5e-4 else "")
                 + ("  <- chosen" if c == self.chosen else "")
                 for c, m in sorted(self.medians.items(), key=lambda cm: cm[1])]
         if self.chosen == plain:
@@ -189,4 +203,5 @@ class Decision:
         """JSON-friendly: labels for candidates."""
         return {"policy": self.chosen.policy, "ctas_per_sm": self.chosen.ctas_per_sm, "chunk": self.chosen.chunk,
                 "chosen": self.chosen.label, "medians": {c.label: m for c, m in self.medians.items()},
-                "launches": self.launches, "discarded": self.discarded, "max_ctas_per_sm": self.max_ctas_per_sm}
+                "launches": self.launches, "discarded": self.discarded, "max_ctas_per_sm": self.max_ctas_per_sm,
+                "host_extra_ms": {c.label: m for c, m in self.host_extra.items()}}

@@ -124,6 +124,7 @@ class _Entry:
     pending: list = field(default_factory=list)   # auto: (Candidate, spin, start, end events, host ms) not yet read
     timings: dict = field(default_factory=dict)   # auto: ms per launch per Candidate
     suspect: dict = field(default_factory=dict)   # auto: ms of trials whose host queueing outlasted the spin
+    host: dict = field(default_factory=dict)      # auto: host ms per clean trial launch per Candidate
     chosen: Candidate | None = None
     trial_launches: int = 0
     launches: dict = field(default_factory=dict)  # launches per policy ("measured" refreshes every `refresh`)
@@ -402,16 +403,19 @@ class Placement:
             if end.query():
                 clean = host_ms < spin.elapsed_time(start)
                 (entry.timings if clean else entry.suspect).setdefault(cand, []).append(start.elapsed_time(end))
+                if clean:  # a host stall past the spin (a GC, a preemption) says nothing of the launch's cost
+                    entry.host.setdefault(cand, []).append(host_ms)
             else:
                 still.append((cand, spin, start, end, host_ms))
         entry.pending = still
         if self.policy == AUTO and entry.chosen is None and entry.timings and not entry.schedule \
                 and not entry.pending:
             timings = {c: t or entry.suspect.get(c, []) for c, t in entry.timings.items()}
-            entry.chosen = choice.choose(timings, self.tolerance)
+            entry.chosen = choice.choose(timings, self.tolerance, entry.host)
             self.decisions[key] = Decision(entry.chosen, {c: statistics.median(t) for c, t in timings.items() if t},
                                            {c: list(t) for c, t in timings.items()}, entry.trial_launches,
-                                           self._max_ctas(index), sum(map(len, entry.suspect.values())))
+                                           self._max_ctas(index), sum(map(len, entry.suspect.values())),
+                                           choice.host_extra(entry.host))
 
     # ---- measured ----------------------------------------------------------------------------------------
     def _refresh_measured(self, entry: _Entry, slot: PlanSlot) -> None:
