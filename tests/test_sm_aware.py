@@ -123,11 +123,15 @@ def test_a_call_inside_torch_compile_is_a_graph_break_that_still_launches(monkey
 
     @torch.compile(backend="eager")
     def step(x):
-        kernel(x, n_items=7)
-        return x + 1
+        y = x + 1
+        kernel(y, n_items=7)
+        return y * 2
 
-    assert torch.equal(step(torch.zeros(3)), torch.ones(3))
+    assert torch.equal(step(torch.zeros(3)), torch.full((3,), 2.0))
     assert calls and calls[0]["n_items"] == 7
+    # Dynamo does not trace into the launch: one break, at the disabled call (eager calls skip that wrapper)
+    explained = torch._dynamo.explain(step._torchdynamo_orig_callable)(torch.zeros(3))
+    assert explained.graph_break_count == 1 and "disable" in str(explained.break_reasons[0].reason)
 
 
 # ---- the auto trial flow -------------------------------------------------------------------------------------
