@@ -93,12 +93,20 @@ def test_the_twin_keeps_the_kernel_and_adds_one_exit(name):
     assert twin.count("atom.") == ptx.count("atom.") + 1 and kernel_name(twin) == kernel_name(ptx)
 
 
-def test_only_thread_zero_writes_the_record():
+def test_only_thread_zero_reserves_at_the_entry_and_writes_at_the_exit():
     twin = instrument(_ptx("add"), ADDRESS, TAG)
-    exit_block = twin[twin.index("$L2T_exit:"):twin.index("$L2T_done:")]
+    body = _body(twin)
+    entry, exit_block = body[:body.index("$L2T_exit:")], body[body.index("$L2T_exit:"):body.index("$L2T_done:")]
+    # p0 is "not thread (0, 0, 0)": set from all three thread ids before the reservation, which it predicates off
+    p0 = entry.index("setp.ne.u32 %l2t_p0, %l2t_r1, 0;")
+    assert all(entry.index(f"%tid.{axis}") < p0 for axis in "xyz")
+    reserve = entry.index("@!%l2t_p0 atom.relaxed.gpu.global.add.u64 %l2t_rd3,")
+    assert p0 < reserve and "@!%l2t_p0 ld.global.u64 %l2t_rd4," in entry
+    # nothing before the exit waits for the reservation: its result is read first at the exit, after the guard
+    assert "%l2t_rd3" not in entry[reserve + len("@!%l2t_p0 atom.relaxed.gpu.global.add.u64 %l2t_rd3,"):]
     guard = exit_block.index("@%l2t_p0 bra $L2T_done;")
-    assert all(exit_block.index(f"%tid.{axis}") < guard for axis in "xyz")
-    assert exit_block.index("atom.") > guard and exit_block.index("st.global") > guard
+    assert guard < exit_block.index("%l2t_rd3") and exit_block.index("st.global") > guard
+    assert "atom." not in exit_block
 
 
 PTX_TWO_RETURNS = """

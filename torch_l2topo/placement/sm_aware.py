@@ -193,8 +193,6 @@ class Placement:
     def __call__(self, launch, *, n_items: int, item_class=None, loads_per_item=1.0, device=None) -> None:
         """Launch through launch(grid, plan, state, place) on the current stream of `device` (default:
         current)."""
-        from ..device import resolve_device
-
         fast = _fast_key(device, n_items, item_class, loads_per_item)
         settled = self._settled.get(fast[0]) if fast else None
         if settled is not None and all(r is None or r() is obj for r, obj in zip(settled[0], fast[1])):
@@ -203,6 +201,8 @@ class Placement:
                 slot.prepare()
                 launch(grid, slot.plan, slot.state, slot.loaded.mode | self._record_bit(index, slot, classes))
             return
+        from ..device import resolve_device
+
         index = resolve_device(device)
         with torch.cuda.device(index):
             key = workload_key(n_items, item_class, loads_per_item)
@@ -456,14 +456,15 @@ class SmAwareKernel(Placement):
         if torch.compiler.is_compiling():  # a graph break: sm_aware's docstring says why and what else works
             return self._outside_graph(*args, n_items=n_items, item_class=item_class,
                                        loads_per_item=loads_per_item, **kwargs)
-        return self._eager(*args, n_items=n_items, item_class=item_class, loads_per_item=loads_per_item, **kwargs)
+        return self._eager(args, n_items, item_class, loads_per_item, kwargs)
 
-    def _eager(self, *args, n_items: int, item_class=None, loads_per_item=1.0, **kwargs) -> None:
+    def _eager(self, args: tuple, n_items: int, item_class, loads_per_item, kwargs: dict) -> None:
         device = cuda_device_of(args, self.__name__)
         kernel, options = self._lean, {**kwargs, "num_warps": self.num_warps}
 
         def launch(grid, plan, state, place):
-            kernel[(int(grid),)](*args, plan, state, **{**options, PLACE_ARG: place})
+            options[PLACE_ARG] = place
+            kernel[(int(grid),)](*args, plan, state, **options)
 
         self._call = (args, kwargs)
         try:
@@ -472,9 +473,12 @@ class SmAwareKernel(Placement):
         finally:
             self._call = None
 
+    def _traced(self, *args, n_items: int, item_class=None, loads_per_item=1.0, **kwargs) -> None:
+        self._eager(args, n_items, item_class, loads_per_item, kwargs)
+
     # Entered only while torch.compile traces a call (disabled, the call runs eagerly): not on every eager call,
     # where the decorator's own wrapper costs host time.
-    _outside_graph = torch.compiler.disable(_eager)
+    _outside_graph = torch.compiler.disable(_traced)
 
     def occupancy(self, *args, **kwargs) -> int:
         """CTAs of this kernel, compiled in shares mode for these arguments (those of a call, without n_items),
@@ -504,12 +508,12 @@ class SmAwareKernel(Placement):
 
 def cuda_device_of(args, name: str):
     """The CUDA device of a kernel call's tensors; DeviceError when none is on a CUDA GPU."""
-    device = next((a.device for a in args if isinstance(a, torch.Tensor) and a.is_cuda), None)
-    if device is None or not torch.cuda.is_available():
-        where = "" if torch.cuda.is_available() else " (no CUDA GPU is available here)"
-        raise DeviceError(f"{name} is an @sm_aware kernel: it runs on a CUDA GPU, and none of its tensor "
-                          f"arguments is on one{where}")
-    return device
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.is_cuda:
+            return a.device
+    where = "" if torch.cuda.is_available() else " (no CUDA GPU is available here)"
+    raise DeviceError(f"{name} is an @sm_aware kernel: it runs on a CUDA GPU, and none of its tensor "
+                      f"arguments is on one{where}")
 
 
 def check_kernel(fn) -> None:

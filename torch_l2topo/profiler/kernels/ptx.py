@@ -3,8 +3,8 @@
 instrument(ptx, buffer_address, tag) returns the same kernel (same parameters, shared memory and threads, so
 every launcher that ran the original runs the twin unchanged) that also appends one record per CTA to the
 recorder buffer (layout.py REC_*: tag, %smid, linear block index, %globaltimer at entry and at exit, items 1,
-near -1), reserved with one relaxed atomic as triton_kernels/recorder.py does. Thread (0, 0, 0) writes it
-when it reaches the kernel's exit: every `ret` and `exit` of the entry branches to one exit block. The
+near -1), reserved with one relaxed atomic that thread (0, 0, 0) issues at the entry and reads only at the
+exit, where it writes the record: every `ret` and `exit` of the entry branches to one exit block. The
 buffer's address is a constant of the twin, which is why a twin belongs to one buffer. Pure text: no GPU and
 no Triton needed. Docs: docs/profiler.md (Whole-model profiling).
 """
@@ -75,23 +75,35 @@ def _body(ptx: str) -> tuple:
     raise InstrumentationError("the entry's body braces do not balance")
 
 
-def _entry_code() -> str:
-    return (f"\n\t.reg .pred {PREFIX}p<2>;\n\t.reg .b32 {PREFIX}r<8>;\n\t.reg .b64 {PREFIX}rd<12>;\n"
-            f"\tmov.u32 {PREFIX}r0, %smid;\n\tmov.u64 {PREFIX}rd0, %globaltimer;\n")
+def _entry_code(buffer_address: int) -> str:
+    """At the entry: %smid and the start time for every thread; thread (0, 0, 0) (predicate p0 false) also reserves
+    its record and loads the capacity. Nothing at the entry reads the atomic's result, so its latency (long while
+    every CTA of a launch reserves on the one cursor) overlaps the kernel's work instead of stalling the exit."""
+    r, rd, p = f"{PREFIX}r", f"{PREFIX}rd", f"{PREFIX}p"
+    lines = [
+        f".reg .pred {p}<2>;", f".reg .b32 {r}<8>;", f".reg .b64 {rd}<12>;",
+        f"mov.u32 {r}0, %smid;", f"mov.u64 {rd}0, %globaltimer;",
+        f"mov.u32 {r}1, %tid.x;", f"mov.u32 {r}2, %tid.y;", f"or.b32 {r}1, {r}1, {r}2;",
+        f"mov.u32 {r}2, %tid.z;", f"or.b32 {r}1, {r}1, {r}2;",
+        f"setp.ne.u32 {p}0, {r}1, 0;",
+        f"mov.u64 {rd}2, {buffer_address};",
+        f"@!{p}0 atom.relaxed.gpu.global.add.u64 {rd}3, [{rd}2+{8 * REC_CURSOR}], 1;",
+        f"@!{p}0 ld.global.u64 {rd}4, [{rd}2+{8 * REC_CAPACITY}];",
+    ]
+    return "\n" + "".join(f"\t{line}\n" for line in lines)
 
 
 def _exit_code(buffer_address: int, tag: int) -> str:
+    """At the exit: thread (0, 0, 0) writes its record where the entry reserved it (nothing past the capacity)."""
     r, rd, p = f"{PREFIX}r", f"{PREFIX}rd", f"{PREFIX}p"
 
     def word(index: int) -> int:  # byte offset, from the record's start, of one of its int64 words
         return 8 * index
 
     record = [
-        f"mov.u64 {rd}2, {buffer_address};",
-        f"atom.relaxed.gpu.global.add.u64 {rd}3, [{rd}2+{8 * REC_CURSOR}], 1;",
-        f"ld.global.u64 {rd}4, [{rd}2+{8 * REC_CAPACITY}];",
         f"setp.ge.u64 {p}1, {rd}3, {rd}4;",
         f"@{p}1 bra $L2T_done;",
+        f"mov.u64 {rd}2, {buffer_address};",
         f"mad.lo.u64 {rd}5, {rd}3, {8 * REC_WORDS}, {rd}2;",
         f"add.u64 {rd}5, {rd}5, {8 * REC_HEADER};",
         f"mov.u64 {rd}6, {tag};",
@@ -115,9 +127,6 @@ def _exit_code(buffer_address: int, tag: int) -> str:
     ]
     lines = [
         "$L2T_exit:",
-        f"mov.u32 {r}1, %tid.x;", f"mov.u32 {r}2, %tid.y;", f"or.b32 {r}1, {r}1, {r}2;",
-        f"mov.u32 {r}2, %tid.z;", f"or.b32 {r}1, {r}1, {r}2;",
-        f"setp.ne.u32 {p}0, {r}1, 0;",
         f"@{p}0 bra $L2T_done;",
         f"mov.u64 {rd}1, %globaltimer;",
         *record,
@@ -146,4 +155,4 @@ def instrument(ptx: str, buffer_address: int, tag: int) -> str:
     body, returns = _RETURN.subn(lambda m: f"{m.group(1)}{m.group(2) or ''}bra $L2T_exit;", body)
     if not returns:
         raise InstrumentationError("the entry has no ret or exit to record at")
-    return ptx[:start] + _entry_code() + body + _exit_code(buffer_address, tag) + ptx[end:]
+    return ptx[:start] + _entry_code(buffer_address) + body + _exit_code(buffer_address, tag) + ptx[end:]
