@@ -292,7 +292,7 @@ def test_the_processes_share_the_jobs(tmp_path):
 
 
 def test_default_processes_follow_the_cpus(monkeypatch):
-    for cpus, expected in ((1, 1), (2, 1), (8, 2), (16, 4), (128, worker.MAX_PROCESSES)):
+    for cpus, expected in ((1, 1), (2, 1), (3, 1), (8, 4), (16, 8), (128, worker.MAX_PROCESSES)):
         monkeypatch.setattr(worker.os, "sched_getaffinity", lambda pid, n=cpus: set(range(n)), raising=False)
         assert worker.default_processes() == expected
 

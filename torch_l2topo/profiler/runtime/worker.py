@@ -36,7 +36,7 @@ from .spool import launch_drains_for
 RESULT = b"l2topo-cycle-done "
 READY = b"l2topo-worker-ready"
 DEFAULT_MAX_PENDING = 16
-MAX_PROCESSES = 4     # worker processes at most (default_processes): a block's end shares its jobs among them
+MAX_PROCESSES = 8     # worker processes at most (default_processes): a block's end shares its jobs among them
 DEFAULT_WAIT_S = 5.0  # what a drain allows beyond the enrichment's measured time (default_timeout)
 ASSUMED_JOB_S = 1.0   # a job's time before one was measured
 END_WAIT_S = 1.0      # how long a process that holds no job may take to exit before it is killed
@@ -49,12 +49,13 @@ ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THRE
 
 
 def default_processes() -> int:
-    """Worker processes for this machine: one per four CPUs this process may use, 1 to MAX_PROCESSES."""
+    """Worker processes for this machine: one per two CPUs this process may use, 1 to MAX_PROCESSES (a block's
+    end enriches its held cycles at once: 8 of them in one round where the CPUs allow, not two)."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cpus = os.cpu_count() or 1
-    return max(1, min(MAX_PROCESSES, cpus // 4))
+    return max(1, min(MAX_PROCESSES, cpus // 2))
 
 
 @dataclass
