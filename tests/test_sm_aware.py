@@ -288,14 +288,16 @@ def test_plans_wider_than_the_steal_scan_are_refused():
         PlanSlot("cuda:0", 0)
 
 
-def test_fast_key_names_a_workload_by_identity_and_never_by_a_recycled_id():
-    import torch
+def test_a_settled_workload_is_found_by_identity_and_never_by_a_recycled_id():
+    from torch_l2topo.placement.sm_aware import _ident, _Settled
 
-    from torch_l2topo.placement.sm_aware import _fast_key
-
-    classes = np.zeros(10, np.int8)
-    key, objects, refs = _fast_key(torch.device("cuda", 0), 10, classes, 1.0)
-    assert key == (0, 10, id(classes), 1.0) and objects == (classes, 1.0) and refs[0]() is classes
-    assert _fast_key(torch.device("cuda", 0), 10, [0, 1], 1.0) is None  # a list: no identity to trust
-    del classes, objects
-    assert refs[0]() is None  # a new array that reuses the id will not match the stored reference
+    classes, loads = np.zeros(10, np.int8), np.ones(10)
+    assert (_ident(classes), _ident(None), _ident(1.0), _ident(np.float32(2))) == (id(classes), None, 1.0, 2.0)
+    settled = _Settled((classes, 1.0), 0, 10, None, classes)
+    assert settled.holds(classes, 1.0) and not settled.holds(classes.copy(), 1.0)
+    assert _Settled((classes, loads), 0, 10, None, classes).holds(classes, loads)
+    assert not _Settled((classes, loads), 0, 10, None, classes).holds(classes, loads.copy())
+    with pytest.raises(TypeError):  # a list: no identity to trust, so it is never settled (hashed every call)
+        _Settled(([0, 1], 1.0), 0, 10, None, None)
+    del classes
+    assert not settled.holds(np.zeros(10, np.int8), 1.0)  # a new array that reuses the id does not match

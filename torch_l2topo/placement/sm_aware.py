@@ -15,7 +15,6 @@ Docs: docs/usage.md ("Placing work").
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import re
 import statistics
@@ -48,37 +47,32 @@ PLACE_ARG = "PLACE"
 HOST_GAP_CYCLES = 500_000
 
 
-def _on_device(index: int):
-    """torch.cuda.device(index), or nothing to enter where it is already the current device (entering and leaving
-    costs host time on every launch)."""
-    return contextlib.nullcontext() if torch.cuda.current_device() == index else torch.cuda.device(index)
-
-
 def _digest(a) -> str:
     a = np.ascontiguousarray(a)
     return f"{a.dtype.str}{a.shape}:" + hashlib.blake2b(a.tobytes(), digest_size=12).hexdigest()
 
 
-def _fast_key(device, n_items, item_class, loads_per_item):
-    """(key, objects, weak refs) naming a call's workload by identity, not content, or None where an argument
-    cannot be weakly referenced (a list). Hashing item_class costs host time per item; once a workload's
-    plan is final, a call with the very same array objects (checked through the weak refs, so a recycled id
-    never matches) reuses it. Arrays changed in place are not seen: pass a new array when the classes change."""
-    objects, refs, ident = (item_class, loads_per_item), [], []
-    for obj in objects:
-        if obj is None or isinstance(obj, (int, float, np.number)):
-            refs.append(None)
-            ident.append(obj)
-        else:
-            try:
-                refs.append(weakref.ref(obj))
-            except TypeError:
-                return None
-            ident.append(id(obj))
-    index = device.index if isinstance(device, torch.device) else device
-    if index is None:
-        index = torch.cuda.current_device()
-    return (index, int(n_items), *ident), objects, tuple(refs)
+def _ident(obj):
+    """How a settled call's key names an argument: a number or None by value, anything else by identity."""
+    return obj if obj is None or isinstance(obj, (int, float, np.number)) else id(obj)
+
+
+class _Settled:
+    """A workload whose plan is final, found by identity, not content (hashing item_class costs host time per
+    item): the call's key holds the ids of its item_class and loads_per_item arrays, and weak references to them
+    say that the very objects are still the ones (a recycled id never matches). Arrays changed in place are not
+    seen: pass a new array when the classes change."""
+
+    __slots__ = ("refs", "index", "grid", "slot", "classes")
+
+    def __init__(self, objects: tuple, index: int, grid: int, slot: PlanSlot, classes):
+        self.refs = tuple(None if obj is None or isinstance(obj, (int, float, np.number)) else weakref.ref(obj)
+                          for obj in objects)
+        self.index, self.grid, self.slot, self.classes = index, grid, slot, classes
+
+    def holds(self, item_class, loads_per_item) -> bool:
+        a, b = self.refs
+        return (a is None or a() is item_class) and (b is None or b() is loads_per_item)
 
 
 @dataclass(frozen=True)
@@ -186,21 +180,19 @@ class Placement:
         self.decisions: dict = {}
         self.record_name: str | None = None  # the kernel name CTA records carry (SmAwareKernel: the Triton name)
         self._entries: dict = {}    # (device index, WorkloadKey) -> _Entry
-        self._settled: dict = {}    # fast key -> (weak refs, device index, launch args) once a plan is final
+        self._settled: dict = {}    # (device index, n_items, _ident of the classes and loads) -> _Settled
         self._devices: dict = {}    # device index -> (Topology, SpeedModel)
 
     # ---- the launch --------------------------------------------------------------------------------------
     def __call__(self, launch, *, n_items: int, item_class=None, loads_per_item=1.0, device=None) -> None:
         """Launch through launch(grid, plan, state, place) on the current stream of `device` (default:
         current)."""
-        fast = _fast_key(device, n_items, item_class, loads_per_item)
-        settled = self._settled.get(fast[0]) if fast else None
-        if settled is not None and all(r is None or r() is obj for r, obj in zip(settled[0], fast[1])):
-            _, index, (grid, slot, classes) = settled
-            with _on_device(index):
-                slot.prepare()
-                launch(grid, slot.plan, slot.state, slot.loaded.mode | self._record_bit(index, slot, classes))
-            return
+        settled, fast = self._settled_for(device, n_items, item_class, loads_per_item)
+        if settled is not None:
+            if torch.cuda.current_device() == settled.index:  # entering torch.cuda.device costs host time
+                return self._launch_settled(launch, settled)
+            with torch.cuda.device(settled.index):
+                return self._launch_settled(launch, settled)
         from ..device import resolve_device
 
         index = resolve_device(device)
@@ -242,9 +234,27 @@ class Placement:
             entry.launches[cand.policy] = entry.launches.get(cand.policy, 0) + 1
             if cand.policy == "measured" and entry.snapshot is None and entry.launches["measured"] % self.refresh == 0:
                 entry.snapshot = slot.snapshot()
-            if fast and cand == self._final(entry) and cand.policy != "measured":
+            if cand == self._final(entry) and cand.policy != "measured":
                 # from now on this workload always launches this slot: skip the bookkeeping
-                self._settled[fast[0]] = (fast[2], index, (grid, slot, item_class))
+                try:
+                    self._settled[fast] = _Settled((item_class, loads_per_item), index, grid, slot, item_class)
+                except TypeError:  # an argument that cannot be weakly referenced (a list): hashed every call
+                    pass
+
+    def _settled_for(self, device, n_items: int, item_class, loads_per_item) -> tuple:
+        """(the _Settled of this call's workload or None, the key it is or will be kept under)."""
+        index = device.index if isinstance(device, torch.device) else device
+        if index is None:
+            index = torch.cuda.current_device()
+        key = (index, n_items, _ident(item_class), _ident(loads_per_item))
+        settled = self._settled.get(key)
+        return (settled if settled is not None and settled.holds(item_class, loads_per_item) else None), key
+
+    def _launch_settled(self, launch, settled: _Settled) -> None:
+        slot = settled.slot
+        slot.prepare()
+        launch(settled.grid, slot.plan, slot.state,
+               slot.loaded.mode | self._record_bit(settled.index, slot, settled.classes))
 
     def _launch(self, launch, index: int, cand: Candidate, slot: PlanSlot, n_items: int, item_class) -> int:
         grid = cand.grid(self._device(index)[1].n_sm, n_items)
@@ -461,6 +471,14 @@ class SmAwareKernel(Placement):
     def _eager(self, args: tuple, n_items: int, item_class, loads_per_item, kwargs: dict) -> None:
         device = cuda_device_of(args, self.__name__)
         kernel, options = self._lean, {**kwargs, "num_warps": self.num_warps}
+        settled, _ = self._settled_for(device, n_items, item_class, loads_per_item)
+        if settled is not None and torch.cuda.current_device() == settled.index:
+            # a decided workload on the current device: the launch itself, as a bare launch would make it
+            slot = settled.slot
+            slot.prepare()
+            options[PLACE_ARG] = slot.loaded.mode | self._record_bit(settled.index, slot, settled.classes)
+            kernel[(settled.grid,)](*args, slot.plan, slot.state, **options)
+            return
 
         def launch(grid, plan, state, place):
             options[PLACE_ARG] = place
