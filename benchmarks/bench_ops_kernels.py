@@ -87,8 +87,8 @@ def host(reps: int) -> dict:
     forest = Forest.from_sklearn(model).to("cuda")
     x1 = torch.from_numpy(x[:1]).cuda()
     from torch_l2topo.layout import PLACE_DIRECT
-    from torch_l2topo.ops.embedding_bag import launch_kernel
     from torch_l2topo.measure.lean_launch import lean
+    from torch_l2topo.ops.embedding_bag import launch_kernel
     from torch_l2topo.triton_kernels.embedding_bag import embedding_bag_kernel
 
     out = weight.new_empty(1, weight.size(1))

@@ -46,9 +46,9 @@ def pieces(batch: int, bag: int) -> dict:
     from triton.runtime.driver import driver
     from triton.runtime.jit import compute_cache_key
 
+    from torch_l2topo.measure.lean_launch import _options, lean
     from torch_l2topo.ops import embedding_bag
     from torch_l2topo.ops.eager_kernels import EAGER_KERNEL_US, TORCH_OP_US, eager_device, torch_bags
-    from torch_l2topo.measure.lean_launch import _options, lean
     from torch_l2topo.ops.policy import _unread_plan, direct_call
     from torch_l2topo.triton_kernels.embedding_bag import embedding_bag_kernel
 
