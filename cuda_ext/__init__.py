@@ -7,6 +7,7 @@ l2_signature.cuh (self-localization) and placement.cuh (SM-aware work plans).
 from pathlib import Path
 
 SOURCE_DIR = Path(__file__).resolve().parent
-SOURCES = ("l2_probes.cu", "cluster_probe.cu", "whereami.cu", "placement_demo.cu", "bindings.cpp")
+SOURCES = ("l2_probes.cu", "cluster_probe.cu", "whereami.cu", "partition_probe.cu", "placement_demo.cu",
+           "bindings.cpp")
 # the eager kernels (embedding bags, forests): their own small pybind11 module (torch_l2topo/ops/eager_kernels.py)
 EAGER_SOURCES = ("eager_bags.cu", "eager_forest.cu", "eager_bindings.cpp")

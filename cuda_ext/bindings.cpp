@@ -1,4 +1,5 @@
-// torch bindings of the kernel launchers: ops l2topo::chain_probe, line_probe, cluster_probe and whereami,
+// torch bindings of the kernel launchers: ops l2topo::chain_probe, line_probe, cluster_probe, whereami and
+// partition_probe,
 // CUDA only. Every op takes its kernel's arguments in the order of the Triton kernel, then the grid (CTAs),
 // so that torch_l2topo/launch.py dispatches both backends alike.
 // Shape checks live in torch_l2topo/probes.py (one place for both backends); here only what would
@@ -11,6 +12,7 @@
 #include "cluster_probe.h"
 #include "l2_probes.h"
 #include "layout.h"
+#include "partition_probe.h"
 #include "placement_demo.h"
 #include "whereami.h"
 
@@ -78,6 +80,20 @@ void whereami(at::Tensor lines, at::Tensor idx, at::Tensor out, int64_t n_warm, 
                                  out.data_ptr<int64_t>(), grid, c10::cuda::getCurrentCUDAStream()));
 }
 
+void partition_probe(at::Tensor ctrl, int64_t base, at::Tensor plan, at::Tensor cycles, int64_t n_blocks,
+                     int64_t block_bytes, int64_t zero, int64_t n_timed, int64_t n_sm, int64_t wave, int64_t timeout_ns,
+                     int64_t grid) {
+  const c10::cuda::CUDAGuard guard(ctrl.device());
+  const ProbeLaunch launch = make_launch(ctrl, n_sm, grid, wave, timeout_ns);
+  check_int64_cuda(plan, "plan");
+  TORCH_CHECK(cycles.is_cuda() && cycles.scalar_type() == at::kInt && cycles.is_contiguous(),
+              "cycles must be a contiguous CUDA int32 tensor");
+  TORCH_CHECK(plan.numel() >= 3 * n_sm && cycles.numel() >= 2 * n_blocks, "plan/cycles too short");
+  TORCH_CHECK(base != 0 && block_bytes >= 8 && n_blocks >= 0, "need a storage address, block_bytes >= 8");
+  C10_CUDA_CHECK(launch_partition_probe(launch, base, plan.data_ptr<int64_t>(), cycles.data_ptr<int32_t>(), n_blocks,
+                                        block_bytes, zero, n_timed, c10::cuda::getCurrentCUDAStream()));
+}
+
 void placement_demo(at::Tensor out, at::Tensor count, int64_t n_out, at::Tensor plan, at::Tensor state,
                     int64_t place, int64_t grid) {
   const c10::cuda::CUDAGuard guard(out.device());
@@ -125,6 +141,8 @@ TORCH_LIBRARY(l2topo, m) {
         "int n_warm, int n_timed, int n_sm, int wave, int timeout_ns, int grid) -> ()");
   m.def("cluster_probe(Tensor(a!) out, int cluster, int smem_bytes, int hold_ns, int grid) -> ()");
   m.def("whereami(Tensor lines, Tensor idx, Tensor(a!) out, int n_warm, int n_timed, int grid) -> ()");
+  m.def("partition_probe(Tensor(a!) ctrl, int base, Tensor plan, Tensor(b!) cycles, int n_blocks, int block_bytes, "
+        "int zero, int n_timed, int n_sm, int wave, int timeout_ns, int grid) -> ()");
   m.def("placement_demo(Tensor(a!) out, Tensor(b!) count, int n_out, Tensor plan, Tensor(c!) state, int place, "
         "int grid) -> ()");
   m.def("capped_chase(Tensor starts, Tensor(a!) ends, int n_loads, Tensor plan, Tensor(b!) state, int place, "
@@ -137,6 +155,7 @@ TORCH_LIBRARY_IMPL(l2topo, CUDA, m) {
   m.impl("line_probe", &line_probe);
   m.impl("cluster_probe", &cluster_probe);
   m.impl("whereami", &whereami);
+  m.impl("partition_probe", &partition_probe);
   m.impl("placement_demo", &placement_demo);
   m.impl("capped_chase", &capped_chase);
 }

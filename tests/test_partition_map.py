@@ -518,6 +518,7 @@ def test_partition_map_flow_on_a_stand_in_gpu(h200, monkeypatch):
     plans = []
 
     def fake_probe(tensor, plan, n_sm, *, block_bytes, backend, timeout_s):
+        assert backend == "triton"  # the default
         n = pm.n_blocks_of(tensor.untyped_storage().nbytes(), block_bytes)
         assert plan.n_blocks == n and plan.blocks.n_blocks == n and plan.blocks.device == tensor.device
         plans.append(plan)
@@ -526,7 +527,7 @@ def test_partition_map_flow_on_a_stand_in_gpu(h200, monkeypatch):
         return torch.from_numpy(cycles.astype(np.float32)).double(), 1e-3
 
     monkeypatch.setattr(pm, "storage_of", lambda tensor, block_bytes: tensor.untyped_storage())
-    monkeypatch.setattr(pm, "setup_for", lambda index, topology, backend: setup)
+    monkeypatch.setattr(pm, "setup_for", lambda index, topology: setup)
     monkeypatch.setattr(pm, "probe_timings", fake_probe)
     monkeypatch.setattr(cal, "measuring", lambda index: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
@@ -547,6 +548,26 @@ def test_partition_map_flow_on_a_stand_in_gpu(h200, monkeypatch):
     assert plans[2] is plans[0] and plans[2].blocks.pair is plans[0].blocks.pair
     pm.partition_map(torch.zeros((1 << 19) // 4))  # another size: its own plan, kept beside the first
     assert plans[3] is not plans[0] and plans[3].n_blocks == 2048 and len(setup.plans) == 2
+
+
+@pytest.mark.parametrize("asked,built,probe", [("auto", True, "cuda"), ("auto", False, "triton"),
+                                               ("cuda", False, "cuda"), ("triton", True, "triton")])
+def test_the_probe_backend_auto_takes_cuda_only_where_it_was_built_ahead(monkeypatch, asked, built, probe):
+    """"auto" never starts a compiler in the user's job: the CUDA probe only where the probes' extension for this
+    GPU's architecture carries its built mark; an explicit backend is taken as asked."""
+    import torch_l2topo.measure.extension as ext
+
+    seen = []
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (9, 0))
+    monkeypatch.setattr(ext, "is_built", lambda name, sources: seen.append(name) or built)
+    assert pm.probe_backend(asked, 0) == probe
+    assert seen == ([ext.extension_name((9, 0))] if asked == "auto" else [])
+
+
+def test_a_backend_partition_map_does_not_know_is_refused(monkeypatch):
+    monkeypatch.setattr(pm, "storage_of", lambda tensor, block_bytes: tensor.untyped_storage())
+    with pytest.raises(ValueError, match="backend"):
+        pm.partition_map(torch.zeros(64), backend="nvcc")
 
 
 def test_plan_data_is_made_once_per_size_and_device(h200, monkeypatch):
@@ -642,6 +663,24 @@ def test_partition_map_of_32mb_agrees_with_the_serialized_reprobe():
     # the check's SMs see L2 hits: between an L1 hit (tens of cycles) and DRAM (600+)
     assert 200 < np.median(check.cycles) < 450
     assert agreement(m, check) >= 0.999, (agreement(m, check), m.undecided_fraction)
+
+
+@pytest.mark.gpu
+def test_the_cuda_probe_maps_as_the_triton_probe_and_the_reprobe():
+    """backend="cuda" (cuda_ext/partition_probe.cu, built here if it was not built ahead): its map agrees with the
+    serialized re-probe (the independent check) as the Triton probe's must, and with the Triton probe's map; its
+    timings are L2 hits like the Triton probe's."""
+    t = torch.randn(MB32 // 4, device="cuda")
+    by = {}
+    for backend in ("cuda", "triton"):
+        pm.clear_cache()
+        by[backend] = pm.partition_map(t, backend=backend)
+    cuda, triton = by["cuda"], by["triton"]
+    assert cuda.undecided_fraction < 0.01
+    check = reprobe(t, np.random.default_rng(1).choice(cuda.n_blocks, 4096, replace=False))
+    assert agreement(cuda, check) >= 0.999, (agreement(cuda, check), cuda.undecided_fraction)
+    decided = (cuda.homes >= 0) & (triton.homes >= 0)
+    assert np.mean(cuda.homes[decided] == triton.homes[decided]) >= 0.999
 
 
 @pytest.mark.gpu

@@ -63,3 +63,31 @@ def test_reprobe_times_its_loads_together():
     """N_WARM + N_TIMED loads, one clock read before and one after the timed ones; through the AND go the
     previous block's end clock, every load's value and the start clock (loads + 2)."""
     _check_chain(_reprobe_ptx(2, 16), "partition_reprobe_kernel", 7, loads=2 + 16, clocks=2, chained=2 + 16 + 2)
+
+
+@pytest.mark.parametrize("n_timed", [1, 2, 4, 8, 16])
+def test_the_cuda_map_probe_makes_the_triton_probes_loads_in_its_order(tmp_path, n_timed):
+    """cuda_ext/partition_probe.cu against the Triton kernel, the oracle: per N_TIMED compiled, the same loads
+    and clock reads in the same order (warm load, start clock, then each timed load and its clock read), and the
+    same ANDs with the runtime zero: the previous block's end clock, every load's value, every clock a timed
+    load waits for."""
+    import subprocess
+    from pathlib import Path
+
+    from kernel_compile import nvcc
+
+    ext = Path(__file__).resolve().parents[1] / "cuda_ext"
+    out = subprocess.run([nvcc(), "-arch=sm_90", "-O3", "-I", str(ext), "-ptx", str(ext / "partition_probe.cu"),
+                          "-o", str(tmp_path / "p.ptx")], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    ptx = (tmp_path / "p.ptx").read_text()
+    entries = re.split(r"\.entry ", ptx)[1:]
+    (entry,) = [e for e in entries if re.match(rf"\w*partition_probe_kernelILi{n_timed}E", e)]
+    triton = _map_ptx(n_timed)
+
+    def order(text):
+        return "".join("L" if m.startswith("ld") else "C" for m in re.findall(r"ld\.global\.cg\.u64|%clock64", text))
+
+    assert order(entry) == order(triton) == "LC" * (1 + n_timed)
+    assert len(re.findall(r"and\.b64 m, ", entry)) == len(re.findall(r"and\.b64 m, ", triton)) == 2 + 2 * n_timed
+    assert "%smid" in entry and "ld.global.ca" not in entry

@@ -38,7 +38,7 @@ KERNELS = {
     "placement_demo": Kernel("placement_demo:checksum_kernel", "placement_demo", num_warps=4),
     "capped_chase": Kernel(None, "capped_chase"),
     "latency_oracle": Kernel("oracle:latency_oracle_kernel", None),
-    "partition_probe": Kernel("partition_probe:partition_probe_kernel", None),
+    "partition_probe": Kernel("partition_probe:partition_probe_kernel", "partition_probe"),
     "partition_reprobe": Kernel("partition_probe:partition_reprobe_kernel", None),
     "sm_census": Kernel("whereami:sm_census_kernel", None),
     "offsets_chase": Kernel("geometry:offsets_chase_kernel", None),

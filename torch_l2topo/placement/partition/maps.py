@@ -224,6 +224,20 @@ def probe_timings(tensor, plan: ProbePlan, n_sm: int, *, block_bytes: int, backe
     return cycles.to(torch.float64).masked_fill_(cycles < 0, math.nan), elapsed
 
 
+def probe_backend(backend: str, index: int) -> str:
+    """The probe's backend for partition_map(backend=...): "auto" is "cuda" where the probes' CUDA extension was
+    built ahead of time for this GPU's architecture (is_built: no compiler starts), else "triton"."""
+    if backend != "auto":
+        return backend
+    import torch
+
+    from torch_l2topo import cuda_ext
+
+    from ...measure.extension import extension_name, is_built
+
+    return "cuda" if is_built(extension_name(torch.cuda.get_device_capability(index)), cuda_ext.SOURCES) else "triton"
+
+
 def partition_map(tensor, *, topology=None, backend: str = "triton", block_bytes: int = 256,
                   timeout_s: float = 2.0) -> PartitionMap:
     """The L2 partition of every `block_bytes` block of `tensor`'s storage, measured with all SMs at once.
@@ -236,7 +250,10 @@ def partition_map(tensor, *, topology=None, backend: str = "triton", block_bytes
         tensor: a CUDA tensor whose storage starts on a 128-byte line (torch's allocator aligns it).
         topology: the calibration whose SM labels (partition numbers) and SM pairs are used; default
             calibrate(device), cached per process.
-        backend: "triton" ("auto" means it too: the probe is Triton only).
+        backend: the probe's: "triton", "cuda" (the CUDA extension's, built on first use if it was not built
+            ahead of time) or "auto": "cuda" where `python -m torch_l2topo build` built the extension for this
+            GPU (a fresh process then neither imports Triton nor compiles), else "triton". The calibration
+            is read or measured as by default either way.
         block_bytes: the block size, a positive multiple of 128 bytes.
         timeout_s: the probe's watchdog deadline.
 
@@ -258,15 +275,15 @@ def partition_map(tensor, *, topology=None, backend: str = "triton", block_bytes
 
     t0 = time.perf_counter()
     storage = storage_of(tensor, block_bytes)
-    check_choice("backend", backend, ("auto", "triton"))
-    backend = "triton"
+    check_choice("backend", backend, ("auto", "triton", "cuda"))
     hit = MAPS.get(tensor, block_bytes)
     if hit is not None:
         return hit
     if torch.cuda.is_current_stream_capturing():
         raise ProbeError("partition_map cannot measure during CUDA graph capture: map the tensor before capturing")
     index = tensor.device.index
-    setup = setup_for(index, topology, backend)
+    setup = setup_for(index, topology)
+    backend = probe_backend(backend, index)
     plan = setup.plan(n_blocks_of(storage.nbytes(), block_bytes), tensor.device)
     # the classification's kernels run under the lock too: another process's probe must not time beside them
     with measuring(index), torch.cuda.device(index):
