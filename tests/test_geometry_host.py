@@ -204,3 +204,29 @@ def test_persisting_sizes_follow_the_devices_maximum(max_mb, full):
     sizes = persisting_sizes(limit, quick=False)
     assert sizes[-1] > limit and all(s < limit for s in sizes[:-1])
     assert persisting_sizes(limit, quick=True) == [min(8 * MB, max(MB, limit // 2 // MB * MB))]
+
+
+@pytest.mark.parametrize("l2_mib,rows", [(60, 1024), (50, 1024), (40, 512), (6, 128), (2, 128)])
+def test_the_layout_fixes_table_stays_within_a_third_of_the_l2(l2_mib, rows):
+    """The column-read table of the layout fixes on the L2 sizes of NVIDIA's cc >= 8.0 GPUs (H200, H100, A100,
+    A10): a third of the L2 at most (its reads must hit L2), the Hopper cards keeping the 1,024 rows the H200
+    runs used, never fewer rows than one program step."""
+    from torch_l2topo.geometry import suite
+
+    got = suite.fix_rows(l2_mib << 20)
+    table = got * (suite.FIX_COLS + L.LINE_BYTES // 16) * 16
+    assert got == rows and got % suite.FIX_BLOCK_R == 0
+    assert table <= (l2_mib << 20) // 3 or got == suite.FIX_BLOCK_R
+
+
+def test_the_single_sm_sweep_takes_the_same_shares_of_every_l2():
+    """On the 60 MiB H200 the footprints the suite was built on; on other L2 sizes the same shares of theirs, so a
+    6 MiB L2 is swept around its own knee, not past it."""
+    from torch_l2topo.geometry import suite
+
+    assert suite.self_warmed_sizes(60 << 20, False) == [8, 16, 24, 28, 32, 36, 40, 48, 56, 64, 80, 96, 128]
+    assert suite.self_warmed_sizes(60 << 20, True) == [16, 32, 48, 64, 96]
+    for l2_mib in (6, 40, 50, 96):
+        sizes = suite.self_warmed_sizes(l2_mib << 20, False)
+        assert sizes == sorted(set(sizes)) and sizes[0] >= 1
+        assert sizes[0] <= l2_mib / 4 + 1 and sizes[-1] >= 2 * l2_mib  # from a quarter of the L2 to twice it

@@ -193,6 +193,20 @@ def capacity(ctx: Context, flush: Flusher, budget: Budget, quick: bool) -> dict:
     return out
 
 
+# The single-SM sweep's footprints in 60ths of the L2: on the 60 MiB H200 they are the MiB the suite was built
+# on (8 to 128 MiB: a quarter of the L2 and below, the knees around half of it, and twice it), on other GPUs the
+# same shares of their L2.
+SELF_WARMED_60THS = (8, 16, 24, 28, 32, 36, 40, 48, 56, 64, 80, 96, 128)
+SELF_WARMED_60THS_QUICK = (16, 32, 48, 64, 96)
+
+
+def self_warmed_sizes(l2_bytes: int, quick: bool) -> list[int]:
+    """The single-SM capacity sweep's footprints (whole MiB, increasing, each at least 1) on a GPU of `l2_bytes`
+    of L2 (SELF_WARMED_60THS)."""
+    shares = SELF_WARMED_60THS_QUICK if quick else SELF_WARMED_60THS
+    return sorted({max(1, round(share * l2_bytes / (60 * MB))) for share in shares})
+
+
 def _self_warmed(ctx: Context, buf, groups: dict, flush: Flusher, budget: Budget, quick: bool) -> dict:
     """The classic single-SM capacity sweep: one SM of each partition (at once, each on its own ring through
     its own word of every line) chases a random ring over the footprint: a whole pass to fill the L2 as that SM
@@ -202,7 +216,7 @@ def _self_warmed(ctx: Context, buf, groups: dict, flush: Flusher, budget: Budget
 
     words = buf.view(torch.int64)
     sms = [g[0] for g in groups.values()]
-    sizes = [16, 32, 48, 64, 96] if quick else [8, 16, 24, 28, 32, 36, 40, 48, 56, 64, 80, 96, 128]
+    sizes = [mb for mb in self_warmed_sizes(ctx.l2_bytes, quick) if mb * MB <= buf.numel() * 4]
     n_all = words.numel() // LINE_WORDS
     start = write_ring(words, n_all, 0, seed=0)
     flush()
@@ -438,8 +452,20 @@ def conflict_sets(ctx: Context, flush: Flusher, budget: Budget, quick: bool) -> 
 
 # ---- layout fixes: the same kernel with and without -----------------------------------------------------------
 FIX_COLS = 1024    # structs per row: a 16 KiB row pitch, a power of two
-FIX_ROWS = 1024    # 16 MiB table: under the 22.6 MB the all-SM capacity curve stays flat to, so reads hit L2
+FIX_ROWS = 1024    # rows at most: a 16 MiB table, under the 22.6 MB the H200's all-SM capacity curve stays flat to
 FIX_BLOCK_R = 128  # rows per step of a program: 4 warps, one 16-byte load per thread
+FIX_L2_SHARE = 3   # the table takes at most a third of the L2 (22.6 MB is 0.36 of the H200's): its reads hit L2
+
+
+def fix_rows(l2_bytes: int) -> int:
+    """Rows of the layout fixes' table on a GPU of `l2_bytes` of L2: FIX_ROWS, halved until the table (padded
+    rows) fits in a FIX_L2_SHARE-th of the L2, so the reads stay L2 hits on small-L2 GPUs too (a 6 MB L2 gets
+    128 rows); FIX_BLOCK_R at least (one program step)."""
+    row_bytes = (FIX_COLS + LINE_BYTES // 16) * 16
+    rows = FIX_ROWS
+    while rows > FIX_BLOCK_R and rows * row_bytes > l2_bytes // FIX_L2_SHARE:
+        rows //= 2
+    return rows
 BURST_LINES = 8    # lines per SM in the burst fix: one load at a time vs 8 at once
 
 
@@ -458,12 +484,13 @@ def _column_fixes(ctx: Context, rounds: int, reps: int) -> dict:
     from ..triton_kernels.geometry import column_read_kernel
 
     pad = LINE_BYTES // 16  # structs in one line
-    table = torch.ones((FIX_ROWS * (FIX_COLS + pad) * 4,), dtype=torch.float32, device=ctx.device)
+    n_rows = fix_rows(ctx.l2_bytes)
+    table = torch.ones((n_rows * (FIX_COLS + pad) * 4,), dtype=torch.float32, device=ctx.device)
     sums = {}
 
     def read(name, pitch, swizzle):
         sums[name] = out = torch.zeros(FIX_COLS, dtype=torch.float32, device=ctx.device)
-        return lambda: launch_triton(column_read_kernel, FIX_COLS, (table, out, FIX_ROWS, pitch, reps), num_warps=4,
+        return lambda: launch_triton(column_read_kernel, FIX_COLS, (table, out, n_rows, pitch, reps), num_warps=4,
                                      constexprs={"COLS": FIX_COLS, "SWIZZLE": swizzle, "BLOCK_R": FIX_BLOCK_R})
 
     # one warm-up launch each, then alternating rounds; a sample: 4 launches back to back, waited for, so that
@@ -472,10 +499,10 @@ def _column_fixes(ctx: Context, rounds: int, reps: int) -> dict:
                             "swizzled": read("swizzled", FIX_COLS, True)}, rounds, per_sample=4, wait_each=True)
     times = {name: list(m.times) for name, m in measured.items()}
     for name, out in sums.items():  # every program summed its whole column (of ones)
-        if not torch.all(out == FIX_ROWS * 4 * reps):
+        if not torch.all(out == n_rows * 4 * reps):
             raise ProbeError(f"layout fixes: a {name} column read summed the wrong number of structs")
-    gbs = {k: FIX_ROWS * FIX_COLS * 16 * reps / (np.median(v) * 1e6) for k, v in times.items()}
-    return {"rows": FIX_ROWS, "cols": FIX_COLS, "reps": reps, "pitch_bytes": FIX_COLS * 16,
+    gbs = {k: n_rows * FIX_COLS * 16 * reps / (np.median(v) * 1e6) for k, v in times.items()}
+    return {"rows": n_rows, "cols": FIX_COLS, "reps": reps, "pitch_bytes": FIX_COLS * 16,
             "padded_pitch_bytes": (FIX_COLS + pad) * 16, "GB_per_s": gbs, "unit": "ms",
             "padding": _effect(times, "padded", "plain"), "swizzle": _effect(times, "swizzled", "plain")}
 
