@@ -12,6 +12,8 @@ it. Times in ms; "scipy" says whether the process imported it.
     python benchmarks/diagnose/diag_partition_map_first_call.py --example h100 --runs 4
     python benchmarks/diagnose/diag_partition_map_first_call.py --device 0 --runs 4 \\
         --out benchmarks/results/diagnosis/partition_first_call_h100.json
+    python -m torch_l2topo build && python benchmarks/diagnose/diag_partition_map_first_call.py --device 0 \\
+        --backend auto
 """
 from __future__ import annotations
 
@@ -28,9 +30,9 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parents[1]
 
 
-def child(example: str | None, device: int | None, mb: int, cold: bool) -> dict:
+def child(example: str | None, device: int | None, mb: int, cold: bool, backend: str = "triton") -> dict:
     """One fresh process's first call, timed by piece (ms), as JSON-able values. cold: check that the derived file
-    is not there yet (--example runs only; the parent removes the GPU's)."""
+    is not there yet (--example runs only; the parent removes the GPU's). backend: partition_map's."""
     t0 = time.perf_counter()
     import torch
 
@@ -80,24 +82,26 @@ def child(example: str | None, device: int | None, mb: int, cold: bool) -> dict:
             1e3 * (time.perf_counter() - t) + out["calibration (file read)"] + out["import maps"])
     else:
         time_each_call(cal, "calibration_for", times, "calibration (calibrate: device query, file read)")
-        time_each_call(pm, "probe_timings", times, "probe: launches and wait (Triton's JIT lookup)")
+        first_launch = "Triton's JIT lookup" if backend == "triton" else "loading the CUDA extension"
+        time_each_call(pm, "probe_timings", times, f"probe: launches and wait ({first_launch})")
         probe = pm.probe_timings
 
         def probe_timings(*args, **kwargs):  # its first piece: importing Triton and the probe's kernel module
-            t = time.perf_counter()
-            import torch_l2topo.triton_kernels.partition_probe  # noqa: F401
+            if kwargs["backend"] == "triton":
+                t = time.perf_counter()
+                import torch_l2topo.triton_kernels.partition_probe  # noqa: F401
 
-            times["probe: import Triton and the kernel"].append(time.perf_counter() - t)
+                times["probe: import Triton and the kernel"].append(time.perf_counter() - t)
             return probe(*args, **kwargs)
 
         pm.probe_timings = probe_timings
         time_each_call(pm, "classify_blocks", times, "decision")
         triton_before = "triton" in sys.modules
         t = time.perf_counter()
-        pm.partition_map(tensors[0])
+        pm.partition_map(tensors[0], backend=backend)
         out["first call, import included"] = 1e3 * (time.perf_counter() - t) + out["import maps"]
         t = time.perf_counter()
-        pm.partition_map(tensors[1])
+        pm.partition_map(tensors[1], backend=backend)
         out["second tensor's call"] = 1e3 * (time.perf_counter() - t)
         out["triton imported before"] = triton_before
     out.update({k: 1e3 * v[0] for k, v in times.items()})
@@ -106,7 +110,7 @@ def child(example: str | None, device: int | None, mb: int, cold: bool) -> dict:
 
 
 def run(args, index: int, env: dict) -> dict:
-    cmd = [sys.executable, __file__, "--child", "--mb", str(args.mb)]
+    cmd = [sys.executable, __file__, "--child", "--mb", str(args.mb), "--backend", args.backend]
     cmd += ["--example", args.example] if args.device is None else ["--device", str(args.device)]
     cmd += ["--cold"] if index == 0 and args.device is None else []
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
@@ -122,11 +126,13 @@ def main(argv=None) -> None:
     p.add_argument("--runs", type=int, default=4, help="fresh processes; the first without the derived file")
     p.add_argument("--mb", type=int, default=16, help="the tensor's size in MiB")
     p.add_argument("--out", help="write the runs as a result file (with --device: the GPU's environment)")
+    p.add_argument("--backend", default="triton", choices=("triton", "cuda", "auto"),
+                   help="partition_map's probe (cuda, auto: build the extension first, python -m torch_l2topo build)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--cold", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        print(json.dumps(child(args.example, args.device, args.mb, args.cold)))
+        print(json.dumps(child(args.example, args.device, args.mb, args.cold, args.backend)))
         return
     env = dict(os.environ, OPENBLAS_NUM_THREADS=os.environ.get("OPENBLAS_NUM_THREADS", "1"))
     with tempfile.TemporaryDirectory(prefix="l2topo-first-call-") as cache:
@@ -151,7 +157,8 @@ def main(argv=None) -> None:
         sys.path.insert(0, str(BENCH))
         from common import cpu_environment, write_json, write_result
 
-        figures = {"mb": args.mb, "example": args.example if args.device is None else None, "runs": runs}
+        figures = {"mb": args.mb, "backend": args.backend, "runs": runs,
+                   "example": args.example if args.device is None else None}
         if args.device is None:
             write_json(args.out, figures, cpu_environment())
         else:
