@@ -301,3 +301,51 @@ def test_a_settled_workload_is_found_by_identity_and_never_by_a_recycled_id():
         _Settled(([0, 1], 1.0), 0, 10, None, None)
     del classes
     assert not settled.holds(np.zeros(10, np.int8), 1.0)  # a new array that reuses the id does not match
+
+
+def test_a_decided_call_launches_its_slot_directly_with_the_calls_arguments(monkeypatch):
+    """The settled path of SmAwareKernel: the decided slot's grid, plan, state and mode (the record bit off), the
+    call's positional arguments first and its keywords after PLACE, num_warps the decorator's; a call with
+    another item_class object of the same contents is not the decided one (it takes the full path)."""
+    import torch
+
+    kernel = sm_aware(policy="plain", num_warps=2)(good_kernel)
+    launches, full = [], []
+
+    class Lean:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launches.append((grid, args, kwargs))
+
+    class Slot:
+        plan, state, prepared = "plan", "state", 0
+        loaded = type("Loaded", (), {"mode": 5})()
+
+        def prepare(self):
+            self.prepared += 1
+
+    device = torch.device("cuda", 0)
+    monkeypatch.setattr(sa, "cuda_device_of", lambda args, name: device)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(sa.Placement, "__call__", lambda self, launch, **kw: full.append(kw))
+    kernel._lean = Lean()
+    classes, slot = np.zeros(7, np.int8), Slot()
+    kernel._settled[(0, 7, id(classes), 1.0)] = sa._Settled((classes, 1.0), 0, 3, slot, classes)
+    x = object()
+    kernel(x, n_items=7, item_class=classes, BLOCK=64)
+    assert launches == [((3,), (x, "plan", "state"), {"BLOCK": 64, "num_warps": 2, "PLACE": 5})]
+    assert slot.prepared == 1 and not full
+    kernel(x, n_items=7, item_class=classes.copy(), BLOCK=64)
+    assert len(launches) == 1 and len(full) == 1 and full[0]["n_items"] == 7
+
+
+def test_placement_launches_a_decided_workload_through_its_launch_callable(monkeypatch):
+    import torch
+
+    p = Placement(policy="plain")
+    slot = type("Slot", (), {"plan": "plan", "state": "state", "prepare": lambda self: None,
+                             "loaded": type("Loaded", (), {"mode": 1})()})()
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    p._settled[(0, 132, None, 1.0)] = sa._Settled((None, 1.0), 0, 132, slot, None)
+    got = []
+    p(lambda *a: got.append(a), n_items=132, device=torch.device("cuda", 0))
+    assert got == [(132, "plan", "state", 1)]

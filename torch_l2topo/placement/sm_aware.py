@@ -251,10 +251,14 @@ class Placement:
         return (settled if settled is not None and settled.holds(item_class, loads_per_item) else None), key
 
     def _launch_settled(self, launch, settled: _Settled) -> None:
+        launch(*self._settled_launch(settled))
+
+    def _settled_launch(self, settled: _Settled) -> tuple:
+        """(grid, plan, state, place) of a decided workload's launch, its slot prepared for it."""
         slot = settled.slot
         slot.prepare()
-        launch(settled.grid, slot.plan, slot.state,
-               slot.loaded.mode | self._record_bit(settled.index, slot, settled.classes))
+        return settled.grid, slot.plan, slot.state, slot.loaded.mode | self._record_bit(settled.index, slot,
+                                                                                         settled.classes)
 
     def _launch(self, launch, index: int, cand: Candidate, slot: PlanSlot, n_items: int, item_class) -> int:
         grid = cand.grid(self._device(index)[1].n_sm, n_items)
@@ -474,10 +478,8 @@ class SmAwareKernel(Placement):
         settled, _ = self._settled_for(device, n_items, item_class, loads_per_item)
         if settled is not None and torch.cuda.current_device() == settled.index:
             # a decided workload on the current device: the launch itself, as a bare launch would make it
-            slot = settled.slot
-            slot.prepare()
-            options[PLACE_ARG] = slot.loaded.mode | self._record_bit(settled.index, slot, settled.classes)
-            kernel[(settled.grid,)](*args, slot.plan, slot.state, **options)
+            grid, plan, state, options[PLACE_ARG] = self._settled_launch(settled)
+            kernel[(grid,)](*args, plan, state, **options)
             return
 
         def launch(grid, plan, state, place):
