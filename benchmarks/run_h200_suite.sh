@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
-# Every GPU measurement behind benchmarks/results/, in one call on the device machine (one or two H200s).
+# Every GPU measurement behind benchmarks/results/, in one call on the device machine (an H100 or one or two H200s;
+# the result files of the older steps are named _h200: rename them after the GPU that ran them).
 # Writes everything under $OUT/r and packs it as $OUT/r.tgz. Steps are independent: one failing does not
 # stop the others (each logs to $OUT/r/<step>.log). Back here, the result files go to benchmarks/results/<benchmark>/
 # and `python benchmarks/tabulate_runs.py FILE...` appends their rows to the tables.
 #   bash benchmarks/run_h200_suite.sh [steps...]     steps: tests noise trust placement partition green replication
-#                                                    fingerprints sanitizer ops ops-full profiler
+#                                                    fingerprints sanitizer ops ops-full profiler whole-model
+#                                                    overhead first-call
 # ops-full: the ops' full grid (docs/ops_full_grid.md) in slices, $OPS_FULL of them (default all ten:
 # "embedding_bag:1/4 ... forest:6/6"), packing $OUT/r.tgz after each, so a call that runs out of time still
 # returns the slices it finished (the device tool returns a few files per call: one archive).
 set -u
 python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -1
+if ls .whl/*.whl > /dev/null 2>&1; then  # HolisticTraceAnalysis for the profiler's checks: its wheels, carried in .whl/
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
 export PYTHONUNBUFFERED=1 MAX_JOBS=16
 R=$OUT/r
 mkdir -p "$R/calibrations" "$R/trust"
@@ -46,7 +51,19 @@ for step in $steps; do
                    --out "$R/ops_full/$name.json" > "$R/ops_full/$name.log" 2>&1; tail -2 "$R/ops_full/$name.log")
                 pack
               done ;;
-    profiler) (cd benchmarks && python3 bench_profiler.py --device 0 --out "$R/profiler_h200.json" 2>&1 | tee "$R/profiler.log" | tail -8) ;;
+    profiler) (cd benchmarks && python3 bench_profiler.py --device 0 --reps 8 --adjacent-blocks 8 --heavy-reps 2 \
+                 --out "$R/profiler.json" 2>&1 | tee "$R/profiler.log" | tail -8) ;;
+    whole-model) (cd benchmarks && python3 bench_whole_model.py --device 0 --reps 6 --out "$R/whole_model.json" 2>&1 |
+                    tee "$R/whole_model.log" | grep -E "twins /|coverage") ;;
+    overhead) (cd benchmarks && python3 bench_placement.py --device 0 --only overhead --out "$R/placement_overhead.json" \
+                 2>&1 | tee "$R/overhead.log" | grep "overhead ") ;;
+    first-call) for backend in triton auto; do
+                  [ $backend = auto ] && python3 -m torch_l2topo build > "$R/build.log" 2>&1
+                  python3 benchmarks/diagnose/diag_partition_map_first_call.py --device 0 --backend $backend \
+                    --out "$R/partition_map_first_call_$backend.json" 2>&1 | tee "$R/first_call_$backend.log" | tail -16
+                done ;;
   esac
+  cp benchmarks/results/*.jsonl "$R/" 2>/dev/null  # the tables the benchmarks appended to here
+  pack
 done
 cd "$OUT" && tar czf r.tgz r && rm -rf r && ls -la "$OUT"
