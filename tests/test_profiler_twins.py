@@ -101,7 +101,7 @@ def test_only_thread_zero_reserves_at_the_entry_and_writes_at_the_exit():
     p0 = entry.index("setp.ne.u32 %l2t_p0, %l2t_r1, 0;")
     assert all(entry.index(f"%tid.{axis}") < p0 for axis in "xyz")
     reserve = entry.index("@!%l2t_p0 atom.relaxed.gpu.global.add.u64 %l2t_rd3,")
-    assert p0 < reserve and "@!%l2t_p0 ld.global.u64 %l2t_rd4," in entry
+    assert p0 < reserve and "@!%l2t_p0 ld.global.u32 %l2t_r7," in entry
     # nothing before the exit waits for the reservation: its result is read first at the exit, after the guard
     assert "%l2t_rd3" not in entry[reserve + len("@!%l2t_p0 atom.relaxed.gpu.global.add.u64 %l2t_rd3,"):]
     guard = exit_block.index("@%l2t_p0 bra $L2T_done;")

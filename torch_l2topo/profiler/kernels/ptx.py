@@ -88,7 +88,9 @@ def _entry_code(buffer_address: int) -> str:
         f"setp.ne.u32 {p}0, {r}1, 0;",
         f"mov.u64 {rd}2, {buffer_address};",
         f"@!{p}0 atom.relaxed.gpu.global.add.u64 {rd}3, [{rd}2+{8 * REC_CURSOR}], 1;",
-        f"@!{p}0 ld.global.u64 {rd}4, [{rd}2+{8 * REC_CAPACITY}];",
+        # the capacity's low word (little-endian; it stays far below 2**32, and only the host writes it): one
+        # register live through the kernel, not two
+        f"@!{p}0 ld.global.u32 {r}7, [{rd}2+{8 * REC_CAPACITY}];",
     ]
     return "\n" + "".join(f"\t{line}\n" for line in lines)
 
@@ -101,6 +103,7 @@ def _exit_code(buffer_address: int, tag: int) -> str:
         return 8 * index
 
     record = [
+        f"cvt.u64.u32 {rd}4, {r}7;",
         f"setp.ge.u64 {p}1, {rd}3, {rd}4;",
         f"@{p}1 bra $L2T_done;",
         f"mov.u64 {rd}2, {buffer_address};",
