@@ -104,10 +104,12 @@ def _compiled(kernel, device: int, sites: list) -> LoadedKernel:
 
 def _static(kernel, device: int) -> LoadedKernel:
     ptx = _cached_ptx(kernel.hash, kernel.name, device, getattr(kernel, "cubin_path", None))
-    try:  # Triton's metadata beside the PTX holds the build's options
-        meta = SimpleNamespace(**json.loads(ptx.with_suffix(".json").read_text()))
-    except (AttributeError, OSError, ValueError, TypeError):
-        meta = None
+    meta = None  # Triton's defaults, unless its metadata beside the PTX holds the build's options
+    if ptx is not None:
+        try:
+            meta = SimpleNamespace(**json.loads(ptx.with_suffix(".json").read_text()))
+        except (OSError, ValueError, TypeError):
+            pass
     return LoadedKernel(kernel.name, kernel.hash, device, int(kernel.shared), 32 * int(kernel.num_warps),
                         ptx.read_text if ptx else None, [(kernel, "function")], _ptxas_options(meta))
 
