@@ -558,10 +558,14 @@ def test_the_probe_backend_auto_takes_cuda_only_where_it_was_built_ahead(monkeyp
     import torch_l2topo.measure.extension as ext
 
     seen = []
+    pm._built_ahead.cache_clear()  # asked once per process: each case asks anew
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (9, 0))
     monkeypatch.setattr(ext, "is_built", lambda name, sources: seen.append(name) or built)
     assert pm.probe_backend(asked, 0) == probe
     assert seen == ([ext.extension_name((9, 0))] if asked == "auto" else [])
+    pm.probe_backend(asked, 0)
+    assert len(seen) == (1 if asked == "auto" else 0)  # the sources are hashed once, not per new tensor
+    pm._built_ahead.cache_clear()
 
 
 def test_a_backend_partition_map_does_not_know_is_refused(monkeypatch):

@@ -16,6 +16,7 @@ one copy of 5 bytes a block. Docs: docs/usage.md ("Placing work").
 """
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -231,11 +232,18 @@ def probe_backend(backend: str, index: int) -> str:
         return backend
     import torch
 
+    return "cuda" if _built_ahead(torch.cuda.get_device_capability(index)) else "triton"
+
+
+@functools.cache
+def _built_ahead(cc: tuple) -> bool:
+    """Whether the probes' extension for `cc` was built ahead of time, asked once per process (the answer hashes
+    every source file; a map of each new tensor must not)."""
     from torch_l2topo import cuda_ext
 
     from ...measure.extension import extension_name, is_built
 
-    return "cuda" if is_built(extension_name(torch.cuda.get_device_capability(index)), cuda_ext.SOURCES) else "triton"
+    return is_built(extension_name(cc), cuda_ext.SOURCES)
 
 
 def partition_map(tensor, *, topology=None, backend: str = "triton", block_bytes: int = 256,
