@@ -52,9 +52,14 @@ def _digest(a) -> str:
     return f"{a.dtype.str}{a.shape}:" + hashlib.blake2b(a.tobytes(), digest_size=12).hexdigest()
 
 
+def _by_value(obj) -> bool:
+    """Whether a settled call names this argument by value (None or a number), not by identity."""
+    return obj is None or isinstance(obj, (int, float, np.number))
+
+
 def _ident(obj):
     """How a settled call's key names an argument: a number or None by value, anything else by identity."""
-    return obj if obj is None or isinstance(obj, (int, float, np.number)) else id(obj)
+    return obj if _by_value(obj) else id(obj)
 
 
 class _Settled:
@@ -66,8 +71,7 @@ class _Settled:
     __slots__ = ("refs", "index", "grid", "slot", "classes")
 
     def __init__(self, objects: tuple, index: int, grid: int, slot: PlanSlot, classes):
-        self.refs = tuple(None if obj is None or isinstance(obj, (int, float, np.number)) else weakref.ref(obj)
-                          for obj in objects)
+        self.refs = tuple(None if _by_value(obj) else weakref.ref(obj) for obj in objects)
         self.index, self.grid, self.slot, self.classes = index, grid, slot, classes
 
     def holds(self, item_class, loads_per_item) -> bool:
